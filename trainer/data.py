@@ -1,0 +1,145 @@
+"""Data loading: the DataLoader built from the config, the resumable sampler, device-resident batches.
+
+All loader settings are decided here once; invalid combinations are corrected and reported in one line
+each (rule 8 of ENGINEERING.md).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from trainer.config import TrainConfig, default_num_workers
+
+
+class ShardedBatchSampler:
+    """Shuffled batches of indices, sharded across DDP ranks, resumable mid-epoch.
+
+    The order is a function of (seed, epoch) only, so every rank computes the same permutation and keeps
+    its own slice, and a resumed run regenerates exactly the batches it had not consumed. A private
+    generator is used: the global RNGs are never touched.
+    """
+
+    def __init__(self, n: int, batch_size: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0,
+                 world_size: int = 1, drop_last: bool = True) -> None:
+        if n <= 0:
+            raise ValueError("ShardedBatchSampler: the dataset is empty")
+        self.n, self.batch_size, self.shuffle, self.seed = n, batch_size, shuffle, seed
+        self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
+        self.epoch = 0
+        self._start_batch = 0  # one-shot skip for resume
+        per_rank = n // world_size if drop_last or world_size > 1 else n
+        self._per_rank = per_rank
+        nb = per_rank // batch_size if drop_last else -(-per_rank // batch_size)
+        if nb == 0:
+            raise ValueError(
+                f"batch_size={batch_size} is larger than the {per_rank} samples each of {world_size} process(es) "
+                f"gets, and drop_last=True would leave an empty epoch; lower --batch_size or set drop_last=False"
+            )
+        self._num_batches = nb
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self._num_batches
+
+    def _order(self) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.n)
+        return np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = self._order()
+        # equal shares per rank (the tail that does not divide is dropped, as DistributedSampler does)
+        mine = order[: self._per_rank * self.world_size][self.rank :: self.world_size]
+        start, self._start_batch = self._start_batch, 0
+        for b in range(start, self._num_batches):
+            yield mine[b * self.batch_size : (b + 1) * self.batch_size].tolist()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "seed": self.seed, "batches_done": 0}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch = int(state["epoch"])
+        self._start_batch = int(state.get("batches_done", 0))
+
+
+class DeviceBatches:
+    """Batches gathered from a dataset already resident on the device: no workers, no copies.
+
+    The dataset provides `gather(idx_tensor) -> batch`; the index tensor is the only transfer per step.
+    """
+
+    def __init__(self, dataset: Any, batch_sampler: Any, device: torch.device) -> None:
+        self.dataset, self.batch_sampler, self.device = dataset, batch_sampler, device
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        for idx in self.batch_sampler:
+            yield self.dataset.gather(torch.as_tensor(idx, dtype=torch.long).to(self.device, non_blocking=True))
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move a nested batch (tensor, tuple, list, dict) with non_blocking copies."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(to_device(v, device) for v in batch))
+    if isinstance(batch, list | tuple):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def loader_settings(cfg: TrainConfig, device: torch.device, world_size: int = 1) -> tuple[dict[str, Any], list[str]]:
+    """DataLoader keyword arguments from the config, with invalid combinations corrected."""
+    notes: list[str] = []
+    workers = cfg.num_workers
+    if workers is None:
+        workers = default_num_workers(world_size)
+        notes.append(f"num_workers: auto -> {workers}")
+    pin = cfg.pin_memory
+    if pin and device.type != "cuda":
+        pin = False
+        notes.append("pin_memory: off (no CUDA device; pinning only helps host-to-GPU copies)")
+    kw: dict[str, Any] = {"num_workers": workers, "pin_memory": pin}
+    if workers > 0:
+        kw["persistent_workers"] = cfg.persistent_workers
+        kw["prefetch_factor"] = cfg.prefetch_factor
+        ctx = cfg.multiprocessing_context
+        if ctx is None and sys.platform == "win32":
+            ctx = "spawn"  # the only start method Windows has; stated so the choice is visible
+        if ctx is not None:
+            kw["multiprocessing_context"] = ctx
+    else:
+        if cfg.persistent_workers and cfg.num_workers == 0:
+            notes.append("persistent_workers: off (needs num_workers > 0)")
+    return kw, notes
+
+
+def build_loader(dataset: Dataset, batch_sampler: Any, cfg: TrainConfig, device: torch.device,
+                 loader_kw: dict[str, Any], collate_fn: Any = None) -> Any:
+    """A DataLoader over `dataset`, or device-resident batches when the dataset is held on the device."""
+    if getattr(dataset, "_plainloop_on_device", False):
+        return DeviceBatches(dataset, batch_sampler, device)
+    return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=collate_fn, **loader_kw)
+
+
+def try_device_cache(dataset: Dataset | None, cfg: TrainConfig, device: torch.device) -> bool:
+    """Put a dataset that supports it (gather + maybe_to_device) on the device; True if it now lives there."""
+    if dataset is None or not (hasattr(dataset, "gather") and hasattr(dataset, "maybe_to_device")):
+        return False
+    if cfg.device_cache is False:
+        return False
+    on = bool(dataset.maybe_to_device(device))
+    dataset._plainloop_on_device = on  # type: ignore[attr-defined]
+    return on

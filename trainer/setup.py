@@ -1,0 +1,135 @@
+"""Device, precision and process-group setup: everything decided once, before the first step.
+
+Every correction of a setting that cannot work here (fp16 on a CPU, pinning without CUDA, ...) is made
+once and reported in one line; the loop never re-checks per step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Runtime:
+    device: torch.device
+    precision: str  # resolved: "32", "16-mixed" or "bf16-mixed"
+    amp_dtype: torch.dtype | None  # None = no autocast
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    notes: list[str] = field(default_factory=list)  # one line per corrected/auto-chosen setting
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+
+def init_distributed(backend: str | None = None) -> tuple[int, int, int]:
+    """Join the torchrun process group when WORLD_SIZE > 1; return (rank, local_rank, world_size)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return 0, 0, 1
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_initialized():
+        if backend is None:
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend=backend)
+    return rank, local_rank, world_size
+
+
+def resolve_runtime(precision: str, device: str | None = None, tf32: bool = True, cudnn_benchmark: bool = True) -> Runtime:
+    """Pick the device and the precision that works on it; set TF32 / cudnn.benchmark on CUDA."""
+    rank, local_rank, world_size = init_distributed()
+    notes: list[str] = []
+    if device is None:
+        dev = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    else:
+        dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} but CUDA is not available here; use --device cpu or leave it unset")
+
+    if dev.type == "cuda":
+        # TF32 runs fp32 matmuls on tensor cores (~10-bit mantissa): the seed's "enable TensorCore" switch.
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.set_float32_matmul_precision("high" if tf32 else "highest")
+        torch.backends.cudnn.benchmark = cudnn_benchmark
+        bf16_ok = torch.cuda.is_bf16_supported()
+        fp16_ok = torch.cuda.get_device_capability(dev)[0] >= 6
+    else:
+        bf16_ok = fp16_ok = False  # CPU autocast is usually slower than fp32 on commodity CPUs
+
+    resolved = precision
+    if precision == "auto":
+        resolved = "bf16-mixed" if bf16_ok else ("16-mixed" if fp16_ok else "32")
+        notes.append(f"precision: auto -> {resolved} on {dev.type}")
+    elif precision == "bf16-mixed" and not bf16_ok:
+        resolved = "16-mixed" if fp16_ok else "32"
+        notes.append(f"precision: bf16-mixed is not supported on {_device_name(dev)}; using {resolved}")
+    elif precision == "16-mixed" and not fp16_ok:
+        resolved = "32"
+        notes.append(f"precision: 16-mixed needs a CUDA GPU (found {_device_name(dev)}); using 32")
+    amp_dtype = {"32": None, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}[resolved]
+    return Runtime(dev, resolved, amp_dtype, rank, local_rank, world_size, notes)
+
+
+def _device_name(dev: torch.device) -> str:
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict:
+    """Every RNG the loop touches, as tensors/plain types so torch.load(weights_only=True) accepts it."""
+    np_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"key": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "gauss": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(_to_tuple(state["python"]))
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _to_tuple(x):
+    # python's random state round-trips through a checkpoint as lists; setstate wants tuples
+    return tuple(_to_tuple(v) for v in x) if isinstance(x, list | tuple) else x
+
+
+def cleanup_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
