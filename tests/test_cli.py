@@ -1,0 +1,82 @@
+"""train_optimized.py and optimize_training.sh: flags, errors, and short real runs on the sample data."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import train_optimized as cli
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--resolution", "10", "--d_model", "32", "--dim_feedforward", "64", "--num_layers", "1",
+         "--no-progress_bar", "--no-plots"]
+
+
+def test_seed001_command_line_parses():
+    args = cli.build_parser().parse_args(
+        ["--batch_size", "8", "--num_workers", "16", "--compile_model", "--validation_interval", "20"])
+    cfg = cli.config_from_args(args, small_data=False)
+    assert (cfg.batch_size, cfg.num_workers, cfg.compile_model, cfg.validation_interval) == (8, 16, True, 20)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--precision", "fp8"], "invalid choice: 'fp8'"),
+    (["--batch_size", "0"], "not a positive integer"),
+    (["--loss_scale", "huge"], "use 'dynamic' or a positive number"),
+    (["--compile_mode", "fast"], "invalid choice: 'fast'"),
+    (["--lat", "10", "-10"], "S < N"),
+])
+def test_bad_values_are_argparse_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_help_shows_defaults(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "(default: 50)" in out and "(default: 200)" in out and "LOG_EVERY" in out
+
+
+def test_era5_run_writes_scores(tmp_path, era5_cache, capsys):
+    assert cli.main(["--epochs", "2", "--output_dir", str(tmp_path), "--run_name", "r", *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert "persistence" in out and "climatology" in out and "preset: cpu" in out
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    for name in ("model", "persistence", "climatology", "anomaly_persistence"):
+        assert summary["test_scores"][name]["rmse"] > 0
+    assert (tmp_path / "r" / "test_month.npz").is_file()
+
+
+def test_baseline_flag_runs_the_before_loop(tmp_path, era5_cache):
+    assert cli.main(["--baseline", "--max_steps", "3", "--output_dir", str(tmp_path), "--run_name", "b", *SMALL]) == 0
+    cfg = json.loads((tmp_path / "b" / "config.json").read_text())
+    eff = cfg["effective"]
+    assert (eff["precision"], eff["num_workers"], eff["pin_memory"], eff["log_every"]) == ("32", 0, False, 1)
+    rows = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
+    assert sum('"train"' in r for r in rows) == 3  # the loss is read every step, as the seeds did
+
+
+def test_resume_flag_continues_a_run(tmp_path, era5_cache):
+    common = ["--output_dir", str(tmp_path), "--run_name", "c", *SMALL]
+    assert cli.main(["--epochs", "1", *common]) == 0
+    assert cli.main(["--epochs", "2", "--resume", str(tmp_path / "c"), *common]) == 0
+    s = json.loads((tmp_path / "c" / "summary.json").read_text())
+    assert s["epochs"] == 2 and any("resume:" in n for n in s["notes"])
+
+
+def test_shell_launcher_passes_env_and_arguments(tmp_path, era5_cache):
+    env = {**os.environ, "SKIP_SETUP": "1", "BATCH_SIZE": "8", "EPOCHS": "1", "OUTPUT_DIR": str(tmp_path),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", str(ROOT / "optimize_training.sh"), "--run_name", "sh", "--max_steps", "2", *SMALL],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    cfg = json.loads((tmp_path / "sh" / "config.json").read_text())["effective"]
+    assert cfg["batch_size"] == 8 and cfg["max_steps"] == 2
