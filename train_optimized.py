@@ -155,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="profile this configuration, diagnose the bottleneck, measure recommended settings, write "
                         "report.md to the run directory, and exit")
     g.add_argument("--report_steps", type=positive_int, default=30, help="steps per trial of --system_report")
+    g.add_argument("--report_repeats", type=positive_int, default=3,
+                   help="interleaved repetitions of each --system_report trial (medians are reported)")
     g.add_argument("--profile", action="store_true", help="torch.profiler trace of a few steps into the run directory")
     g.add_argument("--auto_batch_size", action="store_true",
                    help="largest batch that fits; keeps the effective batch with gradient accumulation")
@@ -271,24 +273,35 @@ def autotune(cfg: TrainConfig, task: Any, args: argparse.Namespace) -> TrainConf
     from utils.autotune import find_max_batch_size, tune_num_workers
 
     if args.auto_batch_size:
-        probe = Trainer(dataclasses.replace(cfg, max_steps=1, progress_bar=False), clone_task_model(task),
-                        log=lambda s: None)
+        probe = Trainer(dataclasses.replace(cfg, max_steps=1, progress_bar=False, resume=None),
+                        clone_task_model(task), log=lambda s: None)
         ds = task.train_set
 
         def try_batch(bs: int) -> None:
             idx = torch.randint(0, len(ds), (bs,))
-            batch = (ds.gather(idx) if hasattr(ds, "gather") else
-                     torch.utils.data.default_collate([ds[i] for i in idx.tolist()]))
+            batch = (ds.gather(idx.to(probe.rt.device)) if getattr(ds, "_plainloop_on_device", False)
+                     else torch.utils.data.default_collate([ds[i] for i in idx.tolist()]))
             probe.forward_backward(to_device(batch, probe.rt.device), 1)
             probe.optimizer.zero_grad(set_to_none=True)
 
+        # Memory is the limit on a GPU; on a CPU nothing runs out before the machine does, so the search
+        # stops at a size that still leaves 8 optimizer steps per epoch.
+        cap = 4096 if probe.rt.device.type == "cuda" else max(1, len(ds) // 8)
         target = cfg.batch_size * cfg.accumulate_grad_batches
-        res = find_max_batch_size(try_batch, start=2, max_batch=min(4096, len(ds)), target=target)
-        bs = min(res["batch_size"], target) if target else res["batch_size"]
-        accum = -(-target // bs)
-        print(f"[plainloop] auto_batch_size: largest batch that fits {res['batch_size']}; using {bs} x {accum} "
-              f"accumulation (effective {bs * accum})")
-        cfg = dataclasses.replace(cfg, batch_size=bs, accumulate_grad_batches=accum)
+        keep_effective = cfg.accumulate_grad_batches > 1
+        res = find_max_batch_size(try_batch, start=2, max_batch=cap, target=target if keep_effective else None)
+        if keep_effective:  # back-off: keep the effective batch, split into as few micro-batches as fit
+            accum = res["accumulate_grad_batches"]
+            bs = res["balanced_batch_size"]
+            cfg = dataclasses.replace(cfg, batch_size=bs, accumulate_grad_batches=accum)
+            print(f"[plainloop] auto_batch_size: largest that fits {res['batch_size']}; using {bs} x {accum} "
+                  f"accumulation to keep the effective batch {target}")
+        else:  # a larger batch: the learning rate follows it by --lr_scaling
+            bs = res["batch_size"]
+            cfg = dataclasses.replace(cfg, batch_size=bs, ref_batch_size=cfg.ref_batch_size or cfg.batch_size)
+            print(f"[plainloop] auto_batch_size: {bs}{' (search cap)' if res['hit_max'] else ''}; lr follows "
+                  f"by {cfg.lr_scaling} scaling from batch {cfg.ref_batch_size}")
+        del probe
     if args.auto_num_workers:
         from torch.utils.data import DataLoader
 
@@ -297,7 +310,9 @@ def autotune(cfg: TrainConfig, task: Any, args: argparse.Namespace) -> TrainConf
                                                     persistent_workers=False), batches=20)
         print(f"[plainloop] auto_num_workers: {res['num_workers']} (samples/s by workers: "
               f"{json.dumps({str(k): round(v) for k, v in res['samples_per_s'].items()})})")
-        cfg = dataclasses.replace(cfg, num_workers=res["num_workers"], device_cache=False)
+        best = res["num_workers"]
+        # workers only matter when the data is read through a DataLoader
+        cfg = dataclasses.replace(cfg, num_workers=best, device_cache=False if best > 0 else cfg.device_cache)
     return cfg
 
 
@@ -314,17 +329,25 @@ def system_report(cfg: TrainConfig, args: argparse.Namespace, kw: dict[str, Any]
         trial_no += 1
         task = build_task(args.task, **kw)
         c = dataclasses.replace(cfg, **overrides, max_steps=steps, progress_bar=False, save_best=False,
-                                validation_interval=10**6, output_dir=str(out / "trials"), run_name=f"trial{trial_no}")
-        s = Trainer(c, task, log=lambda m: None).fit()
+                                val_check_steps=None, validation_interval=10**6, output_dir=str(out / "trials"),
+                                run_name=f"trial{trial_no}")
+        t = Trainer(c, task, log=lambda m: None)
+        warm = t.step_fn()
+        for _ in range(2):  # warm-up outside the timing: worker start-up, compilation, allocator
+            warm()
+        s = t.fit()
         mon = s["monitor"]
         return {"samples_per_s": s["samples_per_s"], "data_wait_frac": mon.get("data_wait_frac"),
                 "step_time_ms": 1000 * ((mon.get("iter_time_s") or {}).get("p50") or 0.0),
-                "peak_mem_mb": s["peak_memory_mb"], "monitor": mon}
+                "peak_mem_mb": s["peak_memory_mb"], "monitor": mon, "device_type": t.rt.device.type,
+                "step_stats": {"num_workers": 0 if t.on_device else t.loader_kw.get("num_workers", 0),
+                               "torch_threads": torch.get_num_threads()}}
 
     base = {k: getattr(cfg, k) for k in ("batch_size", "num_workers", "precision", "pin_memory", "compile_model",
                                          "device_cache")}
     path = run_system_report(run_trial, base, candidates=_report_candidates(cfg), steps=args.report_steps,
-                             out_path=out / "report.md", config={"task": args.task, **cfg.to_dict(), **kw})
+                             out_path=out / "report.md", config={"task": args.task, **cfg.to_dict(), **kw},
+                             repeats=args.report_repeats)
     print(Path(path).read_text(encoding="utf-8"))
     print(f"[plainloop] report written to {path}")
     return 0

@@ -80,3 +80,20 @@ def test_shell_launcher_passes_env_and_arguments(tmp_path, era5_cache):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     cfg = json.loads((tmp_path / "sh" / "config.json").read_text())["effective"]
     assert cfg["batch_size"] == 8 and cfg["max_steps"] == 2
+
+
+def test_profile_and_auto_batch_size(tmp_path, era5_cache, capsys):
+    assert cli.main(["--profile", "--auto_batch_size", "--max_steps", "2", "--output_dir", str(tmp_path),
+                     "--run_name", "p", *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert "auto_batch_size:" in out
+    trace = tmp_path / "p" / "profile" / "trace.json"
+    assert json.loads(trace.read_text())["traceEvents"]  # a Chrome trace with events
+    assert "|" in (tmp_path / "p" / "profile" / "profile_top_ops.md").read_text()
+
+
+def test_system_report_writes_markdown(tmp_path, era5_cache, capsys):
+    assert cli.main(["--system_report", "--report_steps", "3", "--report_repeats", "1", "--output_dir",
+                     str(tmp_path), "--run_name", "s", *SMALL]) == 0
+    text = (tmp_path / "s" / "report.md").read_text()
+    assert "## Verdict" in text and "your settings" in text and "## Hardware" in text

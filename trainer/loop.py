@@ -456,7 +456,9 @@ class Trainer:
         try:
             from utils.bottleneck import diagnose
 
-            summary["verdict"] = diagnose(mon, device_type=self.rt.device.type)
+            workers = 0 if self.on_device else self.loader_kw.get("num_workers", 0)
+            summary["verdict"] = diagnose(mon, device_type=self.rt.device.type,
+                                          step_stats={"num_workers": workers, "torch_threads": torch.get_num_threads()})
         except Exception as e:  # the verdict is advice; never lose a finished run over it
             summary["verdict"] = {"verdict": "unknown", "evidence": [f"diagnose failed: {e}"], "advice": ""}
         if self.rt.distributed:

@@ -1,0 +1,269 @@
+"""Deterministic synthetic ERA5-like monthly SST files: the built-in sample data of plainloop.
+
+    python -m datasets.era5_sample OUT.nc [--layout legacy|cds2024|cf] [--years 30] [--grid 1.0] [--seed 0]
+
+The field is physically plausible, not real: a latitudinal climatology with a Pacific warm pool and cold
+tongue, a hemispheric seasonal cycle, an ENSO-like anomaly that propagates smoothly eastward along the equator
+(so the previous month's anomaly tells a model where it goes next), white noise, and a few continent-shaped
+land blobs that are missing data. Every file says `synthetic = "true"` in its global attributes.
+
+Layouts (see ENGINEERING.md "Data"):
+- `legacy`: CDS before 2024: time/latitude/longitude, `sst` int16 packed (scale_factor/add_offset, -32767
+  fill), K, latitude 90 -> -90, longitude 0 -> 360-grid, netCDF3 64-bit offset.
+- `cds2024`: CDS 2024+: valid_time, float32 K with NaN fill, an `expver` string variable, scalar `number`.
+- `cf`: a generic CF file: lat/lon names, ascending cell-centre latitudes, longitudes -180..180, °C.
+Months are generated in chunks (each month seeded from (seed, month)), so a native 0.25° x 30-year file never
+sits in RAM and the content does not depend on the chunk size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+from pathlib import Path
+
+import netCDF4
+import numpy as np
+
+LAYOUTS = ("legacy", "cds2024", "cf")
+FILL_INT16 = -32767
+# Packing range in K (the CDS picks one per file from min/max; a fixed one keeps chunked writes consistent).
+_K_MIN, _K_MAX = 268.0, 312.0
+SCALE = (_K_MAX - _K_MIN) / (2**16 - 2)
+OFFSET = (_K_MAX + _K_MIN) / 2
+# Continent-ish ellipses: (centre lon °E in [0, 360), centre lat, lon radius, lat radius).
+_LAND = [
+    (255.0, 45.0, 28.0, 18.0),  # North America
+    (295.0, -15.0, 14.0, 24.0),  # South America
+    (80.0, 50.0, 60.0, 18.0),  # Eurasia
+    (20.0, 5.0, 17.0, 27.0),  # Africa
+    (134.0, -25.0, 16.0, 10.0),  # Australia
+]
+ENSO_PERIOD_MONTHS = 40.0  # eastward phase speed: one wavelength per 40 months
+ENSO_WAVELENGTH_DEG = 120.0
+NOISE_STD_C = 0.25
+
+
+def grid_coords(layout: str, grid: float) -> tuple[np.ndarray, np.ndarray]:
+    """(lat, lon) 1-D coordinate vectors of a sample file in `layout` at `grid` degrees."""
+    n_lon = int(round(360.0 / grid))
+    if layout == "cf":  # cell centres, ascending, -180..180 like many CF products (OISST-style)
+        n_lat = int(round(180.0 / grid))
+        lat = -90.0 + grid * (np.arange(n_lat) + 0.5)
+        lon = -180.0 + grid * (np.arange(n_lon) + 0.5)
+    else:  # ERA5: points on the grid lines, latitude 90 -> -90, longitude 0 -> 360 - grid
+        n_lat = int(round(180.0 / grid)) + 1
+        lat = 90.0 - grid * np.arange(n_lat)
+        lon = grid * np.arange(n_lon)
+    return lat, lon
+
+
+def land_mask(lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
+    """(nlat, nlon) bool, True on the synthetic continents and Antarctica."""
+    lat2 = lat[:, None]
+    lon2 = np.mod(lon, 360.0)[None, :]
+    land = np.broadcast_to(lat2 < -72.0, (lat.size, lon.size)).copy()
+    for clon, clat, rlon, rlat in _LAND:
+        dlon = (lon2 - clon + 180.0) % 360.0 - 180.0
+        land |= (dlon / rlon) ** 2 + ((lat2 - clat) / rlat) ** 2 <= 1.0
+    return land
+
+
+def sst_celsius(months: np.ndarray, lat: np.ndarray, lon: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Synthetic SST in °C, shape (len(months), nlat, nlon), NaN on land. `months` counts from the start month
+    (0 = January of the start year); month t is the same whatever chunk it is made in."""
+    phi = np.deg2rad(lat)[:, None]
+    lon360 = np.mod(lon, 360.0)[None, :]
+    base = 29.0 * np.cos(phi) ** 2 - 1.0
+    base = base + 1.5 * np.exp(-(((lon360 - 150.0) / 40.0) ** 2) - (lat[:, None] / 15.0) ** 2)  # warm pool
+    base = base - 2.0 * np.exp(-(((lon360 - 260.0) / 30.0) ** 2) - (lat[:, None] / 6.0) ** 2)  # cold tongue
+    seasonal_amp = 3.5 * np.sin(phi) * np.exp(-(((np.abs(lat[:, None]) - 40.0) / 30.0) ** 2))
+    enso_shape = np.exp(-((lat[:, None] / 10.0) ** 2)) * np.exp(-(((lon360 - 215.0) / 55.0) ** 2))
+    land = land_mask(lat, lon)
+
+    out = np.empty((len(months), lat.size, lon.size), dtype=np.float32)
+    for k, t in enumerate(np.asarray(months, dtype=np.int64)):
+        cal = t % 12
+        season = seasonal_amp * np.cos(2 * np.pi * (cal - 7) / 12.0)  # NH warmest in August
+        amp = 1.6 + 0.6 * np.sin(2 * np.pi * t / 150.0)  # slow decadal modulation
+        phase = 2 * np.pi * (lon360 - 120.0) / ENSO_WAVELENGTH_DEG - 2 * np.pi * t / ENSO_PERIOD_MONTHS
+        enso = amp * enso_shape * np.cos(phase)
+        rng = np.random.default_rng([seed, int(t)])  # per-month stream: chunking never changes the data
+        noise = NOISE_STD_C * rng.standard_normal((lat.size, lon.size))
+        field = np.maximum(base + season + enso + noise, -1.8)  # sea water freezes near -1.8 °C
+        field[land] = np.nan
+        out[k] = field
+    return out
+
+
+def _times(start_year: int, n_months: int) -> list[dt.datetime]:
+    return [dt.datetime(start_year + m // 12, m % 12 + 1, 1) for m in range(n_months)]
+
+
+def write_sample_file(
+    path: str | os.PathLike,
+    layout: str = "legacy",
+    years: int = 30,
+    grid: float = 1.0,
+    seed: int = 0,
+    start_year: int = 1990,
+    chunk_months: int = 12,
+    expver_dim: bool = False,
+    units: str | None = "auto",
+    units_on_file: bool = False,
+    months: int | None = None,
+) -> Path:
+    """Write a synthetic monthly SST file and return its path (written in place; see `ensure_sample_file`
+    for an atomic, cached one).
+
+    `months` overrides `years`. Test-only knobs: `expver_dim` (legacy: a (time, expver) field where the last
+    3 months come from expver 5 and the rest from expver 1, as CDS served ERA5T), `units` (None = no units
+    attribute; "auto" = K for CDS layouts, degC for cf) and `units_on_file` (units only as a global attribute).
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"--layout {layout!r} is not one of {LAYOUTS}")
+    n_months = int(months) if months is not None else int(years) * 12
+    if n_months < 1:
+        raise ValueError(f"--years {years} / months {months}: need at least one month")
+    if not (0.05 <= grid <= 30.0) or abs(360.0 / grid - round(360.0 / grid)) > 1e-6:
+        raise ValueError(f"--grid {grid}: must divide 360 (e.g. 0.25, 0.5, 1, 2.5)")
+    path = Path(path)
+    lat, lon = grid_coords(layout, grid)
+    celsius = layout == "cf"
+    if units == "auto":
+        units = "degC" if celsius else "K"
+    times = _times(start_year, n_months)
+    fmt = "NETCDF3_64BIT_OFFSET" if layout == "legacy" else "NETCDF4"
+
+    with netCDF4.Dataset(path, "w", format=fmt) as nc:
+        nc.title = "Synthetic ERA5-like monthly mean sea surface temperature (NOT real data)"
+        nc.synthetic = "true"
+        nc.source = f"plainloop datasets.era5_sample layout={layout} grid={grid} seed={seed}"
+        nc.Conventions = "CF-1.6"
+        if units_on_file and units is not None:
+            nc.units = units
+        tname, latname, lonname = {
+            "legacy": ("time", "latitude", "longitude"),
+            "cds2024": ("valid_time", "latitude", "longitude"),
+            "cf": ("time", "lat", "lon"),
+        }[layout]
+        nc.createDimension(tname, None if layout == "legacy" else n_months)
+        if expver_dim:
+            nc.createDimension("expver", 2)
+        nc.createDimension(latname, lat.size)
+        nc.createDimension(lonname, lon.size)
+
+        if layout == "cds2024":
+            tv = nc.createVariable(tname, "i8", (tname,))
+            tv.units, tv.calendar = "seconds since 1970-01-01", "proleptic_gregorian"
+        else:
+            tv = nc.createVariable(tname, "i4" if layout == "legacy" else "f8", (tname,))
+            tv.units, tv.calendar = "hours since 1900-01-01 00:00:00.0", "gregorian"
+        tv.long_name, tv.standard_name = "time", "time"
+        tv[:] = netCDF4.date2num(times, tv.units, tv.calendar)
+        latv = nc.createVariable(latname, "f8" if layout == "cds2024" else "f4", (latname,))
+        latv.units, latv.standard_name = "degrees_north", "latitude"
+        latv[:] = lat
+        lonv = nc.createVariable(lonname, "f8" if layout == "cds2024" else "f4", (lonname,))
+        lonv.units, lonv.standard_name = "degrees_east", "longitude"
+        lonv[:] = lon
+        if layout == "cds2024":
+            nv = nc.createVariable("number", "i8")
+            nv.long_name = "ensemble member numerical id"
+            nv.assignValue(0)
+            ev = nc.createVariable("expver", str, (tname,))
+            for i in range(n_months):
+                ev[i] = "0001"
+        if expver_dim:
+            ev = nc.createVariable("expver", "i4", ("expver",))
+            ev[:] = [1, 5]
+
+        dims = (tname, "expver", latname, lonname) if expver_dim else (tname, latname, lonname)
+        if layout == "legacy":
+            var = nc.createVariable("sst", "i2", dims, fill_value=FILL_INT16)
+            var.scale_factor, var.add_offset, var.missing_value = SCALE, OFFSET, np.int16(FILL_INT16)
+        else:
+            var = nc.createVariable("sst", "f4", dims, fill_value=np.float32(np.nan))
+        var.set_auto_maskandscale(False)  # we pack and fill by hand: one code path for every layout
+        var.long_name, var.standard_name = "Sea surface temperature", "sea_surface_temperature"
+        if units is not None and not units_on_file:
+            var.units = units
+
+        for t0 in range(0, n_months, chunk_months):
+            t1 = min(n_months, t0 + chunk_months)
+            block = sst_celsius(np.arange(t0, t1), lat, lon, seed)
+            if not celsius:
+                block += np.float32(273.15)
+            if layout == "legacy":
+                packed = np.round((block - OFFSET) / SCALE)
+                packed = np.where(np.isfinite(packed), packed, FILL_INT16).astype(np.int16)
+                block = packed
+            if expver_dim:
+                fill = FILL_INT16 if layout == "legacy" else np.nan
+                two = np.full((t1 - t0, 2) + block.shape[1:], fill, dtype=block.dtype)
+                is_t = np.arange(t0, t1) >= n_months - 3  # ERA5T (expver 5) serves the final months
+                two[~is_t, 0] = block[~is_t]
+                two[is_t, 1] = block[is_t]
+                block = two
+            var[t0:t1] = block
+    return path
+
+
+def default_cache_dir() -> Path:
+    """$PLAINLOOP_CACHE, else ~/.cache/plainloop."""
+    return Path(os.environ.get("PLAINLOOP_CACHE") or Path.home() / ".cache" / "plainloop")
+
+
+def ensure_sample_file(
+    cache_dir: str | os.PathLike | None = None,
+    layout: str = "legacy",
+    years: int = 30,
+    grid: float = 1.0,
+    seed: int = 0,
+) -> Path:
+    """Path of the built-in sample file, generated once (temp file + rename, so a crash never leaves half a
+    file behind) into `cache_dir` (default $PLAINLOOP_CACHE or ~/.cache/plainloop)."""
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    path = cache / f"era5_sample_{layout}_{years}y_{grid:g}deg_seed{seed}.nc"
+    if path.is_file() and path.stat().st_size > 0:
+        return path
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write_sample_file(tmp, layout=layout, years=years, grid=grid, seed=seed)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    p.add_argument("out", help="output netCDF path")
+    p.add_argument("--layout", choices=LAYOUTS, default="legacy", help="file layout (default: legacy)")
+    p.add_argument("--years", type=int, default=30, help="number of years from 1990 (default: 30)")
+    p.add_argument(
+        "--grid", type=float, default=1.0, help="grid spacing in degrees; 0.25 = native ERA5 (default: 1.0)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="random seed of the noise (default: 0)")
+    p.add_argument("--start-year", type=int, default=1990, help="first year (default: 1990)")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        write_sample_file(tmp, args.layout, args.years, args.grid, args.seed, args.start_year)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    lat, lon = grid_coords(args.layout, args.grid)
+    print(
+        f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB): synthetic {args.layout} SST, {args.years * 12} months, "
+        f"{lat.size} x {lon.size} grid at {args.grid:g}°"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""Turn a run's measurements into one bottleneck verdict, its evidence and the one change most likely to help.
+
+Input is a `TrainingMonitor.get_summary()` dict (see utils/performance_monitor.py) and, optionally,
+`step_stats` from a short profile (utils/profiling.py): kernels_per_step, syncs_per_step, ... .
+No dependency beyond the standard library.
+
+Verdicts, checked in this order (the first one that the evidence supports wins):
+- "data-loading bound": the step spends a large share of its time waiting for the next batch.
+- "memory bound": the GPU's memory is (nearly) full or the allocator had to retry (capacity), or most
+  device time goes to elementwise/normalisation/copy kernels (bandwidth).
+- "host/launch bound": the GPU idles between kernels: low utilisation while not waiting for data,
+  many small kernels or host syncs per step.
+- "compute bound": the device is busy doing arithmetic; the remaining gains are in doing less of it
+  or doing it in lower precision.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["diagnose", "VERDICTS", "THRESHOLDS"]
+
+VERDICTS = ("data-loading bound", "host/launch bound", "compute bound", "memory bound")
+
+# Tunable cut-offs, in one place so the report can quote them.
+THRESHOLDS = {
+    "data_wait_frac": 0.20,  # ≥20% of step time waiting for data: the loader is the first thing to fix
+    "gpu_mem_frac": 0.90,  # peak allocated ≥90% of the card: no headroom, batch size capped
+    "gpu_util_busy": 80.0,  # NVML utilisation ≥80%: a kernel is running most of the time
+    "gpu_util_idle": 60.0,  # <60% while not data-bound: the host is not feeding kernels fast enough
+    "kernels_per_step_many": 300,  # a step of hundreds of tiny kernels is launch-bound unless they are big
+    "short_step_ms": 15.0,  # launch overhead (~5-10 µs/kernel + Python) matters when steps are this short
+    "elementwise_frac": 0.5,  # half the device time in elementwise/norm/copy ops: bandwidth-bound
+    "cpu_saturated_frac": 0.75,  # process uses ≥75% of the cores it may use
+}
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def diagnose(summary: dict[str, Any], *, device_type: str, step_stats: dict[str, Any] | None = None) -> dict:
+    """Return {"verdict", "evidence": [str], "advice": str, "confidence": "high"|"medium"|"low", "notes": [str]}.
+
+    `device_type` is "cuda" or "cpu" (anything else is treated like "cpu": no GPU counters).
+    """
+    if not isinstance(summary, dict):
+        raise TypeError(
+            f"diagnose(summary=...) needs the dict from TrainingMonitor.get_summary(), got {type(summary)}"
+        )
+    if device_type not in ("cuda", "cpu", "mps", "xpu"):
+        raise ValueError(f"diagnose(device_type={device_type!r}): expected 'cuda' or 'cpu'")
+    st = dict(step_stats or {})
+    T = THRESHOLDS
+    notes: list[str] = []
+    evidence: list[str] = []
+
+    dw = summary.get("data_wait_frac")
+    it = summary.get("iter_time_s") or {}
+    p50_ms = it.get("p50") * 1000 if it.get("p50") is not None else None
+    sps = summary.get("samples_per_s")
+    if p50_ms is not None:
+        evidence.append(
+            f"median step {p50_ms:.1f} ms (p90 {1000 * it.get('p90', 0):.1f} ms)"
+            + (f", {sps:.1f} samples/s" if sps else "")
+        )
+    if dw is None:
+        notes.append(
+            "no data-wait timing was logged (log_iteration(..., data_seconds=...)); data loading not judged"
+        )
+    else:
+        evidence.append(f"{_pct(dw)} of step time is spent waiting for the next batch")
+
+    workers = st.get("num_workers")
+    # ---- 1. data loading
+    if dw is not None and dw >= T["data_wait_frac"]:
+        cores = summary.get("cpu_count_logical") or 1
+        proc = summary.get("process_cpu_percent_mean")
+        if proc is not None:
+            evidence.append(
+                f"training process + loader workers use {proc:.0f}% of one core ({cores} logical cores)"
+            )
+        if workers == 0 or workers is None:
+            advice = (
+                "Load batches in parallel: set num_workers > 0 (find the best value with --auto_num_workers), "
+                "with pin_memory and persistent_workers; if the dataset fits in memory, cache it once instead "
+                "of reading files per sample."
+            )
+        elif proc is not None and proc >= T["cpu_saturated_frac"] * 100 * cores:
+            advice = (
+                "The CPU cores are already busy preparing batches: make each sample cheaper (cache/preprocess "
+                "the dataset once, hold it in RAM or on the GPU) rather than adding workers."
+            )
+        else:
+            advice = (
+                f"Raise num_workers beyond {workers} (measure with --auto_num_workers) and keep pin_memory / "
+                "persistent_workers on; if samples are read from disk, cache the dataset once."
+            )
+        conf = "high" if dw >= 2 * T["data_wait_frac"] else "medium"
+        return _out("data-loading bound", evidence, advice, conf, notes)
+
+    if device_type == "cuda":
+        return _diagnose_gpu(summary, st, evidence, notes)
+    return _diagnose_cpu(summary, st, evidence, notes, p50_ms)
+
+
+def _diagnose_gpu(s: dict, st: dict, evidence: list[str], notes: list[str]) -> dict:
+    T = THRESHOLDS
+    util = s.get("gpu_util_mean")
+    peak, total = s.get("peak_gpu_mem_mb"), s.get("gpu_mem_total_mb")
+    retries = s.get("gpu_alloc_retries") or 0
+    kps, sps_ = st.get("kernels_per_step"), st.get("syncs_per_step")
+    p50_ms = (s.get("iter_time_s") or {}).get("p50")
+    p50_ms = p50_ms * 1000 if p50_ms is not None else None
+    if util is not None:
+        evidence.append(f"GPU utilisation {util:.0f}% on average (NVML: share of time a kernel is running)")
+    else:
+        notes.append(
+            "no GPU utilisation samples (NVML/nvidia-smi unavailable); verdict relies on memory and profile"
+        )
+    if s.get("gpu_power_w_mean") is not None:
+        lim = s.get("gpu_power_limit_w")
+        evidence.append(
+            f"GPU power {s['gpu_power_w_mean']:.0f} W"
+            + (f" of a {lim:.0f} W limit" if lim else "")
+            + " on average"
+        )
+    mem_frac = peak / total if peak is not None and total else None
+    if mem_frac is not None:
+        evidence.append(f"peak allocated GPU memory {peak:.0f} MB = {_pct(mem_frac)} of {total:.0f} MB")
+    if kps is not None:
+        evidence.append(f"{kps:.0f} GPU kernels per step (profiler)")
+    if sps_:
+        evidence.append(f"{sps_:.0f} host-device syncs per step (profiler)")
+
+    # ---- 2. memory: capacity first (it caps everything else), then bandwidth
+    if (mem_frac is not None and mem_frac >= T["gpu_mem_frac"]) or retries > 0:
+        if retries:
+            evidence.append(
+                f"the CUDA allocator had to free its cache and retry {retries} times (fragmentation/OOM edge)"
+            )
+        advice = (
+            "Free memory before anything else: train in bf16 autocast (halves activations), enable activation "
+            "checkpointing for the largest blocks, or halve the batch and keep the effective batch with "
+            "gradient accumulation (--auto_batch_size does this)."
+        )
+        return _out(
+            "memory bound", evidence, advice, "high" if mem_frac and mem_frac >= 0.95 else "medium", notes
+        )
+    ew = st.get("elementwise_frac")
+    if ew is not None and ew >= T["elementwise_frac"] and (util is None or util >= T["gpu_util_idle"]):
+        evidence.append(
+            f"{_pct(ew)} of device time in elementwise/normalisation/copy kernels (bandwidth-limited)"
+        )
+        advice = (
+            "Fuse the elementwise work: torch.compile the model (fuses pointwise ops into few kernels) and train "
+            "in bf16 so each byte moved carries twice the values."
+        )
+        return _out("memory bound", evidence, advice, "medium", notes)
+
+    # ---- 3. host/launch
+    many_kernels = kps is not None and kps >= T["kernels_per_step_many"]
+    short = p50_ms is not None and p50_ms <= T["short_step_ms"]
+    if (util is not None and util < T["gpu_util_idle"]) or (
+        util is not None and util < T["gpu_util_busy"] and (many_kernels or (sps_ or 0) > 1 or short)
+    ):
+        if sps_ and sps_ > 1:
+            advice = (
+                f"Remove the {sps_:.0f} host-device syncs per step (.item(), .cpu(), printing a tensor, "
+                "`if tensor:`): keep the loss on the device and read it every LOG_EVERY steps."
+            )
+        else:
+            advice = (
+                "Give the GPU bigger, fewer kernels: raise the batch size (--auto_batch_size finds the largest "
+                "that fits) and torch.compile the model (mode='reduce-overhead' adds CUDA graphs)."
+            )
+        conf = "high" if util is not None and util < T["gpu_util_idle"] / 2 else "medium"
+        return _out("host/launch bound", evidence, advice, conf, notes)
+
+    # ---- 4. compute
+    advice = (
+        "The GPU is busy: do the same arithmetic faster with bf16 autocast (tensor cores) and TF32 for what "
+        "stays in fp32; then torch.compile. More workers or a bigger batch will not help much."
+    )
+    conf = "high" if util is not None and util >= T["gpu_util_busy"] else "low"
+    if util is None:
+        notes.append("compute bound by elimination: no utilisation counter to confirm it")
+    return _out("compute bound", evidence, advice, conf, notes)
+
+
+def _diagnose_cpu(s: dict, st: dict, evidence: list[str], notes: list[str], p50_ms: float | None) -> dict:
+    T = THRESHOLDS
+    notes.append(
+        "CPU run: computation, Python overhead and data loading share the same cores, and there is no "
+        "utilisation counter like a GPU's; this verdict is coarser than on a GPU and does not predict GPU behaviour."
+    )
+    cores = s.get("cpu_count_logical") or 1
+    threads = st.get("torch_threads") or cores
+    proc = s.get("process_cpu_percent_mean")
+    ram, ram_total = s.get("ram_used_gb_max"), s.get("ram_total_gb")
+    if proc is not None:
+        evidence.append(
+            f"training process + workers use {proc:.0f}% of one core on average "
+            f"({threads} torch threads, {cores} logical cores)"
+        )
+    if ram is not None and ram_total:
+        evidence.append(f"peak RAM in use {ram:.1f} of {ram_total:.1f} GB")
+        if ram / ram_total >= T["gpu_mem_frac"]:
+            advice = (
+                "RAM is nearly full (swapping would dominate): lower the batch size and keep the effective batch "
+                "with gradient accumulation, or cache the dataset as float16/memory-mapped arrays."
+            )
+            return _out("memory bound", evidence, advice, "medium", notes)
+    kps = st.get("kernels_per_step")
+    if kps is not None:
+        evidence.append(f"{kps:.0f} operator calls per step (profiler)")
+    busy = proc is not None and proc >= T["cpu_saturated_frac"] * 100 * min(threads, cores)
+    if not busy and (
+        (p50_ms is not None and p50_ms <= T["short_step_ms"]) or (kps or 0) >= T["kernels_per_step_many"]
+    ):
+        advice = (
+            "Steps are short and the cores are not saturated: per-op Python/dispatcher overhead dominates. "
+            "Raise the batch size so each op does more work, or torch.compile the model to fuse ops."
+        )
+        return _out("host/launch bound", evidence, advice, "low", notes)
+    advice = (
+        "The cores are doing arithmetic: a GPU is the real fix; on CPU, keep torch threads = physical cores, "
+        "try bf16 autocast on CPUs with AMX/AVX512-BF16, and torch.compile."
+    )
+    return _out("compute bound", evidence, advice, "medium" if busy else "low", notes)
+
+
+def _out(verdict: str, evidence: list[str], advice: str, confidence: str, notes: list[str]) -> dict:
+    return {
+        "verdict": verdict,
+        "evidence": evidence,
+        "advice": advice,
+        "confidence": confidence,
+        "notes": notes,
+    }
