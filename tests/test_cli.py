@@ -97,3 +97,10 @@ def test_system_report_writes_markdown(tmp_path, era5_cache, capsys):
                      str(tmp_path), "--run_name", "s", *SMALL]) == 0
     text = (tmp_path / "s" / "report.md").read_text()
     assert "## Verdict" in text and "your settings" in text and "## Hardware" in text
+
+
+def test_reid_task_runs(tmp_path, capsys):
+    assert cli.main(["--task", "reid", "--num_identities", "24", "--max_steps", "4", "--output_dir", str(tmp_path),
+                     "--run_name", "reid", "--no-progress_bar", "--no-plots"]) == 0
+    summary = json.loads((tmp_path / "reid" / "summary.json").read_text())
+    assert 0 <= summary["final_metrics"]["rgb2ir_mAP"] <= 1 and summary["steps"] == 4

@@ -54,13 +54,15 @@ class ShardedBatchSampler:
             return np.arange(self.n)
         return np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[np.ndarray]:
         order = self._order()
         # equal shares per rank (the tail that does not divide is dropped, as DistributedSampler does)
         mine = order[: self._per_rank * self.world_size][self.rank :: self.world_size]
         start, self._start_batch = self._start_batch, 0
+        # int64 arrays, not lists: DataLoader indexes with them as with lists, and device-resident
+        # batches wrap them with torch.from_numpy without a per-element conversion
         for b in range(start, self._num_batches):
-            yield mine[b * self.batch_size : (b + 1) * self.batch_size].tolist()
+            yield mine[b * self.batch_size : (b + 1) * self.batch_size]
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "seed": self.seed, "batches_done": 0}
@@ -84,7 +86,8 @@ class DeviceBatches:
 
     def __iter__(self) -> Iterator[Any]:
         for idx in self.batch_sampler:
-            yield self.dataset.gather(torch.as_tensor(idx, dtype=torch.long).to(self.device, non_blocking=True))
+            idx = torch.from_numpy(idx) if isinstance(idx, np.ndarray) else torch.as_tensor(idx, dtype=torch.long)
+            yield self.dataset.gather(idx.to(self.device, non_blocking=True))
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

@@ -175,7 +175,7 @@ class Trainer:
         with ctx:
             with self.rt.autocast():
                 loss = self.loss_fn(self.model, batch)
-            self.scaler.scale(loss / window).backward()
+            self.scaler.scale(loss / window if window > 1 else loss).backward()
         return loss.detach()
 
     def optimizer_step(self, want_norm: bool) -> torch.Tensor | None:

@@ -29,7 +29,9 @@ def build_adamw(model: nn.Module, lr: float, weight_decay: float, device: torch.
     lr_arg: float | torch.Tensor = torch.tensor(lr, device=device) if tensor_lr else lr
     if device.type == "cuda":
         return torch.optim.AdamW(groups, lr=lr_arg, fused=True)
-    return torch.optim.AdamW(groups, lr=lr_arg, foreach=False if tensor_lr else None)
+    # CPU: the single-tensor path (foreach was slower for small tensors in benchmarks/loop_overhead.py,
+    # and it rejects a tensor lr).
+    return torch.optim.AdamW(groups, lr=lr_arg, foreach=False)
 
 
 class WarmupCosine:
