@@ -58,6 +58,18 @@ def default_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     return (diff**2).sum() / finite.sum().clamp_min(1)
 
 
+_NULL = contextlib.nullcontext()  # stateless, so one instance serves every step
+
+
+def _batch_size(batch: Any) -> int:
+    """Samples in a batch: the leading size of its first tensor."""
+    if isinstance(batch, (tuple, list)):  # noqa: UP038  (a tuple of types is faster than X | Y here)
+        batch = batch[0]
+    elif isinstance(batch, dict):
+        batch = next(iter(batch.values()))
+    return batch.shape[0]
+
+
 class Trainer:
     """Train `task` with `cfg`. `fit()` returns the summary that is also written to summary.json."""
 
@@ -151,6 +163,7 @@ class Trainer:
             self.model = torch.compile(self.model, mode=cfg.compile_mode)
             self.notes.append(f"compile: torch.compile(mode={cfg.compile_mode!r}); the first steps include compiling")
         self.params = [p for p in self.raw_model.parameters() if p.requires_grad]
+        self._ddp, self._amp = rt.distributed, rt.amp_dtype is not None
         self.monitor = TrainingMonitor(interval=cfg.monitor_interval, device=rt.device, batch_size=cfg.batch_size)
 
     def _make_run_dir(self) -> Path:
@@ -170,10 +183,9 @@ class Trainer:
     # ------------------------------------------------------------------ one step
     def forward_backward(self, batch: Any, window: int, sync_grads: bool = True) -> torch.Tensor:
         """Forward under autocast and a scaled backward; returns the detached loss (on the device)."""
-        no_sync = self.rt.distributed and not sync_grads
-        ctx = self.model.no_sync() if no_sync else contextlib.nullcontext()
+        ctx = self.model.no_sync() if self._ddp and not sync_grads else _NULL
         with ctx:
-            with self.rt.autocast():
+            with self.rt.autocast() if self._amp else _NULL:
                 loss = self.loss_fn(self.model, batch)
             self.scaler.scale(loss / window if window > 1 else loss).backward()
         return loss.detach()
@@ -260,32 +272,38 @@ class Trainer:
             bar = tqdm(total=nb, initial=start, desc=f"epoch {self.epoch + 1}/{self.max_epochs}", leave=False,
                        dynamic_ncols=True, mininterval=0.5)
         pending: list[torch.Tensor] = []  # per-batch losses, kept on the device until the next log point
-        interval_samples, interval_data, t_interval = 0, 0.0, time.perf_counter()
+        # locals: this loop runs once per batch, and on small models its Python cost is measurable
+        # (benchmarks/loop_overhead.py)
+        perf, fb, opt_step, log_iter = time.perf_counter, self.forward_backward, self.optimizer_step, self.monitor.log_iteration
+        log_every, norm_every, total = cfg.log_every, cfg.norm_every, self.total_steps
+        val_steps, ckpt_steps, bar_every = cfg.val_check_steps, cfg.checkpoint_every, cfg.progress_every
+        move = None if self.on_device else self.rt.device
+        interval_samples, interval_data, t_interval = 0, 0.0, perf()
         it = iter(self.loader)
         window_start = start
-        t0 = time.perf_counter()
+        t0 = perf()
         for i in range(start, nb):
             batch = next(it)
-            if not self.on_device:
-                batch = to_device(batch, self.rt.device)
-            t_data = time.perf_counter() - t0
+            if move is not None:
+                batch = to_device(batch, move)
+            t_data = perf() - t0
             window = min(accum, nb - window_start)  # a short last window still averages correctly
             boundary = i + 1 - window_start == window
-            pending.append(self.forward_backward(batch, window, sync_grads=boundary))
-            bs = self._bs(batch)
+            pending.append(fb(batch, window, boundary))
+            bs = _batch_size(batch)
             interval_samples += bs
             interval_data += t_data
             if boundary:
                 self.step += 1
                 window_start = i + 1
                 self.batches_done = i + 1
-                want_norm = self.step % cfg.norm_every == 0
-                norm = self.optimizer_step(want_norm)
-                if self.step % cfg.log_every == 0 or self.step >= self.total_steps or i + 1 == nb:
+                want_norm = self.step % norm_every == 0
+                norm = opt_step(want_norm)
+                if self.step % log_every == 0 or self.step >= total or i + 1 == nb:
                     # note: sync point (LOG_EVERY): the only read of the loss in the hot path
                     loss = torch.stack(pending).float().mean().item()
                     pending.clear()
-                    now = time.perf_counter()
+                    now = perf()
                     elapsed = max(now - t_interval, 1e-9)
                     row = {"kind": "train", "step": self.step, "epoch": self.epoch + 1, "loss": loss,
                            "lr": self.scheduler.current_lr(),
@@ -300,17 +318,17 @@ class Trainer:
                     interval_samples, interval_data, t_interval = 0, 0.0, now
                 elif want_norm and norm is not None:
                     self._log_row({"kind": "norm", "step": self.step, "grad_norm": norm.item()})  # note: sync point
-                if cfg.val_check_steps is not None and self.step % cfg.val_check_steps == 0:
+                if val_steps is not None and self.step % val_steps == 0:
                     self._validate()
                     model.train()
-                if cfg.checkpoint_every is not None and self.step % cfg.checkpoint_every == 0 and i + 1 < nb:
+                if ckpt_steps is not None and self.step % ckpt_steps == 0 and i + 1 < nb:
                     self._save("last.pt")
-            t1 = time.perf_counter()
-            self.monitor.log_iteration(t1 - t0, t_data, bs)
-            if bar is not None and (i + 1) % cfg.progress_every == 0:
-                bar.update(cfg.progress_every)
+            t1 = perf()
+            log_iter(t1 - t0, t_data, bs)
+            if bar is not None and (i + 1) % bar_every == 0:
+                bar.update(bar_every)
             t0 = t1
-            if self.step >= self.total_steps:
+            if self.step >= total:
                 break
         if bar is not None:
             bar.close()
@@ -321,8 +339,7 @@ class Trainer:
 
     @staticmethod
     def _bs(batch: Any) -> int:
-        first = batch[0] if isinstance(batch, list | tuple) else next(iter(batch.values())) if isinstance(batch, dict) else batch
-        return int(first.shape[0])
+        return _batch_size(batch)
 
     # ------------------------------------------------------------------ evaluation
     def _evaluate(self, split: str) -> dict[str, float]:
