@@ -1,0 +1,196 @@
+"""Shared benchmark helpers: environment record, statistics, JSON output, Markdown tables, matmul peak.
+
+Every harness under benchmarks/ writes one JSON file with `environment()` (device, driver, torch version,
+git commit) beside its config and every repetition, and prints a Markdown table rendered by `md_table`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def git_commit() -> str:
+    """HEAD's hash (+"+dirty" when the tree has changes), or "uncommitted" outside a git checkout."""
+    try:
+        root = Path(__file__).resolve().parent.parent
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, cwd=root
+        )
+        if out.returncode != 0:
+            return "uncommitted"
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], capture_output=True, text=True, timeout=10, cwd=root
+        )
+        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "uncommitted"
+
+
+def _driver_version() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def optional_modules() -> dict[str, str | None]:
+    """Versions of the optional packages a benchmark may use; None = missing (the harness says what it skips)."""
+    out: dict[str, str | None] = {}
+    for name in ("lightning", "netCDF4", "psutil", "tqdm", "pynvml", "numpy"):
+        try:
+            mod = __import__(name)
+            out[name] = str(getattr(mod, "__version__", "present"))
+        except Exception:  # a broken optional install counts as missing
+            out[name] = None
+    return out
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """Where the figures come from: machine, device, driver, library versions and the code's commit."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    env: dict[str, Any] = {
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cpu": _cpu_model(),
+        "cpu_count": cpus,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_model(),
+        "driver": _driver_version() if device.type == "cuda" else None,
+        "commit": git_commit(),
+        "modules": optional_modules(),
+    }
+    return env
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # note: sync point (timing boundary)
+
+
+def matmul_peak_flops(
+    device: torch.device, dtype: torch.dtype | None = None, n: int | None = None, iters: int | None = None
+) -> dict[str, Any]:
+    """Measured dense matmul peak (FLOP/s) on `device`: bf16 on CUDA, fp32 on CPU (the precision each runs).
+
+    The best of several timed batches of n x n products, so the figure is what this device really reaches
+    today, not a datasheet number.
+    """
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if n is None:
+        n = 8192 if device.type == "cuda" else 1024
+    if iters is None:
+        iters = 20 if device.type == "cuda" else 4
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    flops = 2.0 * n**3 * iters / best
+    return {
+        "flops": flops,
+        "tflops": flops / 1e12,
+        "dtype": str(dtype).replace("torch.", ""),
+        "n": n,
+        "iters": iters,
+    }
+
+
+def stats(values: Sequence[float]) -> dict[str, float]:
+    """Median and spread of repetitions: min, max and the relative spread (max - min) / median."""
+    vals = [float(v) for v in values]
+    if not vals:
+        raise ValueError("stats: no values (did every repetition fail?)")
+    med = statistics.median(vals)
+    return {
+        "median": med,
+        "min": min(vals),
+        "max": max(vals),
+        "spread": (max(vals) - min(vals)) / med if med else 0.0,
+        "n": len(vals),
+    }
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> Path:
+    """Atomic write, so a crash never leaves half a result file."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, p)
+    return p
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def cell(v: Any) -> str:
+        return "" if v is None else str(v)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def fmt(v: float | None, spec: str = ".1f", suffix: str = "") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    return f"{v:{spec}}{suffix}"
+
+
+def all_figures_finite(obj: Any, path: str = "") -> list[str]:
+    """Paths of numbers in `obj` that are not finite (for tests and a final self-check)."""
+    bad: list[str] = []
+    if isinstance(obj, bool):
+        return bad
+    if isinstance(obj, int | float):
+        if not math.isfinite(obj):
+            bad.append(path)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            bad += all_figures_finite(v, f"{path}.{k}")
+    elif isinstance(obj, list | tuple):
+        for i, v in enumerate(obj):
+            bad += all_figures_finite(v, f"{path}[{i}]")
+    return bad
