@@ -104,3 +104,13 @@ def test_reid_task_runs(tmp_path, capsys):
                      "--run_name", "reid", "--no-progress_bar", "--no-plots"]) == 0
     summary = json.loads((tmp_path / "reid" / "summary.json").read_text())
     assert 0 <= summary["final_metrics"]["rgb2ir_mAP"] <= 1 and summary["steps"] == 4
+
+
+def test_shell_launcher_reid_task(tmp_path):
+    env = {**os.environ, "SKIP_SETUP": "1", "TASK": "reid", "OUTPUT_DIR": str(tmp_path),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", str(ROOT / "optimize_training.sh"), "--run_name", "r", "--max_steps", "2",
+                           "--num_identities", "24", "--no-progress_bar", "--no-plots"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["task"] == "reid"
