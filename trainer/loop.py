@@ -163,6 +163,7 @@ class Trainer:
             self.model = torch.compile(self.model, mode=cfg.compile_mode)
             self.notes.append(f"compile: torch.compile(mode={cfg.compile_mode!r}); the first steps include compiling")
         self.params = [p for p in self.raw_model.parameters() if p.requires_grad]
+        self._opt_params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self._ddp, self._amp = rt.distributed, rt.amp_dtype is not None
         self.monitor = TrainingMonitor(interval=cfg.monitor_interval, device=rt.device, batch_size=cfg.batch_size)
 
@@ -210,7 +211,9 @@ class Trainer:
         else:
             self.optimizer.step()
         self.scheduler.step(found_inf)  # on a skipped step the device-side counter does not advance
-        self.optimizer.zero_grad(set_to_none=True)
+        # what zero_grad(set_to_none=True) does, without its per-call profiler scope (~30 us per step on CPU)
+        for p in self._opt_params:
+            p.grad = None
         return norm
 
     # ------------------------------------------------------------------ the loop
