@@ -243,8 +243,8 @@ def report_run(summary: dict[str, Any], run_dir: Path, args: argparse.Namespace)
 
         print("[plainloop] test split, latitude-weighted over ocean cells:")
         print(format_scores(summary["test_scores"]))
-    for k, v in summary["final_metrics"].items():
-        if args.task == "reid":
+    if args.task == "reid":
+        for k, v in summary["final_metrics"].items():
             print(f"  {k}: {v:.4f}")
     if args.plots:
         try:

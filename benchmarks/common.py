@@ -164,6 +164,14 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
     return p
 
 
+def write_result(out: str | os.PathLike, result: Any, md: str) -> Path:
+    """The raw JSON and its rendered Markdown table side by side (out and out.md); the table is printed."""
+    out = write_json(out, result)
+    out.with_suffix(".md").write_text(md, encoding="utf-8")
+    print(md)
+    return out
+
+
 def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     def cell(v: Any) -> str:
         return "" if v is None else str(v)

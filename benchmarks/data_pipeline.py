@@ -15,40 +15,19 @@ Writes raw JSON (every repetition) to --out and prints a Markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from datasets.era5 import ERA5SSTMonthlyDataset, NetCDFSource
+from benchmarks.before_loop import NetCDFPerSampleDataset
+from benchmarks.common import RESULTS_DIR, git_commit, write_json
+from datasets.era5 import ERA5SSTMonthlyDataset
 from datasets.era5_sample import ensure_sample_file
-
-
-class NetCDFPerSampleDataset(Dataset):
-    """The seeds' way: every sample opens the netCDF file and reads and coarsens its months."""
-
-    def __init__(self, ref: ERA5SSTMonthlyDataset, files: list[Path]) -> None:
-        self.ref = ref
-        self.source = NetCDFSource(files, ref.area, ref.resolution)
-        self.mask = ~ref.ocean_mask.numpy()
-
-    def __len__(self) -> int:
-        return len(self.ref)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        r = self.ref
-        j = r._start + i
-        c = self.source.read_months(j, j + r._span + 1)  # opens the file, reads, coarsens
-        c[:, self.mask] = np.nan
-        x = r._normalise(c[: r.seq_len - 1], r._cal[j : j + r.seq_len - 1])
-        y = r._normalise(c[-1], r._cal[j + r._span])
-        return torch.from_numpy(x), torch.from_numpy(y)
 
 
 def _time_loader(loader: DataLoader, epochs: int, max_samples: int | None = None) -> tuple[float, int]:
@@ -60,17 +39,6 @@ def _time_loader(loader: DataLoader, epochs: int, max_samples: int | None = None
             if max_samples and n >= max_samples:
                 return time.perf_counter() - t0, n
     return time.perf_counter() - t0, n
-
-
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=10)
-        if out.returncode != 0:
-            return "uncommitted"
-        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return "uncommitted"
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -181,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
         "device": device,
         "cpu_count": __import__("os").cpu_count(),
         "torch": torch.__version__,
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "config": {
             **vars(args),
@@ -198,11 +166,9 @@ def main(argv: list[str] | None = None) -> dict:
     out = (
         Path(args.out)
         if args.out
-        else Path("benchmarks/results")
-        / ("data_pipeline_cuda.json" if torch.cuda.is_available() else "data_pipeline_cpu.json")
+        else RESULTS_DIR / ("data_pipeline_cuda.json" if torch.cuda.is_available() else "data_pipeline_cpu.json")
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    write_json(out, report)
 
     print(
         f"\nERA5 data pipeline, {device}, {n} samples of {ds.seq_len - 1}+1 x {ds.height}x{ds.width}, "

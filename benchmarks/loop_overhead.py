@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.common import RESULTS_DIR, environment, md_table, stats, write_json
+from benchmarks.common import RESULTS_DIR, environment, md_table, stats, write_result
 
 TARGET_VS_HAND = 0.97
 
@@ -284,10 +284,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         prof = profile_plainloop(x, y, a)
         result["profile_plainloop"] = prof
         print(prof)
-    out = Path(a.out)
-    write_json(out, result)
-    out.with_suffix(".md").write_text(md, encoding="utf-8")
-    print(md)
+    out = write_result(a.out, result, md)
     print(f"[overhead] wrote {out} and {out.with_suffix('.md')}")
     return result
 

@@ -41,7 +41,7 @@ from benchmarks.common import (
     md_table,
     stats,
     sync,
-    write_json,
+    write_result,
 )
 
 ALL_CONFIGS = ("before", "defaults", "tuned", "lightning", "lightning_fp32")
@@ -651,10 +651,7 @@ def rerender(path: Path) -> dict[str, Any]:
     )
     result["summary"] = summary
     result["targets"] = check_targets(summary, torch.device(result["environment"]["device"]))
-    write_json(path, result)
-    md = render(result)
-    path.with_suffix(".md").write_text(md, encoding="utf-8")
-    print(md)
+    write_result(path, result, render(result))
     return result
 
 
@@ -879,10 +876,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = (
         Path(args.out) if args.out else RESULTS_DIR / f"run_{'gpu' if device.type == 'cuda' else 'cpu'}.json"
     )
-    write_json(out, result)
-    md = render(result)
-    out.with_suffix(".md").write_text(md, encoding="utf-8")
-    print(md)
+    write_result(out, result, render(result))
     print(f"[bench] wrote {out} and {out.with_suffix('.md')} ({time.perf_counter() - t0:.0f} s)")
     return result
 

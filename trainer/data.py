@@ -143,6 +143,8 @@ def try_device_cache(dataset: Dataset | None, cfg: TrainConfig, device: torch.de
         return False
     if cfg.device_cache is False:
         return False
+    if cfg.device_cache is not None and hasattr(dataset, "device_cache"):
+        dataset.device_cache = cfg.device_cache  # the run's setting wins over the dataset's own
     on = bool(dataset.maybe_to_device(device))
     dataset._plainloop_on_device = on  # type: ignore[attr-defined]
     return on

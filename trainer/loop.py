@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -99,9 +100,6 @@ class Trainer:
             self.notes.append("baseline: fp32, num_workers=0, no pinning, .item() every step, validate every epoch")
 
         # data: on the device when the dataset supports it and fits, else a DataLoader
-        for ds in (task.train_set, task.val_set, task.test_set):
-            if ds is not None and cfg.device_cache is not None and hasattr(ds, "device_cache"):
-                ds.device_cache = cfg.device_cache
         self.on_device = try_device_cache(task.train_set, cfg, rt.device)
         if self.on_device:
             try_device_cache(task.val_set, cfg, rt.device)
@@ -162,8 +160,8 @@ class Trainer:
         if cfg.compile_model:
             self.model = torch.compile(self.model, mode=cfg.compile_mode)
             self.notes.append(f"compile: torch.compile(mode={cfg.compile_mode!r}); the first steps include compiling")
-        self.params = [p for p in self.raw_model.parameters() if p.requires_grad]
-        self._opt_params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        # what the optimizer steps: clipped, norm-measured and cleared together
+        self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self._ddp, self._amp = rt.distributed, rt.amp_dtype is not None
         self.monitor = TrainingMonitor(interval=cfg.monitor_interval, device=rt.device, batch_size=cfg.batch_size)
 
@@ -212,7 +210,7 @@ class Trainer:
             self.optimizer.step()
         self.scheduler.step(found_inf)  # on a skipped step the device-side counter does not advance
         # what zero_grad(set_to_none=True) does, without its per-call profiler scope (~30 us per step on CPU)
-        for p in self._opt_params:
+        for p in self.params:
             p.grad = None
         return norm
 
@@ -340,10 +338,6 @@ class Trainer:
             self.batches_done = 0
         del it
 
-    @staticmethod
-    def _bs(batch: Any) -> int:
-        return _batch_size(batch)
-
     # ------------------------------------------------------------------ evaluation
     def _evaluate(self, split: str) -> dict[str, float]:
         ds = self.task.val_set if split == "val" else self.task.test_set
@@ -373,7 +367,7 @@ class Trainer:
         for batch in loader:
             if not getattr(ds, "_plainloop_on_device", False):
                 batch = to_device(batch, self.rt.device)
-            n = self._bs(batch)
+            n = _batch_size(batch)
             total += self.loss_fn(self.raw_model, batch).float() * n
             count += n
         return (total / max(count, 1)).item()  # note: sync point (validation)
@@ -516,5 +510,5 @@ class Trainer:
 
 def clone_task_model(task: Task) -> Task:
     """A copy of the task with its own model, so a trial run does not train the real one."""
-    return copy.copy(task).__class__(**{**task.__dict__, "model": copy.deepcopy(task.model)})
+    return dataclasses.replace(task, model=copy.deepcopy(task.model))
 

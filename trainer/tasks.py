@@ -20,18 +20,16 @@ CPU_PRESET = {"resolution": 5.0, "d_model": 128, "num_heads": 4, "num_layers": 2
               "recursion_depth": 2, "dropout": 0.0}
 
 
-def _predict_all(model: nn.Module, ds: Any, device: torch.device, batch_size: int = 64) -> torch.Tensor:
-    """Model predictions (normalised) for every sample of `ds`, in order, on the device."""
-    outs = []
+def _predict_all(model: nn.Module, ds: Any, device: torch.device, batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalised predictions and targets for every sample of `ds`, in order, on the device."""
     on_dev = getattr(ds, "_plainloop_on_device", False)
+    preds, targets = [], []
     for start in range(0, len(ds), batch_size):
         idx = torch.arange(start, min(start + batch_size, len(ds)))
-        if hasattr(ds, "gather"):
-            x, _ = ds.gather(idx.to(device) if on_dev else idx)
-        else:
-            x = torch.stack([ds[i][0] for i in idx.tolist()])
-        outs.append(model(x.to(device, non_blocking=True)).float())
-    return torch.cat(outs)
+        x, y = ds.gather(idx.to(device) if on_dev else idx)
+        preds.append(model(x.to(device, non_blocking=True)).float())
+        targets.append(y.to(device, non_blocking=True))
+    return torch.cat(preds), torch.cat(targets)
 
 
 def build_era5_task(data_path: str | None = None, variable: str = "sst", lon: tuple[float, float] = (-180, 180),
@@ -66,22 +64,17 @@ def build_era5_task(data_path: str | None = None, variable: str = "sst", lon: tu
         ds = val if split == "val" else test
         if len(ds) == 0:
             return {}
-        pred = _predict_all(m, ds, device)
-        idx = torch.arange(len(ds))
+        pred, y = _predict_all(m, ds, device)
         # note: sync point (evaluation) — predictions come to the host once for scoring in °C
-        pred_c = ds.denormalize(pred.cpu(), idx).numpy()
-        truth_c = np.stack([ds.sample_c(i)[1] for i in range(len(ds))])
-        last_c = np.stack([ds.sample_c(i)[0][-1] for i in range(len(ds))])
-        months = ds.target_months
-        clim_t = ds.climatology_c[months]
-        clim_i = ds.climatology_c[(months - 1 - offset) % 12]
+        pred_c = ds.denormalize(pred.cpu(), torch.arange(len(ds))).numpy()
+        ref = ds.reference_c()
+        truth_c = ref["truth_c"]
         mask = ds.ocean_mask.cpu().numpy()
-        scores = score_forecasts(pred_c, truth_c, last_c, clim_t, clim_i, ds.lats, mask)
+        scores = score_forecasts(pred_c, truth_c, ref["last_input_c"], ref["clim_target_c"], ref["clim_input_c"],
+                                 ds.lats, mask)
         out = {f"{split}_rmse_c": scores["model"]["rmse"], f"{split}_acc": scores["model"]["acc"]}
         if split == "val":
-            _, y = (ds.gather(idx.to(device)) if getattr(ds, "_plainloop_on_device", False)
-                    else (None, torch.stack([ds[i][1] for i in range(len(ds))])))
-            out["val_loss"] = float(m.loss(pred, y.to(device)))
+            out["val_loss"] = float(m.loss(pred, y))
         else:
             for name, s in scores.items():
                 out[f"test_{name}_rmse_c"] = s["rmse"]
@@ -90,7 +83,7 @@ def build_era5_task(data_path: str | None = None, variable: str = "sst", lon: tu
             k = len(ds) // 2  # one test month for the maps
             artifacts["test_month"] = {"truth_c": truth_c[k], "pred_c": pred_c[k], "lats": np.asarray(ds.lats),
                                        "lons": np.asarray(ds.lons), "mask": mask,
-                                       "label": np.array(f"test sample {k} (target month {int(months[k]) + 1})")}
+                                       "label": np.array(f"test sample {k} (target month {int(ds.target_months[k]) + 1})")}
         return out
 
     info = {"data": train.info, "grid": [train.height, train.width], "samples": [len(train), len(val), len(test)],

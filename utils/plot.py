@@ -100,8 +100,14 @@ def _loss_plot(plt: Any, train: list[dict], val: list[dict], title: str, out: Pa
         ax.set_title(key)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+    return _finish(plt, fig, title, out)
+
+
+def _finish(plt: Any, fig: Any, title: str, out: Path, tight: bool = True) -> Path:
+    """Title, lay out, write and close a figure."""
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
+    if tight:
+        fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
@@ -129,11 +135,7 @@ def _speed_plot(plt: Any, train: list[dict], title: str, out: Path) -> Path | No
     a2.set_ylabel("waiting for data (%)")
     a2.set_xlabel("step")
     a2.grid(alpha=0.3)
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _finish(plt, fig, title, out)
 
 
 def _map_plot(plt: Any, npz_path: Path, title: str, out: Path) -> Path:
@@ -184,10 +186,7 @@ def _map_plot(plt: Any, npz_path: Path, title: str, out: Path) -> Path:
         ax.set_aspect("equal")
         fig.colorbar(im, ax=ax, shrink=0.8, label="°C")
     axes[0].set_ylabel("latitude (°)")
-    fig.suptitle(f"{title}  —  test month {label}".strip(" —"), fontsize=11)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _finish(plt, fig, f"{title}  —  test month {label}".strip(" —"), out, tight=False)
 
 
 def plot_run(run_dir: Path) -> list[Path]:
