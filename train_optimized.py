@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from trainer.config import COMPILE_MODES, PRECISIONS, TrainConfig
-from trainer.tasks import CPU_PRESET, SEED_PRESET, build_task
+from tasks import build_task
+from tasks.era5 import CPU_PRESET, SEED_PRESET
 
 
 def positive_int(s: str) -> int:

@@ -139,7 +139,7 @@ def _job_train_samples() -> int:
 def _build_task(
     data_path: Path, p: dict[str, Any], cache_dir: Path, device_cache: bool | None, seed: int
 ) -> Any:
-    from trainer.tasks import build_era5_task
+    from tasks.era5 import build_era5_task
 
     return build_era5_task(
         data_path=str(data_path),

@@ -204,7 +204,7 @@ def test_batch_hard_triplet() -> None:
 
 
 def test_bad_inputs_are_named() -> None:
-    from trainer.task_reid import build_reid_task
+    from tasks.reid import build_reid_task
 
     with pytest.raises(ValueError, match="--reid_format"):
         build_reid_task(reid_format="duke")
@@ -217,7 +217,7 @@ def test_bad_inputs_are_named() -> None:
 # ------------------------------------------------------------------------------------------------- task
 def test_task_short_training_beats_chance() -> None:
     """A hand loop (model, loss_fn, sampler, DataLoader, evaluate_fn) as the engine would run it."""
-    from trainer.task_reid import build_reid_task
+    from tasks.reid import build_reid_task
 
     torch.manual_seed(0)
     task = build_reid_task(num_identities=32, image_size=(32, 16), seed=1, width=16)

@@ -1,0 +1,11 @@
+"""plainloop's engine: copy this folder into your repo and `from trainer import Trainer, TrainConfig, Task`.
+
+Self-contained: torch, numpy and the standard library (tqdm optional); nothing from the rest of plainloop.
+"""
+
+from .base import BaseTrainer
+from .config import TrainConfig
+from .loop import Trainer
+from .task import Task
+
+__all__ = ["BaseTrainer", "TrainConfig", "Task", "Trainer"]

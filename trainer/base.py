@@ -20,10 +20,10 @@ import torch
 from torch import nn
 from torch.utils.data import Subset
 
-from trainer.checkpoint import atomic_save, load_checkpoint
-from trainer.config import TrainConfig
-from trainer.loop import Trainer
-from trainer.task import Task
+from .checkpoint import atomic_save, load_checkpoint
+from .config import TrainConfig
+from .loop import Trainer
+from .task import Task
 
 # Where the seed's scripts keep trained models (their src.config.params.MODEL_SAVE_PATH).
 MODEL_SAVE_PATH = os.environ.get("PLAINLOOP_MODEL_DIR", "saved_models")

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from trainer.config import TrainConfig, default_num_workers
+from .config import TrainConfig, default_num_workers
 
 
 class ShardedBatchSampler:

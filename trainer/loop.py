@@ -31,12 +31,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer.checkpoint import atomic_save, load_checkpoint
-from trainer.config import TrainConfig
-from trainer.data import ShardedBatchSampler, build_loader, loader_settings, to_device, try_device_cache
-from trainer.optim import WarmupCosine, build_adamw, scaled_lr
-from trainer.setup import Runtime, resolve_runtime, rng_state, seed_everything, set_rng_state
-from trainer.task import Task
+from .checkpoint import atomic_save, load_checkpoint
+from .config import TrainConfig
+from .data import ShardedBatchSampler, build_loader, loader_settings, to_device, try_device_cache
+from .optim import WarmupCosine, build_adamw, scaled_lr
+from .setup import Runtime, resolve_runtime, rng_state, seed_everything, set_rng_state
+from .task import Task
 from utils.performance_monitor import TrainingMonitor
 
 try:

@@ -1,6 +1,6 @@
-"""The built-in tasks: ERA5 SST forecasting (the main job) and cross-modality re-ID.
+"""The main job: monthly SST forecasting on ERA5 (dataset + RecursiveAttentionTransformer + scores).
 
-Each builder returns a `Task`; the loop in `trainer/loop.py` does the rest.
+The loop in `trainer/` does the rest.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainer.task import Task
+from trainer import Task
 
 # The seed's configuration (seed 000 quick start) and the reduced CPU preset of the demo.
 SEED_PRESET = {"resolution": 2.0, "d_model": 512, "num_heads": 8, "num_layers": 3, "dim_feedforward": 1024,
@@ -22,11 +22,10 @@ CPU_PRESET = {"resolution": 5.0, "d_model": 128, "num_heads": 4, "num_layers": 2
 
 def _predict_all(model: nn.Module, ds: Any, device: torch.device, batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalised predictions and targets for every sample of `ds`, in order, on the device."""
-    on_dev = getattr(ds, "_plainloop_on_device", False)
     preds, targets = [], []
     for start in range(0, len(ds), batch_size):
         idx = torch.arange(start, min(start + batch_size, len(ds)))
-        x, y = ds.gather(idx.to(device) if on_dev else idx)
+        x, y = ds.gather(idx)  # served from wherever the split is held
         preds.append(model(x.to(device, non_blocking=True)).float())
         targets.append(y.to(device, non_blocking=True))
     return torch.cat(preds), torch.cat(targets)
@@ -91,13 +90,3 @@ def build_era5_task(data_path: str | None = None, variable: str = "sst", lon: tu
     flops = model.flops_per_sample(training=True) if hasattr(model, "flops_per_sample") else None
     return Task("era5", model, train, val, test, evaluate_fn=evaluate, monitor_metric="val_loss",
                 monitor_mode="min", flops_per_sample=flops, info=info, artifacts=artifacts)
-
-
-def build_task(name: str, **kwargs: Any) -> Task:
-    if name == "era5":
-        return build_era5_task(**kwargs)
-    if name == "reid":
-        from trainer.task_reid import build_reid_task
-
-        return build_reid_task(**kwargs)
-    raise ValueError(f"unknown task {name!r}; use 'era5' or 'reid'")

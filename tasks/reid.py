@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from datasets.cached_sampler import CachedModalAwarePKSampler
 from datasets.reid import ReIDEvalSet, read_market1501, read_sysu_mm01, synthetic_reid
 from models.reid_net import ReIDLoss, ReIDNet
-from trainer.task import Task
+from trainer import Task
 from utils.reid_eval import retrieval_metrics
 
 logger = logging.getLogger(__name__)
