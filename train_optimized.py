@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -28,12 +27,19 @@ from typing import Any
 
 import torch
 
-from tasks import TASK_BUILDERS, ERA5_MODEL_KEYS, resolve_task_args, task_module, train_defaults
+from tasks import ERA5_MODEL_KEYS, TASK_BUILDERS, resolve_task_args, task_module, train_defaults
 from trainer.build import ResumeError
 from trainer.checkpoint import CheckpointError
 from trainer.config import TrainConfig, knob
-from trainer.options import (ConfigError, add_dataclass_arguments, add_function_arguments, check_keys, coerce,
-                             function_parameters, load_config_file)  # fmt: skip
+from trainer.options import (
+    ConfigError,
+    add_dataclass_arguments,
+    add_function_arguments,
+    check_keys,
+    coerce,
+    function_parameters,  # fmt: skip
+    load_config_file,
+)
 from trainer.runfiles import RunDirError, find_resumable
 
 RUN = "task and run"

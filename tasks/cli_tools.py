@@ -15,7 +15,8 @@ import torch
 
 from trainer import TrainConfig
 from trainer.data import to_device
-from trainer.loop import Trainer, clone_task_model
+from trainer.loop import Trainer
+from trainer.task import clone_task_model
 from trainer.runfiles import claim_run_dir
 
 

@@ -43,7 +43,7 @@ def test_seed001_command_line_parses():
     (["--loss_scale", "huge"], "use 'dynamic' or a positive number"),
     (["--compile_mode", "fast"], "invalid choice: 'fast'"),
     (["--lat", "10", "-10"], "S < N"),
-    (["--min_lr_ratio", "x"], "not a valid float"),
+    (["--min_lr_ratio", "x"], "invalid float value: 'x'"),
 ])
 def test_bad_values_are_clear_errors_with_exit_2(argv, message, capsys):
     assert exit_code(argv) == 2

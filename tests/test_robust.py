@@ -15,7 +15,7 @@ from torch.utils.data import Dataset, TensorDataset
 from trainer import Task, TrainConfig, Trainer
 from trainer.build import ResumeError
 from trainer.checkpoint import load_checkpoint
-from trainer.loop import TrainingDiverged, TrainingStopped
+from trainer.finish import TrainingDiverged, TrainingStopped
 from trainer.runfiles import RunDirError, RunLock
 from trainer.step import OptimizerStep, nonfinite_flag, step_unless
 
