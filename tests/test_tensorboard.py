@@ -32,7 +32,7 @@ def _rows() -> list[dict]:
             rows.append({"kind": "norm", "step": 12, "grad_norm": 1.5})
     rows.append({"kind": "val", "step": 20, "epoch": 2, "val_loss": 0.2, "val_rmse_c": 0.07, "val_acc": 0.95,
                  "val_persistence_rmse_c": 0.55, "val_climatology_rmse_c": 0.24, "time": T0 + 21})  # fmt: skip
-    rows.append({"kind": "event", "step": 20, "message": "checkpoint last.pt"})
+    rows.append({"kind": "checkpoint", "name": "last.pt", "step": 20, "path": "checkpoints/last.pt"})
     return rows
 
 
@@ -92,6 +92,8 @@ def test_event_file_has_the_tags(tmp_path: Path) -> None:
     assert {"config/text_summary", "verdict/text_summary", "events/text_summary"} <= set(tags["tensors"])
     verdict = acc.Tensors("verdict/text_summary")[0].tensor_proto.string_val[0].decode()
     assert verdict.startswith("**contended: other processes used 1.1 of 2 CPU cores**")
+    events = acc.Tensors("events/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "last.pt" in events and events.startswith("step 20:")
     config = acc.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
     assert '"num_workers": 0' in config
 

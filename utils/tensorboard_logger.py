@@ -9,9 +9,9 @@ nothing from the trainer: `on_fit_start(trainer)` opens the writer in `trainer.r
 given) and stores config.json as text; `on_log(trainer, row)` writes each row's numbers as scalars —
 train/loss, train/lr, train/samples_per_s, train/data_wait_frac, train/grad_norm, train/skipped_steps (every
 numeric key of a "train" or "norm" row, under train/), and val/<metric> for a "val" row (val_rmse_c ->
-val/rmse_c, rgb2ir_mAP -> val/rgb2ir_mAP); `on_fit_end(trainer, summary)` adds the test scores (test/...),
-the verdict as text and, when RUN_DIR/test_month.npz exists, the test-month figure (utils/plot.py), then
-closes the files. Validation metrics that come with baselines (val_persistence_rmse_c, ...) or in two
+val/rmse_c, rgb2ir_mAP -> val/rgb2ir_mAP); "event" and "checkpoint" rows become text under "events".
+`on_fit_end(trainer, summary)` adds the test scores (test/...), the verdict as text and, when
+RUN_DIR/test_month.npz exists, the test-month figure (utils/plot.py), then closes the files. Validation metrics that come with baselines (val_persistence_rmse_c, ...) or in two
 directions (rgb2ir_/ir2rgb_) are also grouped on one chart each in TensorBoard's "Custom Scalars" tab.
 
 Optional dependency: `pip install tensorboard` (torch.utils.tensorboard writes the files; the figure also
@@ -107,7 +107,7 @@ class TensorBoardLogger:
                     self.writer.add_scalar(f"val/{name}", x, step, walltime=walltime)
             self._add_layout(keys)
             self.writer.flush()  # a validation is what one waits for: show it now
-        elif kind == "event":
+        elif kind in ("event", "checkpoint"):
             msg = {k: v for k, v in row.items() if k not in ("kind", "step")}
             self.writer.add_text(
                 "events", f"step {step}: `{json.dumps(msg, default=str)}`", step, walltime=walltime
