@@ -453,3 +453,16 @@ def test_nvml_other_processes_on_our_gpu(monkeypatch: pytest.MonkeyPatch) -> Non
         and s["gpu_other_processes_max"] == 1
         and s["gpu_other_processes"] == []
     )
+
+
+def test_torchrun_siblings_are_the_same_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under torchrun the other local ranks are siblings under one launcher: the same job, not contention.
+    assert pm.job_root_pid() == os.getpid()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert pm.job_root_pid() == os.getppid()
+    mon = TrainingMonitor(interval=0.05)
+    mon.start_monitoring()
+    time.sleep(0.1)
+    mon.stop_monitoring()
+    assert mon._tree is not None and mon._tree.proc.pid == os.getppid() and os.getpid() in mon._tree.pids()
+    assert "torchrun" in mon.get_summary()["process_cpu_scope"]

@@ -44,7 +44,7 @@ try:  # torch is optional here so the monitor can watch non-torch work too
 except ImportError:  # pragma: no cover - torch is always present in plainloop
     torch = None  # type: ignore[assignment]
 
-__all__ = ["TrainingMonitor", "format_summary", "percentile", "usable_cpu_cores"]
+__all__ = ["TrainingMonitor", "format_summary", "job_root_pid", "percentile", "usable_cpu_cores"]
 
 _MB = 1024.0**2
 _GB = 1024.0**3
@@ -265,6 +265,17 @@ def _cgroup_quota_cores() -> float | None:
         except (OSError, ValueError):
             continue
     return None
+
+
+def job_root_pid() -> int:
+    """The process whose tree is "this run": torchrun starts one process per local rank under one launcher,
+    and those siblings are the same job, not other processes taking the CPU."""
+    try:
+        if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
+            return os.getppid()
+    except ValueError:
+        pass
+    return os.getpid()
 
 
 def usable_cpu_cores() -> float:
@@ -489,7 +500,8 @@ class TrainingMonitor:
         self._proc = psutil.Process(os.getpid())
         self._t0_wall = time.time()
         try:
-            self._tree = _TreeCpu(self._proc, self._t0_wall)
+            root = self._proc if job_root_pid() == self._proc.pid else psutil.Process(job_root_pid())
+            self._tree = _TreeCpu(root, self._t0_wall)
             self._cpu0 = (time.perf_counter(), *_system_cpu(), 0.0)
             self._cpu_last = self._cpu0
             self._rq = _RunQueueWait()
@@ -805,6 +817,9 @@ class TrainingMonitor:
             "data_wait_measured_steps": known,
             "cpu_count_logical": psutil.cpu_count(logical=True),
             "cpu_usable_cores": usable_cpu_cores(),
+            "process_cpu_scope": "this process and its children"
+            if job_root_pid() == os.getpid()
+            else "every local rank of this torchrun job (the launcher's process tree)",
             **cpu,
             "other_processes_cpu_top": self._others_top,
             "ram_used_gb_max": vmax("ram_used_gb"),
@@ -897,12 +912,24 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # quick self-check: python -m utils.performance_monitor
-    mon = TrainingMonitor(interval=0.2, batch_size=32)
+def _self_check(seconds: float) -> None:
+    """Time log_iteration, then watch a sleeping loop for `seconds` at 1 Hz and print the summary."""
+    mon = TrainingMonitor(interval=1.0, batch_size=32)
     mon.start_monitoring()
-    for _ in range(20):
-        t = time.perf_counter()
+    n = 100_000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        mon.log_iteration(0.02, data_seconds=0.005)
+    per_call_us = (time.perf_counter() - t0) / n * 1e6  # includes the loop's own cost
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
         time.sleep(0.02)
-        mon.log_iteration(time.perf_counter() - t, data_seconds=0.005)
     mon.stop_monitoring()
     print(mon.format_summary())
+    print(f"log_iteration: {per_call_us:.2f} µs per call (loop included)")
+
+
+if __name__ == "__main__":  # self-check: python -m utils.performance_monitor [SECONDS, default 3]
+    import sys
+
+    _self_check(float(sys.argv[1]) if len(sys.argv) > 1 else 3.0)
