@@ -247,10 +247,8 @@ def _system_cpu() -> tuple[float, float, float]:
 
 def _cgroup_quota_cores() -> float | None:
     """CPU cores a cgroup quota allows this process (docker --cpus, Kubernetes limits); None without one."""
-    try:
-        with open(
-            "/sys/fs/cgroup/cpu.max", encoding="ascii"
-        ) as f:  # cgroup v2: "max 100000" or "200000 100000"
+    try:  # cgroup v2: "max 100000" (no quota) or "200000 100000" (2 cores)
+        with open("/sys/fs/cgroup/cpu.max", encoding="ascii") as f:
             quota, period = f.read().split()[:2]
         return float(quota) / float(period) if quota != "max" else None
     except (OSError, ValueError):
