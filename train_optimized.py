@@ -249,7 +249,8 @@ def plugins(opts: RunOptions, cfg: TrainConfig) -> tuple[list[Any], Any]:
 
 
 def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions) -> None:
-    verdict = (summary.get("verdict") or {}).get("verdict", "not judged")
+    v = summary.get("verdict") or {}
+    verdict = v.get("headline") or v.get("verdict", "not judged")
     sps = summary["samples_per_s"]
     print(f"[plainloop] done: {summary['steps']} steps in {summary['train_time_s']:.1f} s, "
           f"{f'{sps:.0f}' if sps else '?'} samples/s, {summary.get('skipped_steps', 0)} skipped, verdict: {verdict}")

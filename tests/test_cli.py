@@ -103,6 +103,14 @@ def test_profile_and_auto_batch_size(tmp_path, era5_cache, capsys):
     trace = tmp_path / "p" / "profile" / "trace.json"
     assert json.loads(trace.read_text())["traceEvents"]  # a Chrome trace with events
     assert "|" in (tmp_path / "p" / "profile" / "profile_top_ops.md").read_text()
+    assert not (tmp_path / "p" / "checkpoints").exists()  # profiled, then stopped: no training
+    assert "USDT" not in out
+
+
+def test_tensorboard_logger_writes_events_into_the_run_dir(tmp_path, era5_cache):
+    assert cli.main(["--logger", "tensorboard", "--max_steps", "2", "--output_dir", str(tmp_path), "--run_name", "tb",
+                     *SMALL]) == 0
+    assert list((tmp_path / "tb").rglob("events.out.tfevents.*"))
 
 
 def test_system_report_writes_markdown(tmp_path, era5_cache, capsys):
