@@ -44,7 +44,7 @@ def autotune(cfg: TrainConfig, task: Any, opts: Any) -> TrainConfig:
 
         def try_batch(bs: int) -> None:
             idx = torch.randint(0, len(ds), (bs,))
-            batch = (ds.gather(idx) if probe.on_device
+            batch = (probe.resident[id(ds)].gather(idx) if probe.on_device
                      else torch.utils.data.default_collate([ds[i] for i in idx.tolist()]))
             probe.forward_backward(to_device(batch, probe.rt.device), 1)
             for p in probe.opt.params:
