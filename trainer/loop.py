@@ -166,7 +166,7 @@ class Trainer:
         move, stop, ddp = (None if self.on_device else self.rt.device), self.stop, self.rt.distributed
         n_samples = n_iters = 0  # this epoch's totals, and since the last log point (i_*)
         data_s = iter_s = i_data = 0.0
-        it, window_start, t0 = iter(self.loader), start, perf()
+        it, window_start, t0, agreed = iter(self.loader), start, perf(), False
         i_samples, i_t = 0, t0
         for i in range(start, nb):
             batch = next(it)
@@ -191,6 +191,7 @@ class Trainer:
                         flag = torch.tensor(float(stop.signum or 0), device=self.rt.device)
                         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
                         stop.signum = stop.signum or int(flag.item()) or None  # note: sync point (log point)
+                        agreed = stop.signum is not None
                 elif want_norm:
                     self._log_norm(norm)
                 if val_steps is not None and self.step % val_steps == 0:
@@ -207,7 +208,7 @@ class Trainer:
             if bar is not None and ((i + 1) % bar_every == 0 or i + 1 == nb):
                 bar.update(self.batches_total_done() - bar.n)
             t0 = t1
-            if self.step >= total or (boundary and stop.signum and not ddp):
+            if self.step >= total or agreed or (boundary and stop.signum and not ddp):
                 break
         for k, v in (("samples", n_samples), ("iters", n_iters), ("data_s", data_s), ("iter_s", iter_s)):
             self.stats[k] += v
