@@ -581,8 +581,10 @@ def speedup_split(reps: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, (a, b, what) in parts.items():
         if reps.get(a) and reps.get(b):
-            med = _ratio(stats([r["samples_per_s"] for r in reps[a]])["median"],
-                         stats([r["samples_per_s"] for r in reps[b]])["median"])  # fmt: skip
+            med = _ratio(
+                stats([r["samples_per_s"] for r in reps[a]])["median"],
+                stats([r["samples_per_s"] for r in reps[b]])["median"],
+            )
             out[key] = {"ratio": med, "paired": _paired(reps[a], reps[b]), "rows": [a, b], "what": what}
     return out
 
@@ -792,8 +794,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
     )
     add = ap.add_argument
     add("--preset", choices=sorted(PRESETS), default="cpu", help="problem size (default: cpu)")
-    add("--file-grid", type=float, default=None, help="grid (degrees) of the generated ERA5-format file, e.g. "
-        "0.25 = ERA5's native 1440 x 721 (default: the preset's)")  # fmt: skip
+    add(
+        "--file-grid",
+        type=float,
+        default=None,
+        help="grid (degrees) of the generated ERA5-format file, e.g. "
+        "0.25 = ERA5's native 1440 x 721 (default: the preset's)",
+    )
     add(
         "--configs",
         default=None,
@@ -802,10 +809,17 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
     add("--reps", type=int, default=None, help="repetitions, interleaved (default: the preset's)")
     add("--epochs", type=int, default=None, help="timed epochs per repetition (default: the preset's)")
     add("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    add("--cache-dir", default=None, help="where the generated netCDF and the coarse cache go (default: "
-        "$PLAINLOOP_CACHE or ~/.cache/plainloop)")  # fmt: skip
-    add("--data-path", default=None, help="an existing ERA5-format netCDF file instead of the generated one "
-        "(default: generate)")  # fmt: skip
+    add(
+        "--cache-dir",
+        default=None,
+        help="where the generated netCDF and the coarse cache go (default: "
+        "$PLAINLOOP_CACHE or ~/.cache/plainloop)",
+    )
+    add(
+        "--data-path",
+        default=None,
+        help="an existing ERA5-format netCDF file instead of the generated one (default: generate)",
+    )
     add(
         "--compile-mode",
         default="default",
@@ -814,10 +828,19 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
     )
     add("--out", default=None, help="JSON path (default: benchmarks/results/run_<cpu|gpu>.json)")
     add("--seed", type=int, default=0, help="model/data-order seed (default: 0)")
-    add("--rerender", default=None, metavar="JSON", help="recompute the summary, targets and table of an "
-        "earlier result from its raw repetitions (no run)")  # fmt: skip
-    add("--threads", type=int, default=0, help="torch intra-op threads; 0 = torch's default, as users run "
-        "(default: 0)")  # fmt: skip
+    add(
+        "--rerender",
+        default=None,
+        metavar="JSON",
+        help="recompute the summary, targets and table of an "
+        "earlier result from its raw repetitions (no run)",
+    )
+    add(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch intra-op threads; 0 = torch's default, as users run (default: 0)",
+    )
     add(
         "--wait-load",
         type=float,
