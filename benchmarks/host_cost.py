@@ -66,6 +66,8 @@ from benchmarks.common import (
 MARK = "hostcost::step_end"
 CONFIGS: dict[str, dict[str, Any]] = {
     "tiny": {
+        "steps": 4,
+        "warmup": 2,
         "file_grid": 5.0,
         "years": 25,
         "resolution": 10.0,
@@ -81,6 +83,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
         },
     },
     "cpu": {
+        "steps": 12,
+        "warmup": 3,
         "file_grid": 1.0,
         "years": 50,
         "resolution": 5.0,
@@ -96,6 +100,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
         },
     },
     "seed": {
+        "steps": 6,
+        "warmup": 2,
         "file_grid": 1.0,
         "years": 50,
         "resolution": 2.0,
@@ -485,9 +491,9 @@ def render(result: dict[str, Any]) -> str:
     head = (
         f"Host cost per training step on {env['device_name']} ({env['device']}), torch {env['torch']}, commit "
         f"`{env['commit'][:12]}`, {env['time_utc']}, load average {fmt((result['loadavg_start'] or [None])[0], '.2f')} "
-        f"at the start; {result['config']['reps']} interleaved repetitions of {result['config']['steps']} timed "
-        f"steps (after {result['config']['warmup']}); medians per step inside an epoch, (min–max) over the "
-        f"repetitions. Command: `{result['command']}`."
+        f"at the start; {result['config']['reps']} interleaved repetitions; medians per step inside an epoch, "
+        f"(min–max) over the repetitions; {result['config']['torch_threads']} torch thread(s). Command: "
+        f"`{result['command']}`."
     )
     parts = [head]
     for cfg, loops in result["summary"].items():
@@ -527,8 +533,8 @@ def render(result: dict[str, Any]) -> str:
         header += ["kernel launches/step", "syncs/step" + ("" if cuda else " (loop's reads, syncs on a GPU)")]
         header += ["syncs/step incl. epoch ends", "all host reads/step"]
         parts.append(
-            f"**{cfg}**: {c['describe']}, batch {c['batch']} (before: {c['before_batch']})\n\n"
-            + md_table(header, rows)
+            f"**{cfg}**: {c['describe']}, batch {c['batch']} (before: {c['before_batch']}), {c['steps']} timed "
+            f"steps after {c['warmup']}\n\n" + md_table(header, rows)
         )
     parts += [f"- {n}" for n in result["notes"]]
     return "\n\n".join(parts) + "\n"
@@ -546,8 +552,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--loops", default=",".join(LOOPS), help=f"comma list from {','.join(LOOPS)} (default: all)"
     )
-    ap.add_argument("--steps", type=int, default=12, help="timed steps per pass (default: 12)")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
+    ap.add_argument(
+        "--steps", type=int, default=None, help="timed steps per pass (default: 12 cpu, 6 seed, 4 tiny)"
+    )
+    ap.add_argument(
+        "--warmup", type=int, default=None, help="untimed steps first (default: 3 cpu, 2 seed/tiny)"
+    )
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default: 3)")
     ap.add_argument(
         "--seed-batch",
@@ -582,13 +592,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     a = ap.parse_args(argv)
     if a.quick:
-        a.configs, a.reps, a.steps, a.warmup = "tiny", 1, 4, 2
+        a.configs, a.reps = "tiny", 1
     configs, loops = a.configs.split(","), a.loops.split(",")
     for flag, vals, known in (("--configs", configs, CONFIGS), ("--loops", loops, LOOPS)):
         bad = [v for v in vals if v not in known]
         if bad:
             ap.error(f"{flag}: unknown {bad}; choose from {','.join(known)}")
-    if a.steps < 2 or a.warmup < 1 or a.reps < 1:
+    if (a.steps is not None and a.steps < 2) or (a.warmup is not None and a.warmup < 1) or a.reps < 1:
         ap.error(
             f"--steps {a.steps} / --warmup {a.warmup} / --reps {a.reps}: need steps >= 2, warmup >= 1, reps >= 1"
         )
@@ -612,6 +622,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     waited = wait_for_quiet(a.wait_load, 3600.0) if a.wait_load > 0 else None
     seed_batch = a.seed_batch or (150 if device.type == "cuda" else 2)
     cfgs = {k: dict(CONFIGS[k]) for k in configs}
+    for c in cfgs.values():
+        c["steps"], c["warmup"] = a.steps or c["steps"], a.warmup or c["warmup"]
     if "seed" in cfgs:
         cfgs["seed"]["batch"] = cfgs["seed"]["before_batch"] = seed_batch
         if seed_batch != 150:
@@ -619,6 +631,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"seed configuration at batch {seed_batch} (the seed's is 150): a CPU step at 150 takes "
                 "about a minute; operator counts and host time outside operators do not depend on it"
             )
+    env = environment(device)  # at the start: the commit that is measured
     load_start = loadavg()
     reps: dict[str, dict[str, list[dict]]] = {k: {lp: [] for lp in loops} for k in cfgs}
     for r in range(a.reps):
@@ -628,8 +641,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 args = (c, cache_dir, device, batch)
                 run = RUNNERS[lp]
                 rec = {
-                    **timed_pass(lambda *x, run=run: run(*x, 0), args, device, a.warmup, a.steps),
-                    **profiled_pass(lambda *x, run=run: run(*x, 0), args, device, a.warmup, a.steps),
+                    **timed_pass(lambda *x, run=run: run(*x, 0), args, device, c["warmup"], c["steps"]),
+                    **profiled_pass(lambda *x, run=run: run(*x, 0), args, device, c["warmup"], c["steps"]),
                     "rep": r,
                     "loadavg_1m": (loadavg() or [None])[0],
                 }
@@ -649,13 +662,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {
         "schema": "plainloop-bench-host-cost-1",
         "command": "python -m benchmarks.host_cost " + " ".join(sys.argv[1:] if argv is None else argv),
-        "environment": environment(device),
+        "environment": env,
         "loadavg_start": load_start,
         "loadavg_end": loadavg(),
         "waited_for_quiet": waited,
         "config": {
-            "steps": a.steps,
-            "warmup": a.warmup,
             "reps": a.reps,
             "loops": loops,
             "torch_threads": torch.get_num_threads(),

@@ -977,6 +977,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.rerender:
         return rerender(Path(args.rerender))
     p, configs, device = resolve_settings(ap, args)
+    env = environment(device)  # at the start: the commit that is measured, not one edited meanwhile
     waited = wait_for_quiet(args.wait_load, args.wait_max) if args.wait_load > 0 else None
     t0 = time.perf_counter()
     cache_dir, data_path = prepare_data(ap, args, p)
@@ -999,7 +1000,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "schema": "plainloop-bench-run-2",
         "preset": args.preset,
         "command": "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv),
-        "environment": environment(device),
+        "environment": env,
         "loadavg_start": load_start,
         "loadavg_end": loadavg(),
         "waited_for_quiet": waited,

@@ -580,17 +580,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from datasets.era5 import default_cache_dir
 
     cache_dir = Path(a.cache_dir).expanduser() if a.cache_dir else default_cache_dir()
+    import torch
+
+    env = environment(torch.device("cpu"))  # at the start: the commit that is measured
     waited = wait_for_quiet(a.wait_load, 3600.0) if a.wait_load > 0 else None
     load_start = loadavg()
     with tempfile.TemporaryDirectory(dir=cache_dir if not a.quick else None) as work:
         era5 = era5_grid(a, sizes, cache_dir, Path(work)) if "era5" in parts else {"rows": [], "train": []}
     sampler = sampler_grid(sizes["sampler_scales"], a.sampler_reps) if "sampler" in parts else []
-    import torch
-
     result = {
         "schema": "plainloop-bench-scaling-1",
         "command": "python -m benchmarks.scaling " + " ".join(sys.argv[1:] if argv is None else argv),
-        "environment": environment(torch.device("cpu")),
+        "environment": env,
         "loadavg_start": load_start,
         "loadavg_end": loadavg(),
         "waited_for_quiet": waited,
