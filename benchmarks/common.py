@@ -23,7 +23,8 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def git_commit() -> str:
-    """HEAD's hash (+"+dirty" when the tree has changes), or "uncommitted" outside a git checkout."""
+    """HEAD's hash (+"+dirty" when the tree has changes outside benchmarks/results), or "uncommitted" outside a
+    git checkout."""
     try:
         root = Path(__file__).resolve().parent.parent
         out = subprocess.run(
@@ -31,8 +32,13 @@ def git_commit() -> str:
         )
         if out.returncode != 0:
             return "uncommitted"
+        # result files are outputs: a run that follows another one's freshly written JSON is still clean
         dirty = subprocess.run(
-            ["git", "status", "--porcelain"], capture_output=True, text=True, timeout=10, cwd=root
+            ["git", "status", "--porcelain", "--", ".", ":(exclude)benchmarks/results"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=root,
         )
         return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
