@@ -205,12 +205,12 @@ def run(explicit: dict[str, Any]) -> int:
     from trainer.loop import Trainer
 
     callbacks, monitor = plugins(opts, cfg)
-    trainer = Trainer(cfg, task, callbacks=callbacks, monitor=monitor, config_sections=sections)
     try:
+        trainer = Trainer(cfg, task, callbacks=callbacks, monitor=monitor, config_sections=sections)
         summary = trainer.fit()
     except ResumeError as e:
         changed = [n for n in notes if n.startswith("resume:")]
-        raise ResumeError(f"{e}{' Settings changed from the saved run: ' + '; '.join(changed) if changed else ''}"
+        raise ResumeError(f"{e}{' Settings changed from the saved run: ' + '; '.join(c[8:] for c in changed) if changed else ''}"
                           ) from None
     if trainer.rt.is_main:
         report_run(summary, trainer.run_dir, opts)
