@@ -153,15 +153,22 @@ def auto_batch_size(cfg: TrainConfig, task: Any) -> tuple[TrainConfig, str]:
     from .data import to_device
     from .loop import Trainer, clone_task_model
 
-    probe = Trainer(dataclasses.replace(cfg, max_steps=1, progress_bar=False, resume=None),
-                    clone_task_model(task), log=lambda _s: None)
+    probe = Trainer(
+        dataclasses.replace(cfg, max_steps=1, progress_bar=False, resume=None),
+        clone_task_model(task),
+        log=lambda _s: None,
+    )
     ds, dev = task.train_set, probe.rt.device
     collate = task.collate_fn or default_collate
     gen = torch.Generator().manual_seed(cfg.seed)  # private: the probe never moves the global RNG
 
     def try_batch(bs: int) -> None:
         idx = torch.randint(0, len(ds), (bs,), generator=gen)
-        batch = ds.gather(idx.to(dev)) if probe.on_device else to_device(collate([ds[i] for i in idx.tolist()]), dev)
+        batch = (
+            ds.gather(idx.to(dev))
+            if probe.on_device
+            else to_device(collate([ds[i] for i in idx.tolist()]), dev)
+        )
         # the step without the loop's out-of-memory fallback (which would split the batch and always "fit")
         probe._forward_backward(batch, 1, True)
         for p in probe.opt.params:
@@ -171,13 +178,17 @@ def auto_batch_size(cfg: TrainConfig, task: Any) -> tuple[TrainConfig, str]:
     target = cfg.batch_size * cfg.accumulate_grad_batches
     keep_effective = cfg.accumulate_grad_batches > 1
     try:
-        res = find_max_batch_size(try_batch, start=2, max_batch=cap, target=target if keep_effective else None)
+        res = find_max_batch_size(
+            try_batch, start=2, max_batch=cap, target=target if keep_effective else None
+        )
     finally:
         probe = None  # the probe's model copy and optimizer state go before the real run allocates its own
         _release_memory()
     best = res["batch_size"]
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        t = torch.tensor(best, device=dev)  # every rank must train with the same batch: the smallest that fits
+        t = torch.tensor(
+            best, device=dev
+        )  # every rank must train with the same batch: the smallest that fits
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
         best = int(t.item())
         if keep_effective:
@@ -187,10 +198,14 @@ def auto_batch_size(cfg: TrainConfig, task: Any) -> tuple[TrainConfig, str]:
     if keep_effective:
         accum, bs = res["accumulate_grad_batches"], res["balanced_batch_size"]
         new = dataclasses.replace(cfg, batch_size=bs, accumulate_grad_batches=accum)
-        note = (f"auto_batch_size: largest that fits {best}; using {bs} x {accum} accumulation to keep the "
-                f"effective batch {target} (tried {tried})")
+        note = (
+            f"auto_batch_size: largest that fits {best}; using {bs} x {accum} accumulation to keep the "
+            f"effective batch {target} (tried {tried})"
+        )
     else:
         new = dataclasses.replace(cfg, batch_size=best, ref_batch_size=cfg.ref_batch_size or cfg.batch_size)
-        note = (f"auto_batch_size: {cfg.batch_size} -> {best}{' (search cap: ' + str(cap) + ')' if res['hit_max'] else ''}; "
-                f"lr follows by {new.lr_scaling} scaling from batch {new.ref_batch_size} (tried {tried})")
+        note = (
+            f"auto_batch_size: {cfg.batch_size} -> {best}{' (search cap: ' + str(cap) + ')' if res['hit_max'] else ''}; "
+            f"lr follows by {new.lr_scaling} scaling from batch {new.ref_batch_size} (tried {tried})"
+        )
     return new, note

@@ -40,13 +40,15 @@ MODEL_SAVE_PATH = os.environ.get("PLAINLOOP_MODEL_DIR", "saved_models")
 
 _CONFIG_KEYS = [f.name for f in dataclasses.fields(TrainConfig)]
 _OWN_KEYS = ["split_ratio", "auto_batch_size"]  # BaseTrainer's own, beside every TrainConfig field
-_CHECKPOINTS = ("checkpoints are always written (checkpoints/last.pt every epoch): use 'checkpoint_every' (also "
-                "every N optimizer steps) and 'save_best' (best.pt by the validation metric)")
+_CHECKPOINTS = (
+    "checkpoints are always written (checkpoints/last.pt every epoch): use 'checkpoint_every' (also "
+    "every N optimizer steps) and 'save_best' (best.pt by the validation metric)"
+)
 # Keys that users of Lightning-based trainers (the seeds' original BaseTrainer) reach for, and where each lives.
 ALTERNATIVES = {
     "callbacks": "pass hook objects as BaseTrainer(..., callbacks=[...]) instead: objects with on_fit_start(trainer), "
-                 "on_log(trainer, row), on_fit_end(trainer, summary) (trainer/hooks.py). Early stopping is "
-                 "trainer_params['early_stopping_patience']; checkpoints are 'checkpoint_every' / 'save_best'",
+    "on_log(trainer, row), on_fit_end(trainer, summary) (trainer/hooks.py). Early stopping is "
+    "trainer_params['early_stopping_patience']; checkpoints are 'checkpoint_every' / 'save_best'",
     "early_stopping": "use 'early_stopping_patience' (validations without improvement before the run stops)",
     "enable_checkpointing": _CHECKPOINTS,
     "checkpoint_callback": _CHECKPOINTS,
@@ -67,7 +69,13 @@ ALTERNATIVES = {
 
 # Seed 000 §4/§6 switch the optimisations off with exactly these three: that is the "before" run.
 SEED_BEFORE = {"num_workers": 0, "precision": "32", "pin_memory": False}
-_LOADER_KEYS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "multiprocessing_context")
+_LOADER_KEYS = (
+    "num_workers",
+    "pin_memory",
+    "persistent_workers",
+    "prefetch_factor",
+    "multiprocessing_context",
+)
 
 
 def _params(cls: Any) -> dict[str, inspect.Parameter]:
@@ -93,14 +101,20 @@ def check_trainer_params(tp: dict[str, Any]) -> None:
     known = _CONFIG_KEYS + _OWN_KEYS
     special = [k for k in tp if k not in known and k in ALTERNATIVES]
     if special:
-        raise ConfigError("trainer_params: unsupported key(s): " + "; ".join(f"{k!r}: {ALTERNATIVES[k]}"
-                                                                              for k in special))
+        raise ConfigError(
+            "trainer_params: unsupported key(s): " + "; ".join(f"{k!r}: {ALTERNATIVES[k]}" for k in special)
+        )
     try:
         check_keys(tp, known, "trainer_params")
     except ConfigError as e:
-        raise ConfigError(str(e).replace("unknown setting(s)", "unknown key(s)").replace(
-            "Valid settings are the --flags of train_optimized.py --help",
-            f"Valid keys: {', '.join(sorted(known))}")) from None
+        raise ConfigError(
+            str(e)
+            .replace("unknown setting(s)", "unknown key(s)")
+            .replace(
+                "Valid settings are the --flags of train_optimized.py --help",
+                f"Valid keys: {', '.join(sorted(known))}",
+            )
+        ) from None
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -134,16 +148,30 @@ class BaseTrainer:
     """Seed-style trainer: `BaseTrainer(title, area, uid, model_class, dataset_class, save_path, ...).train()`.
 
     area: an object with `.lon = [west, east]` and `.lat = [south, north]` (datasets.area.Area), or None for
-    data without an area. callbacks: hook objects handed to the Trainer (trainer/hooks.py).
+    data without an area. callbacks: hook objects handed to the Trainer (trainer/hooks.py); monitor: an object
+    with seed 001's TrainingMonitor API (utils.performance_monitor.TrainingMonitor), fed every iteration; log:
+    where the run's lines go.
     trainer_params: every TrainConfig field by its own name, plus `split_ratio` ([train, val] or [train, val,
     test], default [0.8, 0.2]) and `auto_batch_size` (True: search the largest batch that fits first).
     """
 
-    def __init__(self, title: str, area: Any, uid: str, model_class: type[nn.Module], dataset_class: type,
-                 save_path: str | os.PathLike, pre_model: bool = False, dataset_params: dict | None = None,
-                 trainer_params: dict | None = None, model_params: dict | None = None,
-                 checkpoint_path: str | os.PathLike | None = None, callbacks: list[Any] | None = None,
-                 log: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        title: str,
+        area: Any,
+        uid: str,
+        model_class: type[nn.Module],
+        dataset_class: type,
+        save_path: str | os.PathLike,
+        pre_model: bool = False,
+        dataset_params: dict | None = None,
+        trainer_params: dict | None = None,
+        model_params: dict | None = None,
+        checkpoint_path: str | os.PathLike | None = None,
+        callbacks: list[Any] | None = None,
+        monitor: Any = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
         self.title, self.area, self.uid = title, area, uid
         self.model_class, self.dataset_class = model_class, dataset_class
         self.save_path = Path(save_path)
@@ -151,27 +179,40 @@ class BaseTrainer:
         self.dataset_params = dict(dataset_params or {})
         self.model_params = dict(model_params or {})
         self.callbacks = list(callbacks or [])
+        self.monitor = monitor
         self.log = log
         self.notes: list[str] = []  # printed when training starts and kept in config.json
         if area is not None and not (hasattr(area, "lon") and hasattr(area, "lat")):
-            raise TypeError(f"BaseTrainer: area={area!r} has no .lon/.lat; give a datasets.area.Area "
-                            f"(Area('Global', lon=[-180, 180], lat=[-80, 80])) or None for data without an area")
+            raise TypeError(
+                f"BaseTrainer: area={area!r} has no .lon/.lat; give a datasets.area.Area "
+                f"(Area('Global', lon=[-180, 180], lat=[-80, 80])) or None for data without an area"
+            )
         tp = dict(trainer_params or {})
         check_trainer_params(tp)
         self.explicit = dict(tp)  # what the user wrote, to name every setting the run does not honour
         self.split_ratio = tuple(tp.pop("split_ratio", (0.8, 0.2)))
-        if not (2 <= len(self.split_ratio) <= 3) or any(r < 0 for r in self.split_ratio) or sum(self.split_ratio) > 1 + 1e-9:
-            raise ValueError(f"trainer_params['split_ratio']={list(self.split_ratio)}: give 2 or 3 non-negative "
-                             f"fractions (train, val[, test]) that sum to at most 1")
+        if (
+            not (2 <= len(self.split_ratio) <= 3)
+            or any(r < 0 for r in self.split_ratio)
+            or sum(self.split_ratio) > 1 + 1e-9
+        ):
+            raise ValueError(
+                f"trainer_params['split_ratio']={list(self.split_ratio)}: give 2 or 3 non-negative "
+                f"fractions (train, val[, test]) that sum to at most 1"
+            )
         self.auto_batch_size = tp.pop("auto_batch_size", False)
         if not isinstance(self.auto_batch_size, bool):
-            raise ValueError(f"trainer_params['auto_batch_size']={self.auto_batch_size!r}: give True or False")
+            raise ValueError(
+                f"trainer_params['auto_batch_size']={self.auto_batch_size!r}: give True or False"
+            )
         if "baseline" not in tp and all(k in tp and tp[k] == v for k, v in SEED_BEFORE.items()):
             tp["baseline"] = True
-            self.notes.append("baseline: trainer_params switch the optimisations off as seed 000 §4 does "
-                              "(num_workers 0, precision 32, pin_memory False), so this is the seed's \"before\" "
-                              "loop: also data read through the loader instead of held in memory, .item() every "
-                              "step, validation every epoch (add 'baseline': False to keep those optimisations)")
+            self.notes.append(
+                "baseline: trainer_params switch the optimisations off as seed 000 §4 does "
+                '(num_workers 0, precision 32, pin_memory False), so this is the seed\'s "before" '
+                "loop: also data read through the loader instead of held in memory, .item() every "
+                "step, validation every epoch (add 'baseline': False to keep those optimisations)"
+            )
         tp.setdefault("run_name", f"{title}-{uid}")
         if checkpoint_path is not None:
             tp["resume"] = str(checkpoint_path)
@@ -194,13 +235,17 @@ class BaseTrainer:
             elif _names(cls, "area"):
                 kw["area"] = area
             else:
-                self.notes.append(f"data: {name} takes neither lon/lat nor area, so area "
-                                  f"{getattr(area, 'title', area)!r} is not applied to the data")
+                self.notes.append(
+                    f"data: {name} takes neither lon/lat nor area, so area "
+                    f"{getattr(area, 'title', area)!r} is not applied to the data"
+                )
         elif area is None:
             missing = [k for k in ("lon", "lat") if _required(cls, k) and k not in kw]
             if missing:
-                raise ValueError(f"BaseTrainer: area=None, but {name} needs {' and '.join(missing)}; give "
-                                 f"area=Area(...) or put {', '.join(missing)} in dataset_params")
+                raise ValueError(
+                    f"BaseTrainer: area=None, but {name} needs {' and '.join(missing)}; give "
+                    f"area=Area(...) or put {', '.join(missing)} in dataset_params"
+                )
         return kw
 
     def _datasets(self) -> tuple[Any, Any, Any]:
@@ -211,8 +256,10 @@ class BaseTrainer:
             if _names(cls, "split_ratio") and "split_ratio" not in kw:
                 kw["split_ratio"] = ratio
             elif "split_ratio" in self.explicit:
-                self.notes.append(f"data: {name} builds its splits itself and takes no split_ratio; "
-                                  f"trainer_params['split_ratio']={list(ratio)} is not used")
+                self.notes.append(
+                    f"data: {name} builds its splits itself and takes no split_ratio; "
+                    f"trainer_params['split_ratio']={list(ratio)} is not used"
+                )
             train, val = cls(split="train", **kw), cls(split="val", **kw)
             test = cls(split="test", **kw) if len(ratio) == 3 and ratio[2] > 0 else None
             how = f"{name}(split=...) builds each split itself"
@@ -229,7 +276,8 @@ class BaseTrainer:
                 f"BaseTrainer: the train and val splits of {name} are the same {len(train)} samples, so validation "
                 f"would score the training data. {name}.__init__ takes split= but returns the same data for "
                 f"'train' and 'val': make it honour split, or remove its split parameter so BaseTrainer cuts one "
-                f"dataset in time order by trainer_params['split_ratio']")
+                f"dataset in time order by trainer_params['split_ratio']"
+            )
         sizes = "/".join(str(len(s)) for s in (train, val, test) if s is not None)
         self.notes.append(f"data: {how}: train/val{'/test' if test is not None else ''} = {sizes} samples")
         return train, val, test
@@ -242,12 +290,18 @@ class BaseTrainer:
         name = getattr(cls, "__name__", str(cls))
         if _names(cls, "area"):
             mp["area"] = area
-            self.notes.append(f"model: {name} gets area={getattr(area, 'title', area)!r} (lon {list(area.lon)}, "
-                              f"lat {list(area.lat)})")
+            self.notes.append(
+                f"model: {name} gets area={getattr(area, 'title', area)!r} (lon {list(area.lon)}, "
+                f"lat {list(area.lat)})"
+            )
         elif _names(cls, "lon_range") or _names(cls, "lat_range"):
-            given = {k: tuple(v) for k, v in (("lon_range", area.lon), ("lat_range", area.lat)) if _names(cls, k)}
+            given = {
+                k: tuple(v) for k, v in (("lon_range", area.lon), ("lat_range", area.lat)) if _names(cls, k)
+            }
             mp.update(given)
-            self.notes.append(f"model: {name} gets the area as " + ", ".join(f"{k}={v}" for k, v in given.items()))
+            self.notes.append(
+                f"model: {name} gets the area as " + ", ".join(f"{k}={v}" for k, v in given.items())
+            )
         return mp
 
     def build_task(self) -> Task:
@@ -264,10 +318,18 @@ class BaseTrainer:
         elif self.pre_model:
             self.notes.append(f"pre_model: {self.save_path} does not exist yet; starting from scratch")
         elif self.save_path.is_file():
-            self.notes.append(f"save_path: {self.save_path} already exists; this run's weights will replace it")
+            self.notes.append(
+                f"save_path: {self.save_path} already exists; this run's weights will replace it"
+            )
         area = None if self.area is None else getattr(self.area, "title", str(self.area))
-        return Task(self.title, model, train, val if val is not None and len(val) else None, test,
-                    info={"title": self.title, "uid": self.uid, "area": area})
+        return Task(
+            self.title,
+            model,
+            train,
+            val if val is not None and len(val) else None,
+            test,
+            info={"title": self.title, "uid": self.uid, "area": area},
+        )
 
     # ------------------------------------------------------------------ training
     def _loader_notes(self, t: Trainer) -> list[str]:
@@ -277,23 +339,34 @@ class BaseTrainer:
         if t.requested.baseline:
             changed = {k: v for k, v in ex.items() if getattr(cfg, k) != v}
             if changed:
-                notes.append("baseline: " + ", ".join(f"{k}={v!r} -> {getattr(cfg, k)!r}" for k, v in changed.items())
-                             + " (the baseline loop fixes these; drop 'baseline' to use yours)")
+                notes.append(
+                    "baseline: "
+                    + ", ".join(f"{k}={v!r} -> {getattr(cfg, k)!r}" for k, v in changed.items())
+                    + " (the baseline loop fixes these; drop 'baseline' to use yours)"
+                )
             return notes
         if t.on_device:
             # the engine already names num_workers (and the other two with it) when it is non-zero
-            unused = [k for k in ex if k != "num_workers" and not (cfg.num_workers and k in ("prefetch_factor",
-                                                                                           "persistent_workers"))]
+            unused = [
+                k
+                for k in ex
+                if k != "num_workers"
+                and not (cfg.num_workers and k in ("prefetch_factor", "persistent_workers"))
+            ]
             unused = [k for k in unused if not (k == "pin_memory" and ex[k] is False)]
             if unused:
-                notes.append(f"{', '.join(f'{k}={ex[k]!r}' for k in unused)} not used: the data is held in memory on "
-                             f"{t.rt.device.type} and batches are gathered there without a DataLoader; "
-                             f"'device_cache': False brings the loader back")
+                notes.append(
+                    f"{', '.join(f'{k}={ex[k]!r}' for k in unused)} not used: the data is held in memory on "
+                    f"{t.rt.device.type} and batches are gathered there without a DataLoader; "
+                    f"'device_cache': False brings the loader back"
+                )
         elif t.loader_kw.get("num_workers", 0) == 0:
             unused = [k for k in ("prefetch_factor", "multiprocessing_context") if k in ex]
             if unused:
-                notes.append(f"{', '.join(f'{k}={ex[k]!r}' for k in unused)} not used: they only apply to loader "
-                             f"worker processes and num_workers is 0")
+                notes.append(
+                    f"{', '.join(f'{k}={ex[k]!r}' for k in unused)} not used: they only apply to loader "
+                    f"worker processes and num_workers is 0"
+                )
         return notes
 
     def train(self) -> nn.Module:
@@ -304,7 +377,9 @@ class BaseTrainer:
 
             self.config, note = auto_batch_size(self.config, task)
             self.notes.append(note)
-        self.trainer = t = Trainer(self.config, task, log=self.log, callbacks=self.callbacks)
+        self.trainer = t = Trainer(
+            self.config, task, log=self.log, callbacks=self.callbacks, monitor=self.monitor
+        )
         t.notes[:0] = self.notes + self._loader_notes(t)  # printed first by fit() and written to config.json
         self.summary = t.fit()
         model = t.raw_model
