@@ -3,6 +3,7 @@ the area, callbacks, rejected keys, the seed's "before" run, loader notes, auto_
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -376,6 +377,13 @@ def test_loader_settings_that_are_not_used_are_named(tmp_path):
     tr, lines = make(tmp_path, tp={"num_workers": 0, "prefetch_factor": 4})
     tr.train()
     assert "prefetch_factor=4 not used: they only apply to loader worker processes" in "\n".join(lines)
+    tr, _ = make(tmp_path, tp={"num_workers": 64})  # read through a loader: more workers than cores is named
+    with warnings.catch_warnings():  # PyTorch's own DataLoader warning says the same
+        warnings.simplefilter("ignore", UserWarning)
+        t = base_mod.Trainer(
+            tr.config, tr.build_task(), log=lambda _s: None
+        )  # built, not run: no 64 processes
+    assert any("num_workers: 64 per process x 1 process(es) is more than the" in n for n in t.notes)
     tr, lines = make(tmp_path, tp={"baseline": True, "num_workers": 1, "precision": "32"})
     tr.train()
     assert "baseline: num_workers=1 -> 0 (the baseline loop fixes these" in "\n".join(lines)
@@ -407,3 +415,20 @@ def test_auto_batch_size_searches_before_training(tmp_path):
     assert (tr.config.batch_size, tr.config.accumulate_grad_batches) == (34, 3)  # effective 100 kept: 3 x 34
     with pytest.raises(ValueError, match="auto_batch_size.*True or False"):
         make(tmp_path, tp={"auto_batch_size": "yes"})
+
+
+def test_same_samples_compares_values_nan_included():
+    import numpy as np
+
+    from trainer.base import same_samples
+
+    nan = torch.tensor([1.0, float("nan")])
+    a = [({"x": nan.clone(), "name": np.array(["rgb"]), "pid": 3}, nan.clone()) for _ in range(4)]
+    b = [({"x": nan.clone(), "name": np.array(["rgb"]), "pid": 3}, nan.clone()) for _ in range(4)]
+    assert same_samples(a, b)  # NaN (land cells) equals NaN; strings, ints and dicts compared by value
+    b[2] = ({"x": nan.clone(), "name": np.array(["ir"]), "pid": 3}, nan.clone())  # the middle sample differs
+    assert not same_samples(a, b)
+    assert not same_samples(a, a[:3]) and not same_samples([], [])
+    halves = Rows(40)  # a 50/50 split of one dataset: equal lengths, different samples
+    lo, hi = torch.utils.data.Subset(halves, range(20)), torch.utils.data.Subset(halves, range(20, 40))
+    assert not same_samples(lo, hi)

@@ -19,12 +19,14 @@ What BaseTrainer hands to your classes (each decision is one line printed at the
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import Subset
@@ -32,7 +34,7 @@ from torch.utils.data import Subset
 from .checkpoint import atomic_save, load_checkpoint
 from .config import TrainConfig
 from .loop import Trainer
-from .options import ConfigError, check_keys
+from .options import ConfigError
 from .task import Task
 
 # Where the seed's scripts keep trained models (their src.config.params.MODEL_SAVE_PATH).
@@ -104,21 +106,27 @@ def check_trainer_params(tp: dict[str, Any]) -> None:
         raise ConfigError(
             "trainer_params: unsupported key(s): " + "; ".join(f"{k!r}: {ALTERNATIVES[k]}" for k in special)
         )
-    try:
-        check_keys(tp, known, "trainer_params")
-    except ConfigError as e:
+    unknown = [k for k in tp if k not in known]
+    if unknown:
+        hints = []
+        for k in unknown:
+            near = difflib.get_close_matches(str(k), known, n=3, cutoff=0.6)
+            hints.append(f"{k!r}" + (f" (did you mean {', '.join(near)}?)" if near else ""))
         raise ConfigError(
-            str(e)
-            .replace("unknown setting(s)", "unknown key(s)")
-            .replace(
-                "Valid settings are the --flags of train_optimized.py --help",
-                f"Valid keys: {', '.join(sorted(known))}",
-            )
-        ) from None
+            f"trainer_params: unknown key(s) {'; '.join(hints)}. Valid keys: {', '.join(sorted(known))}"
+        )
 
 
 def _same(a: Any, b: Any) -> bool:
     """Two samples hold the same values (NaN equal to NaN): tensors, arrays, dicts, sequences, scalars."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape:
+            return False
+        try:
+            return bool(np.array_equal(a, b, equal_nan=True))
+        except TypeError:  # strings and objects have no NaN
+            return bool(np.array_equal(a, b))
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         a, b = torch.as_tensor(a), torch.as_tensor(b)
         if a.shape != b.shape:
@@ -127,13 +135,14 @@ def _same(a: Any, b: Any) -> bool:
             a, b = a.double(), b.double()
             return bool(((a == b) | (a.isnan() & b.isnan())).all())
         return bool(torch.equal(a, b))
-    if hasattr(a, "shape") and hasattr(a, "dtype"):  # numpy arrays, without importing numpy here
-        return _same(torch.as_tensor(a), torch.as_tensor(b))
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, list | tuple):
         return isinstance(b, list | tuple) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return a == b
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):  # objects that do not compare: not provably the same
+        return False
 
 
 def same_samples(a: Any, b: Any) -> bool:
