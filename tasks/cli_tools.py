@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 from trainer import TrainConfig
-from trainer.loop import Trainer, clone_task_model
+from trainer.loop import Trainer
 from trainer.runfiles import claim_run_dir
+from trainer.task import clone_task_model
 
 
 def profile(cfg: TrainConfig, task: Any, sections: dict[str, dict[str, Any]]) -> Path:
@@ -27,6 +28,8 @@ def profile(cfg: TrainConfig, task: Any, sections: dict[str, dict[str, Any]]) ->
     run_dir, _ = claim_run_dir(cfg.output_dir, cfg.run_name, f"{task.name}-profile")
     res = profile_steps(t.step_fn(), run_dir / "profile", steps=5, warmup=2)
     print(f"[plainloop] profiler trace: {res['trace']} (open in https://ui.perfetto.dev); top ops: {res['table']}")
+    for m in res.get("messages") or []:
+        print(f"[plainloop] profiler: {m}")
     return run_dir
 
 

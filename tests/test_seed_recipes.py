@@ -693,9 +693,9 @@ def test_seed004_log_every_norm_every_progress(tmp_path, monkeypatch):
         def close(self):
             pass
 
-    import trainer.loop as loop_mod
+    import trainer.progress
 
-    monkeypatch.setattr(loop_mod, "tqdm", Bar)
+    monkeypatch.setattr(trainer.progress, "tqdm", Bar)  # the engine's progress bar
     data = PKRows()
 
     def sampler(ds, batch_size, seed, rank, world_size, drop_last):

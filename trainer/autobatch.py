@@ -151,7 +151,8 @@ def auto_batch_size(cfg: TrainConfig, task: Any) -> tuple[TrainConfig, str]:
     from torch.utils.data import default_collate
 
     from .data import to_device
-    from .loop import Trainer, clone_task_model
+    from .loop import Trainer
+    from .task import clone_task_model
 
     probe = Trainer(
         dataclasses.replace(cfg, max_steps=1, progress_bar=False, resume=None),
@@ -164,9 +165,10 @@ def auto_batch_size(cfg: TrainConfig, task: Any) -> tuple[TrainConfig, str]:
 
     def try_batch(bs: int) -> None:
         idx = torch.randint(0, len(ds), (bs,), generator=gen)
+        gatherer = probe.resident.get(id(ds))  # the data held on the device: batches are gathered there
         batch = (
-            ds.gather(idx.to(dev))
-            if probe.on_device
+            gatherer.gather(idx.to(dev))
+            if gatherer is not None
             else to_device(collate([ds[i] for i in idx.tolist()]), dev)
         )
         # the step without the loop's out-of-memory fallback (which would split the batch and always "fit")
