@@ -3,6 +3,7 @@ the area, callbacks, rejected keys, the seed's "before" run, loader notes, auto_
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 
@@ -432,3 +433,24 @@ def test_same_samples_compares_values_nan_included():
     halves = Rows(40)  # a 50/50 split of one dataset: equal lengths, different samples
     lo, hi = torch.utils.data.Subset(halves, range(20)), torch.utils.data.Subset(halves, range(20, 40))
     assert not same_samples(lo, hi)
+
+
+def test_dateline_area_trains_end_to_end(tmp_path, era5_cache):
+    """Niño 3.4 (170°E -> 120°W) through BaseTrainer with the real dataset and model."""
+    import inspect
+
+    from datasets.era5 import ERA5SSTMonthlyDataset
+    from models.ratransformer import RecursiveAttentionTransformer
+
+    if "area" not in inspect.signature(RecursiveAttentionTransformer).parameters:
+        pytest.skip("RecursiveAttentionTransformer does not take dateline areas yet (issue 11, point 1)")
+    area, res = pacific(), 5
+    mp = dict(width=int(area.width / res), height=int(area.height / res), seq_len=2, d_model=16, num_heads=2,
+              num_layers=1, dim_feedforward=16, dropout=0.0, recursion_depth=1, learning_rate=1e-3)  # fmt: skip
+    tr = BaseTrainer("nino", area, "u", RecursiveAttentionTransformer, ERA5SSTMonthlyDataset, tmp_path / "n.pt",
+                     dataset_params={"seq_len": 2, "resolution": res}, model_params=mp,
+                     trainer_params=quiet(batch_size=64, output_dir=str(tmp_path)))  # fmt: skip
+    model = tr.train()
+    assert tuple(model.lon_range) == (170.0, -120.0)
+    assert (tr.trainer.task.train_set.height, tr.trainer.task.train_set.width) == (2, 14)
+    assert math.isfinite(tr.summary["final_metrics"]["val_loss"])
