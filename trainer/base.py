@@ -232,6 +232,7 @@ class BaseTrainer:
             tp.setdefault("lr", lr)
         self.config = TrainConfig.from_dict(tp)
         self.trainer: Trainer | None = None
+        self._init_notes = list(self.notes)
 
     # ------------------------------------------------------------------ data
     def _dataset_kwargs(self) -> dict[str, Any]:
@@ -314,6 +315,7 @@ class BaseTrainer:
         return mp
 
     def build_task(self) -> Task:
+        self.notes = list(self._init_notes)  # each build says its own data and model lines once
         train, val, test = self._datasets()
         torch.manual_seed(self.config.seed)
         model = self.model_class(**self._model_kwargs())
