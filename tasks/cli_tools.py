@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from trainer import TrainConfig
-from trainer.data import to_device
 from trainer.loop import Trainer
 from trainer.runfiles import claim_run_dir
 from trainer.task import clone_task_model
@@ -35,38 +34,13 @@ def profile(cfg: TrainConfig, task: Any, sections: dict[str, dict[str, Any]]) ->
 
 
 def autotune(cfg: TrainConfig, task: Any, opts: Any) -> TrainConfig:
-    from utils.autotune import find_max_batch_size, tune_num_workers
+    from utils.autotune import tune_num_workers
 
-    if opts.auto_batch_size:
-        probe = Trainer(dataclasses.replace(cfg, max_steps=1, progress_bar=False, resume=None),
-                        clone_task_model(task), log=lambda s: None)
-        ds = task.train_set
+    if opts.auto_batch_size:  # the search is the engine's own (trainer/autobatch.py), shared with BaseTrainer
+        from trainer.autobatch import auto_batch_size
 
-        def try_batch(bs: int) -> None:
-            idx = torch.randint(0, len(ds), (bs,))
-            batch = (probe.resident[id(ds)].gather(idx) if probe.on_device
-                     else torch.utils.data.default_collate([ds[i] for i in idx.tolist()]))
-            probe.forward_backward(to_device(batch, probe.rt.device), 1)
-            for p in probe.opt.params:
-                p.grad = None
-
-        # Memory is the limit on a GPU; on a CPU nothing runs out before the machine does, so the search
-        # stops at a size that still leaves 8 optimizer steps per epoch.
-        cap = 4096 if probe.rt.device.type == "cuda" else max(1, len(ds) // 8)
-        target = cfg.batch_size * cfg.accumulate_grad_batches
-        keep_effective = cfg.accumulate_grad_batches > 1
-        res = find_max_batch_size(try_batch, start=2, max_batch=cap, target=target if keep_effective else None)
-        if keep_effective:  # back-off: keep the effective batch, split into as few micro-batches as fit
-            accum, bs = res["accumulate_grad_batches"], res["balanced_batch_size"]
-            cfg = dataclasses.replace(cfg, batch_size=bs, accumulate_grad_batches=accum)
-            print(f"[plainloop] auto_batch_size: largest that fits {res['batch_size']}; using {bs} x {accum} "
-                  f"accumulation to keep the effective batch {target}")
-        else:  # a larger batch: the learning rate follows it by --lr_scaling
-            bs = res["batch_size"]
-            cfg = dataclasses.replace(cfg, batch_size=bs, ref_batch_size=cfg.ref_batch_size or cfg.batch_size)
-            print(f"[plainloop] auto_batch_size: {bs}{' (search cap)' if res['hit_max'] else ''}; lr follows "
-                  f"by {cfg.lr_scaling} scaling from batch {cfg.ref_batch_size}")
-        del probe
+        cfg, note = auto_batch_size(cfg, task)
+        print(f"[plainloop] {note}")
     if opts.auto_num_workers:
         from torch.utils.data import DataLoader
 
