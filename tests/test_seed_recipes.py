@@ -467,13 +467,6 @@ def test_seed002_mmseg_config_knobs(tmp_path, era5_cache, capsys):
     assert val_steps == [100, 200]  # every 200 batches, and the last step validated once, not twice
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=Exception,
-    reason="seed 002's own dict keys data.pin_memory, "
-    "data.persistent_workers, data.prefetch_factor, evaluation.efficient_test and "
-    "runner.accumulative_counts are not yet mmseg aliases in trainer/options.py",
-)
 def test_seed002_config_examples_as_written(tmp_path):
     """策略2/5/6's dicts (data, evaluation, runner) as a config file, key for key."""
     from trainer.options import load_config_file
