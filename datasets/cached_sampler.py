@@ -171,7 +171,7 @@ def read_metadata(dataset: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, lis
     return pids_a, cam_a, masks, mod_names
 
 
-def _parse_epoch_length(value: Any) -> int | str | None:
+def parse_epoch_length(value: Any) -> int | str | None:
     """ "auto" -> None, "seed" -> "seed", a positive integer (or its string) -> int; anything else raises."""
     if isinstance(value, str) and value.strip().lower() in ("auto", "seed"):
         v = value.strip().lower()
@@ -249,7 +249,7 @@ class CachedModalAwarePKSampler:
             raise ValueError(f"seed={seed!r}: must be a non-negative integer")
         if num_passes is not None and (not isinstance(num_passes, int | np.integer) or num_passes < 1):
             raise ValueError(f"num_passes={num_passes!r}: must be None (auto) or an integer >= 1")
-        fixed_len = _parse_epoch_length(epoch_length)
+        fixed_len = parse_epoch_length(epoch_length)
         if fixed_len is not None and num_passes is not None:
             raise ValueError(
                 f"epoch_length={epoch_length!r} and num_passes={num_passes} both set the epoch; give one of them"
