@@ -37,25 +37,25 @@ FORMATS = ("synthetic", "market1501", "sysu")
 # One entry per build_reid_task parameter: the CLI makes a --flag of each (help text; the default is
 # taken from the signature).
 ARGS_HELP: dict[str, str] = {
-    "data_path": "re-ID dataset root (none: the built-in synthetic set)",
+    "data_path": "re-ID dataset root (default: the built-in synthetic set)",
     "reid_format": "synthetic | market1501 | sysu (SYSU-MM01)",
     "num_instances": "K, images per identity in a P x K batch (P = batch_size / K)",
-    "image_size": "H W of the network input (none: 48 24 for the synthetic set, 128 64 for image folders)",
+    "image_size": "H W of the network input (default: 48 24 for the synthetic set, 128 64 for image folders)",
     "seed": "seeds the data (synthetic set, held-out identities, SYSU gallery draws) and the model's "
     "initial weights; the loop seeds the rest from the same --seed",
-    "num_identities": "training identities of the synthetic set (none: 256)",
-    "width": "ReIDNet base width (none: 16 for the synthetic set, 32 for image folders)",
+    "num_identities": "training identities of the synthetic set (default: 256)",
+    "width": "ReIDNet base width (default: 16 for the synthetic set, 32 for image folders)",
     "label_smoothing": "label smoothing of the identity cross-entropy",
-    "ce_weight": "weight of the identity cross-entropy beside the triplet loss (none: 0.3 for the "
+    "ce_weight": "weight of the identity cross-entropy beside the triplet loss (default: 0.3 for the "
     "synthetic set, 1.0 for image folders)",
     "margin": "batch-hard triplet margin",
     "eval_workers": "DataLoader workers for feature extraction at evaluation (image folders)",
     "channel_aug": "probability that a training RGB image is replaced by one of its channels x3 (channel "
     "augmentation for visible-infrared re-ID; 0 = off)",
-    "num_passes": "passes over the identities per epoch (none: set by --epoch_length)",
+    "num_passes": "passes over the identities per epoch, instead of --epoch_length (default: none)",
     "epoch_length": "auto (about one look per sample) | seed (one pass: identities / P batches, seed "
-    "004's epoch) | N batches per epoch (none: seed for the synthetic set, auto for image folders)",
-    "val_fraction": "share of identities held out for validation, which chooses best.pt (none: 0.125 "
+    "004's epoch) | N batches per epoch (default: seed for the synthetic set, auto for image folders)",
+    "val_fraction": "share of identities held out for validation, which chooses best.pt (default: 0.125 "
     "extra identities for the synthetic set, 0.1 of the training ids for Market-1501, exp/val_id.txt "
     "for SYSU-MM01; 0 = no validation set, for SYSU: train on train + val ids as papers do)",
     "sysu_trials": "SYSU-MM01: random single-shot gallery draws, scored as mean and std (standard: 10)",

@@ -362,7 +362,9 @@ def test_task_options_help_and_validation() -> None:
         p for p in inspect.signature(build_reid_task).parameters.values() if p.kind is not p.VAR_KEYWORD
     ]
     assert set(ARGS_HELP) == {p.name for p in params}, "one help entry per option"
-    assert all(isinstance(v, str) and v and "default" not in v for v in ARGS_HELP.values())
+    sig = inspect.signature(build_reid_task).parameters
+    for k, v in ARGS_HELP.items():  # a default in the text only where the signature's is None (per format)
+        assert isinstance(v, str) and v and ("default:" not in v or sig[k].default is None), k
     task = build_reid_task(num_identities=16, image_size=(32, 16), ce_weight=0.5, margin=0.2, channel_aug=0.25,
                            val_fraction=0.25, epoch_length="5")  # fmt: skip
     assert task.info["loss"] == {
@@ -408,7 +410,7 @@ def _tiny_run(tmp_path: Path, seed: int, name: str) -> dict[str, torch.Tensor]:
     from trainer import TrainConfig, Trainer
 
     task = build_reid_task(num_identities=16, image_size=(32, 16), width=8, seed=seed, channel_aug=0.5)
-    cfg = TrainConfig(task="reid", seed=seed, batch_size=16, max_steps=4, output_dir=str(tmp_path), run_name=name,
+    cfg = TrainConfig(seed=seed, batch_size=16, max_steps=4, output_dir=str(tmp_path), run_name=name,
                       progress_bar=False, validation_interval=10**6, save_best=False, log_every=2)  # fmt: skip
     trainer = Trainer(cfg, task, log=lambda m: None)
     trainer.fit()
@@ -424,3 +426,37 @@ def test_seed_makes_two_runs_identical(tmp_path: Path) -> None:
     c = _tiny_run(tmp_path, 8, "c")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert any(not torch.equal(a[k], c[k]) for k in a if a[k].is_floating_point())
+
+
+def test_sysu_task_scores_the_standard_protocol(tmp_path: Path) -> None:
+    pytest.importorskip("PIL")
+    from tasks.reid import build_reid_task
+
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "train_id.txt").write_text("1,2,3")
+    (tmp_path / "exp" / "val_id.txt").write_text("4,5")
+    (tmp_path / "exp" / "test_id.txt").write_text("6,7")
+    for pid in range(1, 8):
+        for cam in range(1, 7):
+            for k in range(2):
+                _write_img(tmp_path / f"cam{cam}" / f"{pid:04d}" / f"{k:04d}.jpg", (30 * pid, 20 * cam, 9 * k),
+                           mode="RGB" if cam in (1, 2, 4, 5) else "L")  # fmt: skip
+    task = build_reid_task(
+        data_path=str(tmp_path), reid_format="sysu", image_size=(16, 8), width=4, num_instances=2
+    )
+    assert task.monitor_metric == "val_allsearch_mAP"
+    assert task.info["train_identities"] == 3 and task.info["val_identities"] == 2
+    assert task.info["protocols"]["allsearch"] == [2 * 2 * 2, "10 trials"]
+    scores = task.evaluate_fn(task.model, "test", torch.device("cpu"))
+    for name in ("allsearch", "indoor"):
+        for key in ("mAP", "rank1", "rank10", "rank20"):
+            assert 0 <= scores[f"test_{name}_{key}"] <= 1 and f"test_{name}_{key}_std" in scores
+        assert scores[f"test_{name}_trials"] == 10
+    assert set(task.evaluate_fn(task.model, "val", torch.device("cpu"))) == {
+        k.replace("test_", "val_") for k in scores
+    }
+    with pytest.raises(ValueError, match="exp/val_id.txt"):
+        build_reid_task(data_path=str(tmp_path), reid_format="sysu", val_fraction=0.2)
+    assert (
+        build_reid_task(data_path=str(tmp_path), reid_format="sysu", val_fraction=0, width=4).val_set is None
+    )
