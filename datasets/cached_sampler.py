@@ -320,7 +320,8 @@ class CachedModalAwarePKSampler:
             "drop_last": self.drop_last,
             "setup_seconds": self.setup_seconds,
         }
-        logger.info("%s", self.describe())  # for users who configure logging; describe() is the data
+        if logger.isEnabledFor(logging.INFO):  # for users who configure logging; describe() is the data
+            logger.info("%s", self.describe())
 
     @property
     def cache_summary(self) -> dict[str, Any]:
