@@ -215,6 +215,14 @@ def test_judge_and_project_job() -> None:
     assert project_job(None, 3.6e6)["hours"] is None
 
 
+@pytest.fixture
+def no_rapl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scripted reports must not pick up this machine's real CPU power counter."""
+    import utils.system_report as sr
+
+    monkeypatch.setattr(sr, "_rapl_uj", lambda: None)
+
+
 def _scripted_trial(table: dict[str, list[float]], trial_dir: Path, delay: float = 0.0):
     """run_trial that returns scripted samples/s per setting and writes a run folder with a checkpoint,
     as the engine's trials do."""
@@ -237,7 +245,7 @@ def _scripted_trial(table: dict[str, list[float]], trial_dir: Path, delay: float
     return run_trial
 
 
-def test_priority_list_projection_and_trial_cleanup(tmp_path: Path) -> None:
+def test_priority_list_projection_and_trial_cleanup(tmp_path: Path, no_rapl: None) -> None:
     trials = tmp_path / "run" / "trials"
     # the scripted monitor reads as compute bound: every candidate below is relevant to that verdict
     table = {"base": [100.0, 104.0, 98.0, 101.0, 99.0, 102.0], "compile_model=True": [150.0, 149.0, 155.0],
@@ -270,6 +278,25 @@ def test_priority_list_projection_and_trial_cleanup(tmp_path: Path) -> None:
                           trial_dir=tmp_path / "run")  # fmt: skip
     with pytest.raises(ValueError, match="price_per_kwh"):
         run_system_report(_scripted_trial(table, trials), {}, [], 5, tmp_path / "r.md", {}, price_per_kwh=-1)
+
+
+def test_job_size_can_come_from_the_first_trial(tmp_path: Path, no_rapl: None) -> None:
+    inner = _scripted_trial({"base": [100.0]}, tmp_path / "t")
+    out = run_system_report(lambda ov, n: {**inner(ov, n), "job_samples": 720_000}, {}, [], 5, tmp_path / "r.md",
+                            {"hardware": {"cpu_model": "x", "gpus": []}}, price_per_gpu_hour=3.0)  # fmt: skip
+    assert "| your settings | 100.0 | 2.00 | n/a | n/a | 6.00 |" in out.read_text()
+    assert "not measured on this machine" in out.read_text()
+
+
+def test_rapl_power_is_measured_around_a_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import utils.system_report as sr
+
+    readings = iter([(1e6, 2e12), (1e6 + 30e6, 2e12)])  # 30 J over the trial
+    monkeypatch.setattr(sr, "_rapl_uj", lambda: next(readings))
+    clock = iter([10.0, 12.0])  # the trial's start and end
+    monkeypatch.setattr(sr, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    m = sr._measured_trial(lambda ov, n: {"samples_per_s": 1.0}, {}, 2)
+    assert m["cpu_package_w"] == pytest.approx(30 / 2.0) and m["trial_wall_s"] == 2.0
 
 
 def test_trial_dir_removed_after_a_failure(tmp_path: Path) -> None:

@@ -791,7 +791,8 @@ def run_system_report(
     Projection: `job_samples` (training samples of the configured job: epochs x samples per epoch, or
     max_steps x global batch) at each setting's measured samples/s gives hours; power (NVML board power,
     RAPL CPU package power, else the `power_w` you assume) gives kWh; `price_per_kwh` and
-    `price_per_gpu_hour` (x `gpus`) give the cost. `trial_dir` (where run_trial writes its run folders) is
+    `price_per_gpu_hour` (x `gpus`) give the cost; without `job_samples`, a "job_samples" in the first trial's
+    result (your settings) is used. `trial_dir` (where run_trial writes its run folders) is
     deleted when the report is done, also after an error; it must not contain `out_path`.
     """
     if steps < 2:
@@ -824,6 +825,8 @@ def _run_report(run_trial, base_settings, candidates, steps, out_path, config, m
                 job_samples, price_per_kwh, price_per_gpu_hour, currency, power_w, gpus, trial_dir) -> Path:  # fmt: skip
     trial = lambda ov: _measured_trial(run_trial, ov, steps)  # noqa: E731
     first = trial({})
+    if job_samples is None and first.get("job_samples"):  # run_trial may know the job's size once it is built
+        job_samples = float(first["job_samples"])
     mon = dict(first.get("monitor") or {})
     dev = (
         first.get("device_type") or config.get("device_type") or str(mon.get("device") or "cpu").split(":")[0]
