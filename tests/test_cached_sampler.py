@@ -423,3 +423,23 @@ def test_epoch_length_seed_and_fixed(world_size: int) -> None:
             S(ds, 16, 4, epoch_length=bad)
     with pytest.raises(ValueError, match="give one of them"):
         S(ds, 16, 4, epoch_length="seed", num_passes=2)
+
+
+def test_file_copies_alone_without_torch(tmp_path) -> None:
+    """datasets/cached_sampler.py must work copied into another repo: stdlib + numpy, torch only when used."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shutil.copy(Path(__file__).resolve().parents[1] / "datasets" / "cached_sampler.py", tmp_path / "pk.py")
+    code = (
+        "import sys, numpy as np, pk\n"
+        "class D:\n"
+        "    pids = np.repeat(np.arange(12), 4); modalities = np.array(['rgb', 'ir'] * 24)\n"
+        "    def __len__(self): return 48\n"
+        "s = pk.CachedModalAwarePKSampler(D(), 8, 4, epoch_length='seed')\n"
+        "assert len(list(s)) == 6 and 'torch' not in sys.modules, sys.modules.keys()\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
