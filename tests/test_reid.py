@@ -410,10 +410,15 @@ def _tiny_run(tmp_path: Path, seed: int, name: str) -> dict[str, torch.Tensor]:
     from trainer import TrainConfig, Trainer
 
     task = build_reid_task(num_identities=16, image_size=(32, 16), width=8, seed=seed, channel_aug=0.5)
-    cfg = TrainConfig(seed=seed, batch_size=16, max_steps=4, output_dir=str(tmp_path), run_name=name,
+    cfg = TrainConfig(seed=seed, batch_size=16, max_steps=3, output_dir=str(tmp_path), run_name=name,
                       progress_bar=False, validation_interval=10**6, save_best=False, log_every=2)  # fmt: skip
-    trainer = Trainer(cfg, task, log=lambda m: None)
-    trainer.fit()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # other test processes share the CPU; oversubscribed threads run ~3x slower
+    try:
+        trainer = Trainer(cfg, task, log=lambda m: None)
+        trainer.fit()
+    finally:
+        torch.set_num_threads(threads)
     return {k: v.clone() for k, v in trainer.raw_model.state_dict().items()}
 
 
