@@ -57,7 +57,7 @@ RELEVANT_KEYS: dict[str, set[str]] = {
     },
     "compute bound": {"precision", "amp", "bf16", "tf32", "compile", "compile_model", "compile_mode", "channels_last", "fused_optimizer"},
     "memory bound": {
-        "precision", "amp", "bf16", "activation_checkpointing", "batch_size", "accumulate_grad_batches", "compile",
+        "precision", "amp", "bf16", "activation_checkpointing", "use_gradient_checkpointing", "batch_size", "accumulate_grad_batches", "compile",
         "compile_model",
     },
 }  # fmt: skip
