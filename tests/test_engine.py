@@ -220,23 +220,17 @@ class SyncCounter:
         return wrapper
 
 
-class FusedToy(nn.Sequential):
-    """A model with its own fused AdamW: the optimizer the loop uses on a GPU, here on the CPU."""
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.parameters(), lr=1e-3, fused=True)
-
-
 def test_sync_rule_only_at_log_points(tmp_path, monkeypatch):
     """200 steps with log_every 50: at most a handful of host syncs per log point, none in between.
 
-    The model's optimizer is fused, as plainloop's AdamW is on a GPU, so the non-finite guard decides on the
-    device too (trainer/step.py step_unless)."""
+    plainloop's AdamW is fused, so the non-finite guard decides on the device (trainer/step.py step_unless);
+    host_reads=False walks the GPU path, where nobody reads the flag back."""
     x, y = make_data(200 * 8)
     torch.manual_seed(0)
-    task = Task("toy", FusedToy(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)), TensorDataset(x, y))
+    task = Task("toy", nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)), TensorDataset(x, y))
     t = Trainer(cfg(tmp_path, epochs=1, batch_size=8, log_every=50, norm_every=100, gradient_clip_val=1.0,
                     validation_interval=100), task)
+    t.opt.host_reads = False  # walk the GPU path: the flag stays on the device
     counter = SyncCounter(monkeypatch)
     t.fit()
     assert t.step == 200
@@ -246,8 +240,8 @@ def test_sync_rule_only_at_log_points(tmp_path, monkeypatch):
     assert len(counter.calls) <= 3 * log_points, counter.calls
 
 
-def test_guard_reads_the_flag_on_the_host_only_for_a_non_fused_optimizer_on_cpu(tmp_path, monkeypatch):
-    """CPU + single-tensor AdamW: the guard's flag is read once per step (free on a CPU), nothing else."""
+def test_guard_reads_the_flag_on_the_host_once_per_step_on_a_cpu(tmp_path, monkeypatch):
+    """On a CPU the guard's flag is read once per step (free: no device to wait for), nothing else."""
     x, y = make_data(40 * 8)
     torch.manual_seed(0)
     task = Task("toy", nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)), TensorDataset(x, y))
@@ -263,12 +257,16 @@ def test_guard_reads_the_flag_on_the_host_only_for_a_non_fused_optimizer_on_cpu(
 @pytest.mark.parametrize("workers", [0, 1])
 def test_resume_is_exact(tmp_path, workers):
     """4 epochs straight == 2 epochs + resume + 2 epochs, bit for bit (dropout RNG included)."""
-    straight = Trainer(cfg(tmp_path, run_name="straight", epochs=4, num_workers=workers), make_task(dropout=0.2))
+    # workers=1 keeps the data in a DataLoader (device_cache off): both data paths must resume exactly
+    dc = False if workers else None
+    straight = Trainer(cfg(tmp_path, run_name="straight", epochs=4, num_workers=workers, device_cache=dc),
+                       make_task(dropout=0.2))
     straight.fit()
-    first = Trainer(cfg(tmp_path, run_name="split", epochs=4, num_workers=workers), make_task(dropout=0.2))
+    first = Trainer(cfg(tmp_path, run_name="split", epochs=4, num_workers=workers, device_cache=dc),
+                    make_task(dropout=0.2))
     first.max_epochs = 2  # the job is interrupted after epoch 2
     first.fit()
-    second = Trainer(cfg(tmp_path, run_name="split", epochs=4, num_workers=workers,
+    second = Trainer(cfg(tmp_path, run_name="split", epochs=4, num_workers=workers, device_cache=dc,
                          resume=str(tmp_path / "split")), make_task(dropout=0.2, seed=123))
     second.fit()
     assert second.step == straight.step
@@ -321,3 +319,35 @@ def test_atomic_save_leaves_no_partial_file(tmp_path, monkeypatch):
         atomic_save({"model": {}}, target)
     assert torch.equal(load_checkpoint(target)["model"]["w"], torch.ones(2))  # old file intact
     assert [p.name for p in tmp_path.iterdir()] == ["ck.pt"]
+
+
+def test_progress_bar_moves_every_epoch_even_when_epochs_are_short(tmp_path, monkeypatch, capsys):
+    """8 batches per epoch with progress_every 10: one run-level bar still advances at every epoch end."""
+    import trainer.progress as progress
+
+    seen: list[tuple[int, dict]] = []
+
+    class FakeBar:
+        def __init__(self, total, initial=0, **kw):
+            self.total, self.n, self.postfix = total, initial, {}
+
+        def update(self, k):
+            self.n += k
+            seen.append((self.n, dict(self.postfix)))
+
+        def set_postfix(self, refresh=False, **kw):
+            self.postfix = kw
+
+        def write(self, s):
+            print(s)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(progress, "tqdm", FakeBar)
+    t = Trainer(cfg(tmp_path, epochs=3, progress_bar=True, progress_every=10, log_every=100), make_task())
+    t.fit()
+    assert [n for n, _ in seen] == [8, 16, 24]  # once per 8-batch epoch, never stuck at 0
+    assert all("loss" in post and "sps" in post for _, post in seen)  # the last logged figures stay on it
+    out = capsys.readouterr().out
+    assert out.count("[epoch ") == 3 and "ETA" in out and out.count("[val]") == 3  # validation_interval 1

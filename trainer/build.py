@@ -41,13 +41,15 @@ def build_run(t: Any) -> None:
     t.run_dir, t._last_val_step, t.last_row = None, -1, {}
 
     # data: on the device when the dataset speaks the residency protocol and fits, else a DataLoader
-    t.on_device = place_on_device(task.train_set, cfg, rt.device)
-    t.resident = {id(task.train_set)} if t.on_device else set()
+    gatherer = place_on_device(task.train_set, cfg, rt.device)
+    t.on_device = gatherer is not None
+    t.resident = {id(task.train_set): gatherer} if t.on_device else {}  # dataset id -> what serves its batches
     t.loader_kw = {}
     if t.on_device:
         for ds in (task.val_set, task.test_set):
-            if place_on_device(ds, cfg, rt.device):
-                t.resident.add(id(ds))
+            g = place_on_device(ds, cfg, rt.device)
+            if g is not None:
+                t.resident[id(ds)] = g
         t.notes.append(f"data: held on {rt.device.type}, batches gathered there (no loader workers)")
         if cfg.num_workers:
             t.notes.append(f"num_workers={cfg.num_workers}, prefetch_factor and persistent_workers are not used: "
@@ -62,7 +64,7 @@ def build_run(t: Any) -> None:
         t.sampler = ShardedBatchSampler(len(task.train_set), cfg.batch_size, seed=cfg.seed, rank=rt.rank,
                                         world_size=rt.world_size, drop_last=cfg.drop_last)
     kw = {} if t.on_device else dict(t.loader_kw, generator=torch.Generator().manual_seed(cfg.seed + rt.rank))
-    t.loader = build_loader(task.train_set, t.sampler, rt.device, kw, task.collate_fn, t.on_device)
+    t.loader = build_loader(task.train_set, t.sampler, rt.device, kw, task.collate_fn, gatherer)
     t.batches_per_epoch = len(t.sampler)
     t.steps_per_epoch = math.ceil(t.batches_per_epoch / cfg.accumulate_grad_batches)
     t.total_steps = cfg.max_steps or cfg.epochs * t.steps_per_epoch
@@ -72,7 +74,7 @@ def build_run(t: Any) -> None:
     t.model = t.raw_model = task.model.to(rt.device)
     t.loss_fn = task.loss_fn
     if t.loss_fn is None:
-        t.loss_fn, note = pick_default_loss(_first_sample(task.train_set))
+        t.loss_fn, note = pick_default_loss(t.raw_model, _first_sample(task.train_set))
         if note:
             t.notes.append(note)
     fp16 = rt.amp_dtype == torch.float16
@@ -244,43 +246,3 @@ def open_run_dir(t: Any) -> RunFiles | None:
                       f"python train_optimized.py --config {Path(t.run_dir) / 'config.toml'}")
     call(t.callbacks, "on_fit_start", t)
     return files
-
-
-def summary_of(t: Any, train_time: float, val: dict[str, float], test: dict[str, float]) -> dict[str, Any]:
-    st, mon = t.stats, t.monitor.get_summary()
-    peak = torch.cuda.max_memory_allocated(t.rt.device) / 2**20 if t.rt.device.type == "cuda" else None
-    skipped = t.opt.skip_counts()[0]
-    summary: dict[str, Any] = {
-        "task": t.task.name, "run_dir": str(t.run_dir), "device": str(t.rt.device), "precision": t.rt.precision,
-        "world_size": t.rt.world_size, "steps": t.step, "epochs": t.epoch, "skipped_steps": skipped,
-        "train_time_s": train_time,
-        "samples_per_s": st["samples"] * t.rt.world_size / st["iter_s"] if st["iter_s"] else None,
-        "step_time_s": {"mean": st["iter_s"] / st["iters"] if st["iters"] else None,
-                        "data_wait_frac": st["data_s"] / st["iter_s"] if st["iter_s"] else None},
-        "peak_memory_mb": peak,
-        "final_metrics": {**val, **test},
-        "best": {t.best.metric: t.best.best},
-        "monitor": mon,
-        "notes": t.notes,
-        "info": t.task.info,
-    }  # fmt: skip
-    if "scores" in t.task.artifacts:
-        summary["test_scores"] = t.task.artifacts["scores"]
-    if t.rt.is_main:
-        import numpy as np
-
-        for name, arrays in t.task.artifacts.items():
-            if isinstance(arrays, dict) and arrays and all(hasattr(v, "shape") for v in arrays.values()):
-                np.savez(Path(t.run_dir) / f"{name}.npz", **arrays)
-    if t.rt.distributed:
-        summary["ddp_max_weight_diff"] = _ddp_weight_diff(t.raw_model)
-    return summary
-
-
-def _ddp_weight_diff(model: torch.nn.Module) -> float:
-    """Largest difference of any weight between ranks (0.0 when DDP kept them in step)."""
-    flat = torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])
-    hi, lo = flat.clone(), flat.clone()
-    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
-    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
-    return float((hi - lo).abs().max())

@@ -15,9 +15,6 @@ Hot-path rule: between two log points nothing here waits for the GPU; the only h
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,36 +22,24 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .build import build_run, load_checkpoint_into, save_checkpoint, summary_of
+from .build import build_run, open_run_dir, save_checkpoint
 from .config import TrainConfig
 from .data import split_batch, to_device
 from .evaluation import batch_size_of, evaluate
+from .finish import (
+    diverged,
+    early_stop,
+    stopped_by_signal,
+    summary_of,
+    test_split,
+)
 from .hooks import Monitor, call
+from .progress import epoch_line, open_bar
 from .runfiles import RunFiles
 from .signals import StopRequest
 from .task import Task
 
-try:
-    from tqdm.auto import tqdm
-except ImportError:  # tqdm is a runtime dependency, but a copied engine still runs without it
-    tqdm = None
-
 _NULL = contextlib.nullcontext()  # stateless, so one instance serves every step
-
-
-def _hms(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    m, s = divmod(int(seconds), 60)
-    return f"{m // 60}:{m % 60:02d}:{s:02d}"
-
-
-class TrainingStopped(SystemExit):
-    """Raised by fit() after a stop signal: last.pt is written; exit code 128 + the signal number."""
-
-
-class TrainingDiverged(SystemExit):
-    """Raised by fit() when steps kept being non-finite: no non-finite weights were saved; exit code 3."""
 
 
 class Trainer:
@@ -120,7 +105,7 @@ class Trainer:
     # ------------------------------------------------------------------ the run
     def fit(self) -> dict[str, Any]:
         cfg, rt = self.cfg, self.rt
-        self.files = self._open_run_dir()
+        self.files = open_run_dir(self)
         for n in self.notes:
             self.log(f"[plainloop] {n}")
         self.log(f"[plainloop] {self.task.name}: {len(self.task.train_set)} train samples, {self.batches_per_epoch} "
@@ -133,18 +118,18 @@ class Trainer:
         try:
             with StopRequest() as stop:
                 self.stop = stop
-                self._open_bar()
+                open_bar(self)
                 while self.epoch < self.max_epochs and self.step < self.total_steps and not stop.signum:
                     self._train_epoch()
                     epoch_done, last = self.batches_done == 0, self.step >= self.total_steps
                     if epoch_done or last or stop.signum:
                         self._save("last.pt")  # before validation: a stop during it loses nothing
-                        self._progress_line(t0)
+                        epoch_line(self, t0)
                     if stop.signum:
                         break
                     if cfg.val_check_steps is None and (last or self.epoch % cfg.validation_interval == 0):
                         last_val = self._validate() or last_val
-                    if self._early_stop():
+                    if early_stop(self):
                         break
                 stopped = stop.signum
         finally:
@@ -154,10 +139,10 @@ class Trainer:
                 self.bar = None
         train_time = time.perf_counter() - t0
         if stopped:
-            self._finish_stopped(stopped, train_time)
+            stopped_by_signal(self, stopped, train_time)
         if cfg.val_check_steps is not None and self.task.val_set is not None and self._last_val_step != self.step:
             last_val = self._validate()
-        test = self._test()
+        test = test_split(self)
         summary = summary_of(self, train_time, last_val, test)
         if rt.is_main:
             call(self.callbacks, "on_fit_end", self, summary)
@@ -176,11 +161,13 @@ class Trainer:
         pending: list[torch.Tensor] = []  # per-batch losses, kept on the device until the next log point
         # locals: this loop runs once per batch, and on small models its Python cost is measurable
         perf, fb, opt_step, log_iter = time.perf_counter, self.forward_backward, self.opt.step, self.monitor.log_iteration
-        log_every, norm_every, total, stats = cfg.log_every, cfg.norm_every, self.total_steps, self.stats
+        log_every, norm_every, total = cfg.log_every, cfg.norm_every, self.total_steps
         val_steps, ckpt_steps, bar, bar_every = cfg.val_check_steps, cfg.checkpoint_every, self.bar, cfg.progress_every
         move, stop, ddp = (None if self.on_device else self.rt.device), self.stop, self.rt.distributed
-        interval = {"samples": 0, "data_s": 0.0, "t": perf()}
-        it, window_start, t0 = iter(self.loader), start, perf()
+        n_samples = n_iters = 0  # this epoch's totals, and since the last log point (i_*)
+        data_s = iter_s = i_data = 0.0
+        it, window_start, t0, agreed = iter(self.loader), start, perf(), False
+        i_samples, i_t = 0, t0
         for i in range(start, nb):
             batch = next(it)
             if move is not None:
@@ -190,19 +177,21 @@ class Trainer:
             boundary = i + 1 - window_start == window
             pending.append(fb(batch, window, boundary))
             bs = batch_size_of(batch)
-            interval["samples"] += bs
-            interval["data_s"] += t_data
+            i_samples += bs
+            i_data += t_data
             if boundary:
                 self.step += 1
                 window_start = self.batches_done = i + 1
                 want_norm = self.step % norm_every == 0
                 norm, _ = opt_step(want_norm)
                 if self.step % log_every == 0 or self.step >= total or i + 1 == nb:
-                    self._log_point(pending, interval, norm if want_norm else None)
+                    i_t = self._log_point(pending, i_samples, i_data, i_t, norm if want_norm else None)
+                    i_samples, i_data = 0, 0.0
                     if ddp:  # every rank must stop at the same step: agree at the log point (already a sync)
                         flag = torch.tensor(float(stop.signum or 0), device=self.rt.device)
                         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
                         stop.signum = stop.signum or int(flag.item()) or None  # note: sync point (log point)
+                        agreed = stop.signum is not None
                 elif want_norm:
                     self._log_norm(norm)
                 if val_steps is not None and self.step % val_steps == 0:
@@ -212,52 +201,45 @@ class Trainer:
                     self._save("last.pt")
             t1 = perf()
             log_iter(t1 - t0, t_data, bs)
-            stats["samples"] += bs
-            stats["data_s"] += t_data
-            stats["iter_s"] += t1 - t0
-            stats["iters"] += 1
+            n_samples += bs
+            n_iters += 1
+            data_s += t_data
+            iter_s += t1 - t0
             if bar is not None and ((i + 1) % bar_every == 0 or i + 1 == nb):
                 bar.update(self.batches_total_done() - bar.n)
             t0 = t1
-            if self.step >= total or (boundary and stop.signum and not ddp):
+            if self.step >= total or agreed or (boundary and stop.signum and not ddp):
                 break
+        for k, v in (("samples", n_samples), ("iters", n_iters), ("data_s", data_s), ("iter_s", iter_s)):
+            self.stats[k] += v
         if self.batches_done >= nb:  # the epoch ran to its end (not stopped by max_steps or a signal)
             self.epoch += 1
             self.batches_done = 0
         del it
 
-    def _log_point(self, pending: list[torch.Tensor], interval: dict[str, Any], norm: torch.Tensor | None) -> None:
+    def _log_point(self, pending: list[torch.Tensor], samples: int, data_s: float, t_last: float,
+                   norm: torch.Tensor | None) -> float:
         # note: sync point (LOG_EVERY): the only read of the loss in the hot path; the skip counters ride along
         vals = torch.cat([torch.stack(pending).float().mean().reshape(1), self.opt.device_counts()]).tolist()
         pending.clear()
         loss = vals[0]
         skipped, run = self.opt.skip_counts(vals[1:])
         now = time.perf_counter()
-        elapsed = max(now - interval["t"], 1e-9)
+        elapsed = max(now - t_last, 1e-9)
         row = {"kind": "train", "step": self.step, "epoch": self.epoch + 1, "loss": loss,
-               "lr": self.scheduler.current_lr(), "samples_per_s": interval["samples"] * self.rt.world_size / elapsed,
-               "data_wait_frac": interval["data_s"] / elapsed, "skipped_steps": skipped}
+               "lr": self.scheduler.current_lr(), "samples_per_s": samples * self.rt.world_size / elapsed,
+               "data_wait_frac": data_s / elapsed, "skipped_steps": skipped}
         if norm is not None:
             row["grad_norm"] = norm.item()  # note: sync point (NORM_EVERY)
             row.update(self._step_metrics())
         self._row(row)
-        interval.update(samples=0, data_s=0.0, t=now)
         self.last_row = row
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{loss:.4g}", sps=f"{row['samples_per_s']:.0f}",
                                  wait=f"{100 * row['data_wait_frac']:.0f}%", refresh=False)
         if run >= self.cfg.max_consecutive_skips:
-            self._diverged(run)
-
-    def _progress_line(self, t0: float) -> None:
-        """One line per epoch checkpoint: where the run is, its last logged figures, and the time left."""
-        row, done = self.last_row, self.batches_total_done()
-        total = min(self.max_epochs * self.batches_per_epoch, self.total_steps * self.cfg.accumulate_grad_batches)
-        ran = done - self._start_batches
-        eta = (time.perf_counter() - t0) / ran * (total - done) if ran > 0 else float("nan")
-        self.log(f"[epoch {self.epoch}/{self.max_epochs}] step {self.step}/{self.total_steps}: loss "
-                 f"{row.get('loss', float('nan')):.4g}, {row.get('samples_per_s', 0):.0f} samples/s, data wait "
-                 f"{100 * row.get('data_wait_frac', 0):.0f}%, ETA {_hms(eta)}; last.pt saved")
+            diverged(self, run)
+        return now
 
     def _log_norm(self, norm: torch.Tensor | None) -> None:
         row = {"kind": "norm", "step": self.step, **self._step_metrics()}
@@ -293,60 +275,6 @@ class Trainer:
         return evaluate(self.task, self.raw_model, split, self.rt, self.loss_fn, self.cfg.batch_size,
                         self.loader_kw, self.resident, self.cfg.seed)
 
-    def _test(self) -> dict[str, float]:
-        if self.task.test_set is None or self.task.evaluate_fn is None:
-            return {}
-        best = self.run_dir / "checkpoints" / "best.pt"
-        if self.cfg.test_with_best and best.is_file():
-            load_checkpoint_into(self, best, weights_only=True)
-            self.notes.append(f"test: scored with the weights of {best} ({self.best.metric}={self.best.best:.4g})")
-        return self.evaluate("test") if self.rt.is_main else {}
-
-    def _early_stop(self) -> bool:
-        patience = self.cfg.early_stopping_patience
-        if patience is None or self.best.stale < patience:
-            return False
-        self.notes.append(f"early stopping: {self.best.metric} did not improve for {patience} validations "
-                          f"(best {self.best.best:.4g}); stopped at step {self.step}")
-        self.log(f"[plainloop] {self.notes[-1]}")
-        return True
-
-    def _diverged(self, run: int) -> None:
-        msg = (f"stopped at step {self.step}: the last {run} optimizer steps had non-finite loss or gradients and "
-               f"were skipped (--max_consecutive_skips {self.cfg.max_consecutive_skips}). Nothing non-finite was "
-               f"saved; {self.run_dir / 'checkpoints'} holds the last finite weights. Try a lower --lr, "
-               f"--gradient_clip_val 1.0, precision 32, or check the data for NaN/inf values.")
-        self._row({"kind": "event", "step": self.step, "event": "diverged", "message": msg})
-        self.log(f"[plainloop] {msg}")
-        if self.files is not None:
-            self.files.close()
-        raise TrainingDiverged(3)
-
-    def _finish_stopped(self, signum: int, train_time: float) -> None:
-        name = self.stop.name
-        msg = (f"{name}: stopped after step {self.step} (epoch {self.epoch + 1}, batch {self.batches_done}); "
-               f"{self.run_dir / 'checkpoints' / 'last.pt'} written. Resume with: python train_optimized.py "
-               f"--resume {self.run_dir}")
-        self._row({"kind": "event", "step": self.step, "event": "stopped", "signal": name})
-        self.log(f"[plainloop] {msg}")
-        if self.rt.is_main:
-            summary = summary_of(self, train_time, {}, {})
-            summary["stopped_by"] = name
-            self.files.write_json("summary.json", summary)
-            self.files.close()
-        raise TrainingStopped(128 + signum)
-
-    def _open_run_dir(self) -> RunFiles | None:
-        from .build import open_run_dir
-
-        return open_run_dir(self)
-
-    def _open_bar(self) -> None:
-        if tqdm is not None and self.cfg.progress_bar and self.rt.is_main:
-            total = min(self.max_epochs * self.batches_per_epoch, self.total_steps * self.cfg.accumulate_grad_batches)
-            self.bar = tqdm(total=total, initial=self.batches_total_done(), desc="train", dynamic_ncols=True,
-                            mininterval=0.5, unit="batch")
-
     def batches_total_done(self) -> int:
         return self.epoch * self.batches_per_epoch + self.batches_done
 
@@ -377,8 +305,3 @@ class Trainer:
             self.opt.step(False)
 
         return run
-
-
-def clone_task_model(task: Task) -> Task:
-    """A copy of the task with its own model, so a trial run does not train the real one."""
-    return dataclasses.replace(task, model=copy.deepcopy(task.model))

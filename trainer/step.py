@@ -12,17 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
 
-def nonfinite_flag(grads: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+def nonfinite_flag(grads: list[torch.Tensor], out: torch.Tensor, one: torch.Tensor | None = None) -> torch.Tensor:
     """Set `out` (a 0-dim float tensor) to 1.0 if any gradient holds a NaN or inf, else leave it.
 
     Private torch op, deliberately: it is the single fused kernel GradScaler.unscale_ uses for the same check
     (about 1.5 us on a CPU), where the public `get_total_norm(...).isfinite()` costs ten times more per step.
     """
     if grads:
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, out, torch.ones((), device=out.device))
+        one = torch.ones((), device=out.device) if one is None else one  # the "unscale" factor: gradients unchanged
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, out, one)
     return out
 
 
@@ -58,6 +58,11 @@ class OptimizerStep:
         self.clip_val, self.clip_algorithm = clip_val, clip_algorithm
         self.scaler = torch.amp.GradScaler(device.type, enabled=fp16, init_scale=static_scale or 2.0**16)
         self.found_inf = torch.zeros((), device=device)
+        self._one = torch.ones((), device=device)
+        self._fused = bool(optimizer.defaults.get("fused"))
+        # on a CPU the flag costs nothing to read (no device to wait for): the schedule and the skip counters
+        # then stay on the host; tests set this False to walk the GPU path on a CPU
+        self.host_reads = device.type == "cpu"
         # skipped steps: counted on the host when the host learned of them, else on the device (read at log points)
         self.skips, self.skip_run = 0, 0
         self._dev_skips = torch.zeros((), device=device)
@@ -75,7 +80,7 @@ class OptimizerStep:
         grads = [p.grad for p in params if p.grad is not None]
         if self.guard or self.fp16:
             found.zero_()
-            nonfinite_flag(grads, found)
+            nonfinite_flag(grads, found, self._one)
         norm = None
         if self.clip_val is not None and self.clip_algorithm == "value":
             torch.nn.utils.clip_grad_value_(params, self.clip_val)
@@ -90,6 +95,8 @@ class OptimizerStep:
             skipped = None
         elif self.guard:
             skipped = step_unless(self.optimizer, found)
+            if skipped is None and self.host_reads:
+                skipped = bool(found.item())  # a CPU tensor: no sync
         else:
             self.optimizer.step()
         if skipped is None:
