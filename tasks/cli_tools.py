@@ -7,16 +7,37 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainer import TrainConfig
+from trainer.data import to_device
 from trainer.loop import Trainer
 from trainer.runfiles import claim_run_dir
 from trainer.task import clone_task_model
+
+
+def step_fn(t: Trainer) -> Callable[[], None]:
+    """One full training step of trainer `t` on its next batch, for the profiler and the system report."""
+    it = iter(t.loader)
+    t.model.train()
+
+    def run() -> None:
+        nonlocal it
+        try:
+            batch = next(it)
+        except StopIteration:
+            it = iter(t.loader)
+            batch = next(it)
+        if not t.on_device:
+            batch = to_device(batch, t.rt.device)
+        t.forward_backward(batch, 1)
+        t.opt.step(False)
+
+    return run
 
 
 def profile(cfg: TrainConfig, task: Any, sections: dict[str, dict[str, Any]]) -> Path:
@@ -26,7 +47,7 @@ def profile(cfg: TrainConfig, task: Any, sections: dict[str, dict[str, Any]]) ->
     t = Trainer(dataclasses.replace(cfg, resume=None, progress_bar=False), clone_task_model(task),
                 log=lambda _s: None)
     run_dir, _ = claim_run_dir(cfg.output_dir, cfg.run_name, f"{task.name}-profile")
-    res = profile_steps(t.step_fn(), run_dir / "profile", steps=5, warmup=2)
+    res = profile_steps(step_fn(t), run_dir / "profile", steps=5, warmup=2)
     print(f"[plainloop] profiler trace: {res['trace']} (open in https://ui.perfetto.dev); top ops: {res['table']}")
     for m in res.get("messages") or []:
         print(f"[plainloop] profiler: {m}")
@@ -74,7 +95,7 @@ def system_report(cfg: TrainConfig, opts: Any, task_kw: dict[str, Any]) -> int:
                                 run_name=f"trial{trial_no}")
         t = Trainer(c, task, log=lambda m: None, monitor=TrainingMonitor(batch_size=c.batch_size),
                     callbacks=[VerdictCallback()])
-        warm = t.step_fn()
+        warm = step_fn(t)
         for _ in range(2):  # warm-up outside the timing: worker start-up, compilation, allocator
             warm()
         s = t.fit()
@@ -87,12 +108,16 @@ def system_report(cfg: TrainConfig, opts: Any, task_kw: dict[str, Any]) -> int:
 
     base = {k: getattr(cfg, k) for k in ("batch_size", "num_workers", "precision", "pin_memory", "compile_model",
                                          "device_cache")}
-    try:
-        path = run_system_report(run_trial, base, candidates=_report_candidates(cfg), steps=opts.report_steps,
-                                 out_path=out / "report.md", config={"task": opts.task, **cfg.to_dict(), **task_kw},
-                                 repeats=opts.report_repeats)
-    finally:
-        shutil.rmtree(trials, ignore_errors=True)  # trial runs and their checkpoints are scratch
+    probe = Trainer(dataclasses.replace(cfg, resume=None, progress_bar=False), build_task(opts.task, **task_kw),
+                    log=lambda m: None)
+    steps = cfg.max_steps or cfg.epochs * probe.steps_per_epoch  # the configured job, for the projection
+    job_samples = steps * cfg.accumulate_grad_batches * cfg.batch_size * probe.rt.world_size
+    del probe
+    path = run_system_report(run_trial, base, candidates=_report_candidates(cfg), steps=opts.report_steps,
+                             out_path=out / "report.md", config={"task": opts.task, **cfg.to_dict(), **task_kw},
+                             repeats=opts.report_repeats, job_samples=job_samples, price_per_kwh=opts.price_per_kwh,
+                             price_per_gpu_hour=opts.price_per_gpu_hour, currency=opts.currency,
+                             power_w=opts.power_w, gpus=1, trial_dir=trials)  # removes the trial runs
     print(Path(path).read_text(encoding="utf-8"))
     print(f"[plainloop] report written to {path}")
     return 0
