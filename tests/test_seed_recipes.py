@@ -542,7 +542,7 @@ def test_seed003_system_report(tmp_path, era5_cache, capsys):
 def reid_train():
     from datasets.reid import synthetic_reid
 
-    train, _ = synthetic_reid(40, samples_per_id=8, image_size=(16, 8), seed=0)
+    train, _, _ = synthetic_reid(40, samples_per_id=8, image_size=(16, 8), seed=0)
     return train
 
 
