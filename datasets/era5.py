@@ -158,6 +158,8 @@ class ERA5SSTMonthlyDataset(Dataset):
         cal = self.months % 12
         self._cal = cal
         self.target_months = cal[start + span : start + span + count].copy()
+        # absolute month (year * 12 + month - 1) of each target, for labels and year/month bookkeeping
+        self.target_abs_months = self.months[start + span : start + span + count].copy()
         self._norm: torch.Tensor | None = None  # normalised months of this split, once materialised
         self._clim_t: dict[str, torch.Tensor] = {}
         self.info = {
@@ -251,6 +253,12 @@ class ERA5SSTMonthlyDataset(Dataset):
             "clim_target_c": self._clim[self._cal[t + self._span]],
             "clim_input_c": self._clim[self._cal[last]],
         }
+
+    def train_anomalies_c(self) -> np.ndarray:
+        """(T_train, H, W) °C anomalies (minus the training calendar-month climatology) of the months training
+        samples touch, in time order, NaN on land: what statistical baselines are fitted on."""
+        n = self._train_months
+        return np.asarray(self._array()[:n], dtype=np.float64) - self._clim[self._cal[:n]]
 
     # ---- GPU / RAM resident mode ---------------------------------------------------------------------------
     def _materialise(self) -> torch.Tensor:
