@@ -60,3 +60,14 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise CheckpointError(f"{path} is not a plainloop checkpoint (no 'model' entry); keys: "
                               f"{sorted(ckpt)[:10] if isinstance(ckpt, dict) else type(ckpt).__name__}")
     return ckpt
+
+
+def remove_orphan_temps(folder: Path) -> list[Path]:
+    """Delete temp files a killed atomic_save left behind (interim; superseded by the integrity work)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    old = [p for p in folder.glob(".*.tmp") if p.stat().st_mtime < __import__("time").time() - 600]
+    for p in old:
+        p.unlink(missing_ok=True)
+    return old
