@@ -100,8 +100,8 @@ def ensure_hadisst5(cache_dir: str | os.PathLike | None = None) -> Path:
 
 # name -> (data source, lon, lat, resolution); "sample" = the built-in synthetic file, "hadisst5" = above.
 DATASETS: dict[str, tuple[str, tuple[float, float], tuple[float, float], float]] = {
-    "sample_tropical_pacific": ("sample", (120.0, 290.0), (-20.0, 20.0), 5.0),
     "hadisst5_tropical_pacific": ("hadisst5", (120.0, 290.0), (-20.0, 20.0), 5.0),
+    "sample_tropical_pacific": ("sample", (120.0, 290.0), (-20.0, 20.0), 5.0),
     "hadisst5_indian_ocean": ("hadisst5", (40.0, 110.0), (-20.0, 20.0), 5.0),
 }
 
@@ -161,7 +161,7 @@ def run_one(
         "seed": seed,
         "scores": scores,
         "steps": summary["steps"],
-        "best_val_loss": trainer.best,
+        "best_val_loss": getattr(trainer.best, "best", trainer.best),
         "train_samples": len(task.train_set),
         "test_samples": len(task.test_set),
         "lim_modes": task.info["lim"]["modes"],

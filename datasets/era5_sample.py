@@ -35,6 +35,7 @@ import netCDF4
 import numpy as np
 
 LAYOUTS = ("legacy", "cds2024", "cf")
+SAMPLE_VERSION = 2  # in the cached file's name: a changed generator never reuses an old file
 FILL_INT16 = -32767
 # Packing range in K (the CDS picks one per file from min/max; a fixed one keeps chunked writes consistent).
 _K_MIN, _K_MAX = 268.0, 312.0
@@ -282,7 +283,7 @@ def ensure_sample_file(
     file behind) into `cache_dir` (default $PLAINLOOP_CACHE or ~/.cache/plainloop)."""
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    path = cache / f"era5_sample_{layout}_{years}y_{grid:g}deg_seed{seed}.nc"
+    path = cache / f"era5_sample_v{SAMPLE_VERSION}_{layout}_{years}y_{grid:g}deg_seed{seed}.nc"
     if path.is_file() and path.stat().st_size > 0:
         return path
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

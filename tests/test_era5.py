@@ -383,3 +383,17 @@ def test_orphan_temp_files_of_a_killed_build_are_removed(files, tmp_path):
     assert not orphan.exists() and not orphan_json.exists() and not stale.exists()
     assert fresh.exists() and live.exists() and other.exists()
     assert era5_cache.remove_orphan_temp_files(cache) == []
+
+
+def test_sample_anomalies_are_red_and_persistence_is_strong(tmp_path):
+    """Issue 13: monthly anomalies with realistic month-to-month persistence (lag-1 autocorrelation 0.6-0.9),
+    so anomaly persistence clearly beats climatology, as on real SST."""
+    p = write_sample_file(tmp_path / "red.nc", layout="cf", years=12, grid=5.0)
+    ds = make(p, tmp_path, lon=[120, 290], lat=[-20, 20], split="train", split_ratio=(0.9, 0.1))
+    a = ds.train_anomalies_c()[:, ds.ocean_mask.numpy()]
+    a = a - a.mean(0)
+    r1 = np.sum(a[:-1] * a[1:], 0) / np.sqrt(np.sum(a[:-1] ** 2, 0) * np.sum(a[1:] ** 2, 0))
+    assert 0.6 <= np.median(r1) <= 0.9
+    assert 0.2 < np.median(a.std(0)) < 1.0  # °C: anomalies of a realistic size
+    # anomaly persistence's error is well below climatology's (the anomaly std)
+    assert np.sqrt(np.mean((a[1:] - a[:-1]) ** 2)) < 0.8 * np.sqrt(np.mean(a**2))
