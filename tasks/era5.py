@@ -10,7 +10,7 @@ forecast (`prior`: by default the linear inverse model fitted on the training mo
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -194,7 +194,7 @@ def build_era5_task(
     device_cache: bool | None = None,
     seed: int = 42,
     cache_dir: str | None = None,
-    prior: str = "auto",
+    prior: Literal["auto", "none", "persistence", "damped_persistence", "lim"] = "auto",
     ensemble: int = 1,
     lim_variance: float = 0.9,
     lim_max_modes: int = 20,

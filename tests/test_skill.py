@@ -180,6 +180,12 @@ def test_train_defaults_scale_with_the_data():
     import inspect
 
     assert set(ARGS_HELP) == set(inspect.signature(build_era5_task).parameters)  # one help line per option
+    import typing
+
+    import tasks.era5 as era5_task
+
+    hints = typing.get_type_hints(build_era5_task)  # the CLI turns Literal into argparse choices
+    assert set(typing.get_args(hints["prior"])) == set(era5_task.PRIOR_CHOICES)
 
 
 @pytest.mark.slow
