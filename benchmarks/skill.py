@@ -164,6 +164,7 @@ def run_one(
         "best_val_loss": getattr(trainer.best, "best", trainer.best),
         "train_samples": len(task.train_set),
         "test_samples": len(task.test_set),
+        "prior": task.info["prior"],
         "lim_modes": task.info["lim"]["modes"],
         "seconds": time.perf_counter() - t0,
     }
