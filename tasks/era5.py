@@ -27,6 +27,7 @@ SEED_PRESET = {
     "dim_feedforward": 1024,
     "recursion_depth": 2,
     "dropout": 0.1,
+    "seq_len": 2,  # the seed's one input month
 }
 # Sized for monthly data (a few hundred training months): one layer applied twice, d_model 64.
 CPU_PRESET = {
@@ -37,6 +38,7 @@ CPU_PRESET = {
     "dim_feedforward": 128,
     "recursion_depth": 2,
     "dropout": 0.0,
+    "seq_len": 7,  # six months of context
 }
 PRIORS = ("none", "persistence", "damped_persistence", "lim")
 PRIOR_CHOICES = ("auto", *PRIORS)
@@ -346,4 +348,5 @@ def build_era5_task(
         flops_per_sample=model.flops_per_sample(training=True),
         info=info,
         artifacts=artifacts,
+        console_metrics=("val_rmse_c", "val_acc", "val_loss"),  # the baselines' scores go to metrics.jsonl
     )
