@@ -26,10 +26,11 @@ Loops (same model, same data held in memory, same batch, AdamW):
   before          the seed loop's habits: DataLoader(num_workers=0) with per-sample __getitem__ + collate over
                   the cached data, optimizer.zero_grad(), loss.item() every step (run.py's "before" also
                   reads netCDF per sample; that is data wait, measured there)
-  plainloop       trainer.Trainer with its defaults (on a CPU: single-tensor AdamW, the non-finite guard's flag
-                  read on the host, which is free there)
-  plainloop_gpu_path  the same loop taking its GPU path on the CPU: fused AdamW with a tensor learning rate, so
-                  the guard and the schedule stay on the device (what tests/test_engine.py checks)
+  plainloop       trainer.Trainer with its defaults (on a CPU the non-finite guard's flag is read on the host
+                  every step, which is free there, and the schedule is a Python float)
+  plainloop_gpu_path  the same loop taking its GPU path on the CPU: fused AdamW with a tensor learning rate (the
+                  schedule on the device) and the guard's flag never read (`opt.host_reads = False`, as
+                  tests/test_engine.py does)
   lightning_data  lightning.Trainer on plainloop's data path (benchmarks/lightning_peer.py SAME_DATA_PEER)
 The seed configuration's step on a CPU takes seconds per sample, so --seed-batch (default 2 on a CPU) sets its
 batch there: operator counts and host time outside the operators do not depend on the batch size.
@@ -269,7 +270,7 @@ class _MarksMonitor:
 
 
 def _fused_adamw(model: torch.nn.Module, lr: float = 1e-3, wd: float = 0.01) -> torch.optim.Optimizer:
-    """plainloop's AdamW groups (trainer/optim.py) with the CUDA settings: fused kernel, tensor lr."""
+    """plainloop's AdamW groups (trainer/optim.py) with its CUDA settings: fused kernel, tensor lr."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": wd},
@@ -290,7 +291,9 @@ def loop_plainloop(
     from trainer import TrainConfig, Trainer
 
     task = _task(c, cache_dir, None, seed)
-    if gpu_path:  # the model's own optimizer wins in trainer/build.py: the GPU's fused AdamW, on this device
+    if (
+        gpu_path
+    ):  # the model's own optimizer wins in trainer/build.py: the GPU's AdamW (tensor lr, device schedule)
         task.model.configure_optimizers = lambda: _fused_adamw(task.model)
     mon = _MarksMonitor(marks)
     with tempfile.TemporaryDirectory() as tmp:
@@ -303,6 +306,10 @@ def loop_plainloop(
             progress_bar=True,
         )
         trainer = Trainer(cfg, task, log=lambda _s: None, monitor=mon)
+        if gpu_path:
+            trainer.opt.host_reads = (
+                False  # the guard's flag stays on the device, as on a GPU (test_engine.py)
+            )
         mon.trainer = trainer
         trainer.fit()
 

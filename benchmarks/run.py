@@ -10,7 +10,7 @@ Configurations (same model, same data, same optimizer AdamW(lr 1e-3, wd 0.01)):
                   that has it, fp16 on older GPUs, fp32 on a CPU), data cached and held on the device
   seed_loader     defaults, but the seed's data path: a DataLoader over the cached dataset with 8 workers,
                   pinned, persistent (device_cache off): defaults / seed_loader = the data path's share
-  tuned           defaults + torch.compile (--compile-mode) + a batch size found by utils.autotune
+  tuned           defaults + torch.compile (--compile-mode) + a batch size found by trainer.autobatch
   user_trainer    a user's own model (the seed's network, forward only: no `loss` method, so plainloop's
                   default MSE) through `trainer.Trainer` with defaults
   user_base       the same model through seed 000's door, `trainer.BaseTrainer(...).train()`
@@ -475,9 +475,10 @@ RUNNERS = {
 
 
 def autotune_batch(b: Bench) -> dict:
-    """Largest batch that fits (utils.autotune), capped so an epoch still has at least two steps."""
+    """Largest batch that fits (trainer.autobatch's search, from the preset's batch up), capped so an epoch
+    still has at least two steps."""
+    from trainer.autobatch import find_max_batch_size
     from trainer.setup import resolve_runtime
-    from utils.autotune import find_max_batch_size
 
     task = _build_task(b, False)
     rt = resolve_runtime("auto", str(b.device))
@@ -944,7 +945,7 @@ def setup_notes(b: Bench, configs: tuple[str, ...]) -> tuple[tuple[str, ...], li
         at = autotune_batch(b)
         b.tuned_batch = at["batch_size"]
         notes.append(
-            f"tuned: batch {b.tuned_batch} from utils.autotune (capped at {at['cap']} so an epoch has >= "
+            f"tuned: batch {b.tuned_batch} from trainer.autobatch (capped at {at['cap']} so an epoch has >= "
             f"2 steps), torch.compile mode {b.compile_mode!r}"
         )
     return configs, notes

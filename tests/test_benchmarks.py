@@ -265,9 +265,7 @@ def test_run_gpu_sh_tiny_mode_writes_every_quoted_figure(tmp_path):
     hc = json.loads((tmp_path / "out" / "host_cost_tiny.json").read_text())["summary"]["tiny"]
     assert hc["before"]["syncs_per_step"]["median"] == 1
     assert hc["plainloop_gpu_path"]["syncs_per_step"]["median"] == 0
-    assert (
-        hc["plainloop_gpu_path"]["ops_per_step"]["median"] < hc["plainloop"]["ops_per_step"]["median"]
-    )  # fused
+    assert hc["plainloop"]["syncs_per_step"]["median"] == 1  # on a CPU the guard's flag is read: free there
     for loop in hc.values():
         _positive_finite(loop["outside_ops_us_median"]["median"], "outside_ops_us")
     assert json.loads((tmp_path / "out" / "loop_overhead_tiny.json").read_text())["vs_hand"]["plainloop"] > 0
