@@ -592,7 +592,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--wait-load",
         type=float,
         default=0.0,
-        help="wait for a 1-minute load average below this first, at most an hour (default: 0 = do not wait)",
+        help="before each repetition, wait for a 1-minute load average below this, at most an hour in all "
+        "(default: 0 = do not wait)",
     )
     ap.add_argument(
         "--out", default=None, help="JSON path (default: benchmarks/results/host_cost_<cpu|gpu>.json)"
@@ -626,7 +627,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from datasets.era5 import default_cache_dir
 
     cache_dir = Path(a.cache_dir).expanduser() if a.cache_dir else default_cache_dir()
-    waited = wait_for_quiet(a.wait_load, 3600.0) if a.wait_load > 0 else None
+    waited: list[dict] = []
+    deadline = time.monotonic() + 3600.0
     seed_batch = a.seed_batch or (150 if device.type == "cuda" else 2)
     cfgs = {k: dict(CONFIGS[k]) for k in configs}
     for c in cfgs.values():
@@ -642,6 +644,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     load_start = loadavg()
     reps: dict[str, dict[str, list[dict]]] = {k: {lp: [] for lp in loops} for k in cfgs}
     for r in range(a.reps):
+        if a.wait_load > 0:  # each repetition starts on a quiet machine (at most an hour of waiting in all)
+            waited.append(wait_for_quiet(a.wait_load, max(0.0, deadline - time.monotonic())))
         for k, c in cfgs.items():
             for lp in loops:  # interleaved
                 batch = c["before_batch"] if lp == "before" else c["batch"]

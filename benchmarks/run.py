@@ -846,11 +846,14 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
         "--wait-load",
         type=float,
         default=0.0,
-        help="before starting, wait until the 1-minute load average is "
-        "below this (polling every 60 s, at most --wait-max seconds); 0 = do not wait (default: 0)",
+        help="before each repetition, wait until the 1-minute load average is below this (polling every 60 s, "
+        "at most --wait-max seconds in all); 0 = do not wait (default: 0)",
     )
     add(
-        "--wait-max", type=float, default=3600.0, help="longest wait for --wait-load, seconds (default: 3600)"
+        "--wait-max",
+        type=float,
+        default=3600.0,
+        help="longest wait for --wait-load in all, seconds (default: 3600)",
     )
     return ap, ap.parse_args(argv)
 
@@ -951,12 +954,18 @@ def setup_notes(b: Bench, configs: tuple[str, ...]) -> tuple[tuple[str, ...], li
     return configs, notes
 
 
-def run_reps(b: Bench, configs: tuple[str, ...], peak: dict) -> tuple[dict[str, list], dict]:
+def run_reps(
+    b: Bench, configs: tuple[str, ...], peak: dict, wait_load: float = 0.0, wait_max: float = 0.0
+) -> tuple[dict[str, list], dict, list]:
     """Interleaved repetitions (A B C A B C ...); the matmul peak is re-measured every repetition and the
-    best one is this device's peak (a shared machine can be slowed at any one moment)."""
+    best one is this device's peak (a shared machine can be slowed at any one moment). With `wait_load`,
+    each repetition first waits for the load average to drop below it (at most `wait_max` s in all)."""
     reps: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
-    peaks = [peak]
+    peaks, waits = [peak], []
+    deadline = time.monotonic() + wait_max
     for rep in range(b.p["reps"]):
+        if wait_load > 0:
+            waits.append(wait_for_quiet(wait_load, max(0.0, deadline - time.monotonic())))
         if rep:
             peaks.append(matmul_peak_flops(b.device))
         for c in configs:
@@ -970,7 +979,7 @@ def run_reps(b: Bench, configs: tuple[str, ...], peak: dict) -> tuple[dict[str, 
                 flush=True,
             )
     best = dict(max(peaks, key=lambda q: q["flops"]), measurements_tflops=[q["tflops"] for q in peaks])
-    return reps, best
+    return reps, best, waits
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -979,7 +988,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return rerender(Path(args.rerender))
     p, configs, device = resolve_settings(ap, args)
     env = environment(device)  # at the start: the commit that is measured, not one edited meanwhile
-    waited = wait_for_quiet(args.wait_load, args.wait_max) if args.wait_load > 0 else None
     t0 = time.perf_counter()
     cache_dir, data_path = prepare_data(ap, args, p)
     b = Bench(data_path, p, cache_dir, device, args.seed, args.compile_mode)
@@ -996,7 +1004,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     configs, notes = setup_notes(b, configs)
     load_start = loadavg()
-    reps, peak = run_reps(b, configs, peak)
+    reps, peak, waited = run_reps(b, configs, peak, args.wait_load, args.wait_max)
     result = {
         "schema": "plainloop-bench-run-2",
         "preset": args.preset,

@@ -254,8 +254,12 @@ def era5_grid(a: argparse.Namespace, sizes: dict[str, Any], cache_dir: Path, wor
     from datasets.era5_sample import ensure_sample_file, grid_coords
 
     out: dict[str, Any] = {"rows": [], "train": []}
+    from benchmarks.common import wait_for_quiet
+
     for layout in a.layouts:
         for years in sizes["years"]:
+            if a.wait_load > 0:  # each size starts on a quiet machine (at most an hour of waiting in all)
+                a.waited.append(wait_for_quiet(a.wait_load, max(0.0, a.deadline - time.monotonic())))
             t0 = time.perf_counter()
             f = ensure_sample_file(cache_dir, layout=layout, years=years, grid=sizes["grid"])
             row: dict[str, Any] = {
@@ -556,7 +560,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--wait-load",
         type=float,
         default=0.0,
-        help="wait for a 1-minute load average below this first (at most an hour; default: 0 = do not wait)",
+        help="before each size, wait for a 1-minute load average below this, at most an hour in all "
+        "(default: 0 = do not wait)",
     )
     ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/scaling_cpu.json)")
     ap.add_argument("--child", nargs=2, metavar=("KIND", "SPEC"), help=argparse.SUPPRESS)
@@ -564,7 +569,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.child:
         child(*a.child)
         return {}
-    from benchmarks.common import RESULTS_DIR, environment, loadavg, wait_for_quiet, write_result
+    from benchmarks.common import RESULTS_DIR, environment, loadavg, write_result
 
     sizes = dict(QUICK if a.quick else FULL)
     if a.quick:
@@ -593,7 +598,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     env = environment(torch.device("cpu"))  # at the start: the commit that is measured
-    waited = wait_for_quiet(a.wait_load, 3600.0) if a.wait_load > 0 else None
+    a.waited, a.deadline = [], time.monotonic() + 3600.0
     load_start = loadavg()
     with tempfile.TemporaryDirectory(dir=cache_dir if not a.quick else None) as work:
         era5 = era5_grid(a, sizes, cache_dir, Path(work)) if "era5" in parts else {"rows": [], "train": []}
@@ -604,7 +609,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "environment": env,
         "loadavg_start": load_start,
         "loadavg_end": loadavg(),
-        "waited_for_quiet": waited,
+        "waited_for_quiet": a.waited,
         "config": {
             "years": list(sizes["years"]),
             "grid": sizes["grid"],
