@@ -553,30 +553,38 @@ def _paired(a: list[dict[str, Any]], b: list[dict[str, Any]] | None) -> float | 
 
 
 def speedup_split(reps: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """plainloop defaults over Lightning (seed) as a product of shares, each a paired ratio of two rows that
-    differ in one thing: the loop (both on plainloop's data path), the data path, and precision."""
+    """plainloop defaults over Lightning (seed) as a product of shares, each a ratio of two rows (of the
+    medians, and paired): total = loop x Lightning's seed set-up, and the set-up = its data path and
+    schedule x its precision. Each entry says what differs between its two rows."""
     parts = {
         "total": ("defaults", "lightning", "plainloop defaults / Lightning (seed BaseTrainer)"),
-        "loop": ("defaults", "lightning_data", "the loop: both on plainloop's data path and precision"),
+        "loop": (
+            "defaults",
+            "lightning_data",
+            "the loop: both on plainloop's data path, precision and validation interval",
+        ),
         "lightning_data_path_and_precision": (
             "lightning_data",
             "lightning",
-            "Lightning on plainloop's data path and precision / Lightning as the seed",
+            "Lightning's seed set-up: 8-worker loader, validation every epoch, progress bar, torch's AdamW and "
+            "16-mixed (bf16 on a CPU) vs plainloop's data path, validation interval, AdamW and precision",
         ),
         "lightning_data_path": (
             "lightning_data",
             "lightning_fp32",
-            "the data path, in Lightning (both fp32): in-memory gather vs the seed's loader",
+            "the same without precision (both fp32): the seed's loader, validation every epoch, progress bar and "
+            "torch's AdamW vs plainloop's",
         ),
         "lightning_precision": (
             "lightning_fp32",
             "lightning",
-            "Lightning fp32 vs the seed's 16-mixed (bf16 on a CPU)",
+            "precision alone, in Lightning with the seed's set-up: 32 vs the seed's 16-mixed (bf16 on a CPU)",
         ),
         "data_path": (
             "defaults",
             "seed_loader",
-            "the data path, in plainloop: held in memory vs the seed's loader",
+            "the data path alone, in plainloop: held in memory vs the seed's loader (8 workers, pinned, "
+            "persistent)",
         ),
     }
     out: dict[str, Any] = {}
@@ -679,8 +687,7 @@ def render(result: dict[str, Any]) -> str:
     peak = result["peak"]
     head = (
         f"**{result['preset']}** preset on {env['device_name']} ({env['device']}), torch {env['torch']}, "
-        f"commit `{env['commit'][:12]}`, {env['time_utc']}, load average {fmt(result.get('loadavg_start', [None])[0], '.2f')} "
-        f"at the start. Grid {result['grid']}, {result['train_samples']} training samples, {result['reps']} "
+        f"commit `{env['commit'][:12]}`, {env['time_utc']}, {_loads(result)}. Grid {result['grid']}, {result['train_samples']} training samples, {result['reps']} "
         f"interleaved repetitions (ratios: of the medians, and in brackets the median of the per-repetition "
         f"ratios); measured {peak['dtype']} matmul peak {peak['tflops']:.2f} TFLOP/s (best of "
         f"{len(peak.get('measurements_tflops', [1]))} measurements); model "
@@ -748,11 +755,31 @@ def render(result: dict[str, Any]) -> str:
     parts = [head, table]
     if split_lines:
         parts.append(
-            "Where the speed-up over Lightning comes from (ratios of two rows that differ in one thing):\n\n"
+            "Where the speed-up over Lightning comes from (each a ratio of two rows; what differs is named):\n\n"
             + "\n".join(split_lines)
         )
     parts += [guide, ttable] + [f"- {n}" for n in result["notes"]]
     return "\n\n".join(parts) + "\n"
+
+
+def _loads(result: dict[str, Any]) -> str:
+    """The machine's load while measuring: at each repetition's start (when it waited for quiet) and per row."""
+    per_row = [
+        r["loadavg_1m"]
+        for rs in result["repetitions"].values()
+        for r in rs
+        if r.get("loadavg_1m") is not None
+    ]
+    out = (
+        f"1-minute load average {min(per_row):.1f}–{max(per_row):.1f} after the rows"
+        if per_row
+        else "load not recorded"
+    )
+    waits = [w for w in result.get("waited_for_quiet") or [] if w.get("loadavg")]
+    if waits:
+        starts = ", ".join(f"{w['loadavg'][0]:.1f}" for w in waits)
+        out += f" (repetitions started at {starts}; each waited for < {waits[0]['max_load']:g})"
+    return out
 
 
 def _dur(s: float | None) -> str:
