@@ -19,8 +19,9 @@ and each loop, steps are timed between per-step marks, three ways, repetitions i
                  CUDA run only calls on CUDA tensors are counted (each is a host-device sync); on a CPU run
                  every call is counted: each would be a sync if its tensor lived on a GPU (the callers are
                  listed in the JSON).
-Medians over the steps inside an epoch are reported per step; "per step incl. epoch ends" divides the totals
-of all timed steps (epoch ends: checkpoint, log point, new iterator) by their number.
+Medians over the steady steps (neither the first nor the last of an epoch) are reported per step; "incl. epoch
+ends" divides the totals of all timed steps (the epoch-end log point, checkpoint, validation, new iterator)
+by their number. Every step's raw figures are in the JSON.
 
 Loops (same model, same data held in memory, same batch, AdamW):
   before          the seed loop's habits: DataLoader(num_workers=0) with per-sample __getitem__ + collate over
@@ -379,9 +380,12 @@ RUNNERS: dict[str, Callable[..., None]] = {
 
 # ------------------------------------------------------------------------------------------ measurement
 def _window(marks: Marks) -> list[tuple[int, bool]]:
-    """(index of the step's closing mark, inside an epoch?) for every timed step."""
+    """(index of the step's closing mark, steady?) for every timed step. A step is steady when it is neither
+    the first of its epoch (new iterator, the previous epoch's checkpoint and validation) nor the last (the
+    loop's epoch-end log point)."""
     lo, hi = marks.warmup, min(len(marks.times), marks.warmup + marks.steps)
-    return [(k, not marks.last_in_epoch[k - 1]) for k in range(max(lo, 1), hi)]
+    last = marks.last_in_epoch
+    return [(k, not last[k - 1] and not last[k]) for k in range(max(lo, 1), hi)]
 
 
 def timed_pass(run: Callable[..., None], args: tuple, device: torch.device, warmup: int, steps: int) -> dict:
@@ -396,6 +400,7 @@ def timed_pass(run: Callable[..., None], args: tuple, device: torch.device, warm
     inner = [i for i, (_, ok) in enumerate(win) if ok] or list(range(len(win)))
     n = len(win)
     return {
+        "steps_raw": {"wall_s": walls, "syncs": syncs, "steady": [ok for _, ok in win]},
         "step_us_median": 1e6 * stats([walls[i] for i in inner])["median"],
         "step_us_incl_epoch_ends": 1e6 * sum(walls) / n,
         "syncs_per_step": stats([syncs[i] for i in inner])["median"],
@@ -403,7 +408,7 @@ def timed_pass(run: Callable[..., None], args: tuple, device: torch.device, warm
         "host_reads_per_step": sum(counter.calls.values()) / n,
         "sync_callers": dict(counter.calls.most_common(16)),
         "timed_steps": n,
-        "steps_inside_epoch": sum(ok for _, ok in win),
+        "steady_steps": sum(ok for _, ok in win),
     }
 
 
@@ -457,6 +462,13 @@ def profiled_pass(
         return stats([f(k) for k in inner])["median"]
 
     out = {
+        "profiled_steps_raw": {
+            "wall_us": [wall[k] for k, _ in win],
+            "in_ops_us": [per[k]["in_ops_us"] for k, _ in win],
+            "ops": [per[k]["ops"] for k, _ in win],
+            "outer_ops": [per[k]["outer_ops"] for k, _ in win],
+            "steady": [ok for _, ok in win],
+        },
         "profiled_step_us_median": med(lambda k: wall[k]),
         "ops_per_step": med(lambda k: per[k]["ops"]),
         "outer_ops_per_step": med(lambda k: per[k]["outer_ops"]),
@@ -498,7 +510,7 @@ def render(result: dict[str, Any]) -> str:
     head = (
         f"Host cost per training step on {env['device_name']} ({env['device']}), torch {env['torch']}, commit "
         f"`{env['commit'][:12]}`, {env['time_utc']}, load average {fmt((result['loadavg_start'] or [None])[0], '.2f')} "
-        f"at the start; {result['config']['reps']} interleaved repetitions; medians per step inside an epoch, "
+        f"at the start; {result['config']['reps']} interleaved repetitions; medians over the steady steps, "
         f"(min–max) over the repetitions; {result['config']['torch_threads']} torch thread(s). Command: "
         f"`{result['command']}`."
     )
