@@ -385,7 +385,8 @@ def run_base_trainer_config(b: Bench, name: str) -> dict[str, Any]:
 
     probe = _build_task(b, False).train_set
     W, E, batch = b.p["warmup_epochs"], b.p["epochs"], b.p["batch"]
-    mon = _monitor(b.device, batch)  # started around train(): RSS and GPU utilisation, not step timing
+    mon = _monitor(b.device, batch)
+    lines: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         bt = BaseTrainer(
             "user_model",
@@ -409,12 +410,10 @@ def run_base_trainer_config(b: Bench, name: str) -> dict[str, Any]:
                 "split_ratio": (0.8, 0.1, 0.1),
             },
             model_params=_user_model_params(b, probe.width, probe.height),
+            monitor=mon,
+            log=lines.append,
         )
-        if mon is not None:
-            mon.start_monitoring()
         bt.train()
-        if mon is not None:
-            mon.stop_monitoring()
         r = epochs_from_metrics(Path(bt.trainer.run_dir) / "metrics.jsonl", W, E, batch, name)
         precision = bt.summary["precision"]
     extra = {"batch_size": batch, "precision": precision, "epochs_timed": E}
