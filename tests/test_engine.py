@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-import trainer.loop as loop_mod
+import trainer.build as build_mod
 from trainer.checkpoint import CheckpointError, atomic_save, load_checkpoint
 from trainer.config import TrainConfig
 from trainer.data import ShardedBatchSampler, loader_settings, to_device
@@ -118,7 +118,7 @@ def test_training_writes_run_directory(tmp_path):
     assert all(r["loss"] > 0 for r in rows if r["kind"] == "train")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["samples_per_s"] > 0 and 0 <= summary["step_time_s"]["data_wait_frac"] <= 1
-    assert "val_loss" in summary["final_metrics"] and summary["verdict"]["verdict"]
+    assert "val_loss" in summary["final_metrics"] and summary["skipped_steps"] == 0
     assert {"requested", "effective", "runtime"} <= set(json.loads((run / "config.json").read_text()))
     assert (run / "checkpoints" / "last.pt").is_file() and (run / "checkpoints" / "best.pt").is_file()
     assert s["steps"] == 3 * (N // 32)
@@ -149,9 +149,9 @@ def test_clipping_bounds_the_update(tmp_path, algo):
                 make_task(val=False))
     batch = next(iter(t.loader))
     t.forward_backward(batch, 1)
-    grads_before = [p.grad.clone() for p in t.params]
-    t.scaler.unscale_ = lambda opt: None  # fp32: nothing to unscale; keep the call harmless
-    norm = t.optimizer_step(want_norm=True)
+    grads_before = [p.grad.clone() for p in t.opt.params]
+    norm, found = t.opt.step(want_norm=True)
+    assert float(found) == 0
     assert max(g.abs().max() for g in grads_before) > 1e-3  # clipping had something to do
     if algo == "norm":
         assert norm is not None and float(norm) > 1e-3
@@ -159,36 +159,39 @@ def test_clipping_bounds_the_update(tmp_path, algo):
 
 def test_fp16_scaler_skips_step_and_schedule_on_inf(tmp_path, monkeypatch):
     """fp16 with a GradScaler: an inf gradient skips optimizer.step() and the schedule does not advance."""
-    monkeypatch.setattr(loop_mod, "resolve_runtime",
+    monkeypatch.setattr(build_mod, "resolve_runtime",
                         lambda *a, **k: Runtime(torch.device("cpu"), "16-mixed", torch.float16))
     t = Trainer(cfg(tmp_path, warmup_steps=10, gradient_clip_val=1.0), make_task(val=False))
-    assert t.use_scaler and t.scheduler.on_device
-    t.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)  # a scale at which this toy's fp16 backward does not overflow by itself
+    assert t.opt.fp16
+    # a scale at which this toy's fp16 backward does not overflow by itself
+    t.opt.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     batch = next(iter(t.loader))
     before = weights(t.raw_model)
     lr0 = t.scheduler.current_lr()
-    scale0 = t.scaler.get_scale()
+    scale0 = t.opt.scaler.get_scale()
     t.forward_backward(batch, 1)
-    t.params[0].grad[0, 0] = float("inf")  # the fake overflow
-    t.optimizer_step(want_norm=False)
+    t.opt.params[0].grad[0, 0] = float("inf")  # the fake overflow
+    t.opt.step(want_norm=False)
     assert all(torch.equal(p, q) for p, q in zip(before, weights(t.raw_model)))
-    assert float(t.scheduler.steps) == 0 and t.scheduler.current_lr() == lr0
-    assert t.scaler.get_scale() == scale0 / 2
+    assert t.scheduler.steps == 0 and t.scheduler.current_lr() == lr0
+    assert t.opt.scaler.get_scale() == scale0 / 2
+    assert t.opt.skip_counts() == (1, 1)
     t.forward_backward(batch, 1)
-    t.optimizer_step(want_norm=False)
-    assert float(t.scheduler.steps) == 1 and t.scheduler.current_lr() > lr0
+    t.opt.step(want_norm=False)
+    assert t.opt.skip_counts() == (1, 0)
+    assert t.scheduler.steps == 1 and t.scheduler.current_lr() > lr0
     assert not all(torch.equal(p, q) for p, q in zip(before, weights(t.raw_model)))
 
 
 def test_static_loss_scale_is_kept(tmp_path, monkeypatch):
-    monkeypatch.setattr(loop_mod, "resolve_runtime",
+    monkeypatch.setattr(build_mod, "resolve_runtime",
                         lambda *a, **k: Runtime(torch.device("cpu"), "16-mixed", torch.float16))
     t = Trainer(cfg(tmp_path, loss_scale=256.0, max_steps=3), make_task(val=False))
     batch = next(iter(t.loader))
     t.forward_backward(batch, 1)
-    t.params[0].grad[0, 0] = float("nan")
-    t.optimizer_step(want_norm=False)
-    assert t.scaler.get_scale() == 256.0
+    t.opt.params[0].grad[0, 0] = float("nan")
+    t.opt.step(want_norm=False)
+    assert t.opt.scaler.get_scale() == 256.0
 
 
 class SyncCounter:
@@ -217,19 +220,43 @@ class SyncCounter:
         return wrapper
 
 
+class FusedToy(nn.Sequential):
+    """A model with its own fused AdamW: the optimizer the loop uses on a GPU, here on the CPU."""
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3, fused=True)
+
+
 def test_sync_rule_only_at_log_points(tmp_path, monkeypatch):
-    """200 steps with log_every 50: at most a handful of host syncs per log point, none in between."""
+    """200 steps with log_every 50: at most a handful of host syncs per log point, none in between.
+
+    The model's optimizer is fused, as plainloop's AdamW is on a GPU, so the non-finite guard decides on the
+    device too (trainer/step.py step_unless)."""
     x, y = make_data(200 * 8)
     torch.manual_seed(0)
-    task = Task("toy", nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)), TensorDataset(x, y))
+    task = Task("toy", FusedToy(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)), TensorDataset(x, y))
     t = Trainer(cfg(tmp_path, epochs=1, batch_size=8, log_every=50, norm_every=100, gradient_clip_val=1.0,
                     validation_interval=100), task)
     counter = SyncCounter(monkeypatch)
     t.fit()
     assert t.step == 200
     log_points = 200 // 50
-    assert sum("item" in c for c in counter.calls) >= log_points  # the counter sees the loss read-backs
+    # the counter sees the loss read-backs (one tolist per log point, the skip counters riding along)
+    assert sum(c.startswith("tolist trainer/loop.py") for c in counter.calls) == log_points
     assert len(counter.calls) <= 3 * log_points, counter.calls
+
+
+def test_guard_reads_the_flag_on_the_host_only_for_a_non_fused_optimizer_on_cpu(tmp_path, monkeypatch):
+    """CPU + single-tensor AdamW: the guard's flag is read once per step (free on a CPU), nothing else."""
+    x, y = make_data(40 * 8)
+    torch.manual_seed(0)
+    task = Task("toy", nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)), TensorDataset(x, y))
+    t = Trainer(cfg(tmp_path, epochs=1, batch_size=8, log_every=20, validation_interval=100), task)
+    counter = SyncCounter(monkeypatch)
+    t.fit()
+    per_step = [c for c in counter.calls if c.startswith("item trainer/step.py")]
+    assert len(per_step) == 40
+    assert len(counter.calls) - len(per_step) <= 3 * 2, counter.calls
 
 
 # ---------------------------------------------------------------- checkpoints and resume

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .config import TrainConfig, default_num_workers
+from .config import TrainConfig, default_num_workers, usable_cpus
 
 
 class ShardedBatchSampler:
@@ -110,6 +110,9 @@ def loader_settings(cfg: TrainConfig, device: torch.device, world_size: int = 1)
     if workers is None:
         workers = default_num_workers(world_size)
         notes.append(f"num_workers: auto -> {workers}")
+    elif workers * world_size > usable_cpus():
+        notes.append(f"num_workers: {workers} per process x {world_size} process(es) is more than the "
+                     f"{usable_cpus()} usable CPU cores; workers will compete with the training process")
     pin = cfg.pin_memory
     if pin and device.type != "cuda":
         pin = False
@@ -129,22 +132,39 @@ def loader_settings(cfg: TrainConfig, device: torch.device, world_size: int = 1)
     return kw, notes
 
 
-def build_loader(dataset: Dataset, batch_sampler: Any, cfg: TrainConfig, device: torch.device,
-                 loader_kw: dict[str, Any], collate_fn: Any = None) -> Any:
+def split_batch(batch: Any, k: int) -> list[Any]:
+    """A nested batch cut into k micro-batches along the first dimension (for the OOM fallback)."""
+    if isinstance(batch, torch.Tensor):
+        return list(batch.tensor_split(k))
+    if isinstance(batch, dict):
+        parts = {key: split_batch(v, k) for key, v in batch.items()}
+        return [{key: parts[key][i] for key in batch} for i in range(k)]
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        cols = [split_batch(v, k) for v in batch]
+        return [type(batch)(*(c[i] for c in cols)) for i in range(k)]
+    if isinstance(batch, list | tuple):
+        cols = [split_batch(v, k) for v in batch]
+        return [type(batch)(c[i] for c in cols) for i in range(k)]
+    return [batch] * k
+
+
+def build_loader(dataset: Dataset, batch_sampler: Any, device: torch.device, loader_kw: dict[str, Any],
+                 collate_fn: Any = None, on_device: bool = False) -> Any:
     """A DataLoader over `dataset`, or device-resident batches when the dataset is held on the device."""
-    if getattr(dataset, "_plainloop_on_device", False):
+    if on_device:
         return DeviceBatches(dataset, batch_sampler, device)
     return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=collate_fn, **loader_kw)
 
 
-def try_device_cache(dataset: Dataset | None, cfg: TrainConfig, device: torch.device) -> bool:
-    """Put a dataset that supports it (gather + maybe_to_device) on the device; True if it now lives there."""
-    if dataset is None or not (hasattr(dataset, "gather") and hasattr(dataset, "maybe_to_device")):
-        return False
-    if cfg.device_cache is False:
+def is_resident_capable(dataset: Any) -> bool:
+    """The device-resident protocol: `maybe_to_device(device) -> bool` and `gather(index_tensor) -> batch`."""
+    return dataset is not None and hasattr(dataset, "gather") and hasattr(dataset, "maybe_to_device")
+
+
+def place_on_device(dataset: Dataset | None, cfg: TrainConfig, device: torch.device) -> bool:
+    """Ask a dataset that speaks the protocol to hold itself on the device; True if it now serves from there."""
+    if not is_resident_capable(dataset) or cfg.device_cache is False:
         return False
     if cfg.device_cache is not None and hasattr(dataset, "device_cache"):
-        dataset.device_cache = cfg.device_cache  # the run's setting wins over the dataset's own
-    on = bool(dataset.maybe_to_device(device))
-    dataset._plainloop_on_device = on  # type: ignore[attr-defined]
-    return on
+        dataset.device_cache = cfg.device_cache  # the run's setting wins over the dataset's own (public) knob
+    return bool(dataset.maybe_to_device(device))

@@ -82,7 +82,7 @@ class WarmupCosine:
         self._apply()
 
     def state_dict(self) -> dict:
-        return {"steps": self.steps, "base_lrs": self.base_lrs}
+        return {"steps": self.steps, "base_lrs": self.base_lrs, "total_steps": self.total_steps}
 
     def load_state_dict(self, state: dict) -> None:
         self.base_lrs = list(state["base_lrs"])

@@ -1,7 +1,10 @@
 """What the loop trains: a task bundles model, data, loss and evaluation.
 
-The loop in `trainer/loop.py` knows nothing about SST or re-identification; a task hands it
-these pieces. Builders for the built-in tasks live in `trainer/tasks.py`.
+The loop in `trainer/loop.py` knows nothing about SST or re-identification; a task hands it these pieces.
+The built-in tasks live outside the engine, in `tasks/`.
+
+Data held on the device: a dataset that has `maybe_to_device(device) -> bool` and `gather(index_tensor) ->
+batch` is offered residency (see `trainer/data.py` `place_on_device`); the trainer keeps the answer itself.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -18,6 +22,8 @@ from torch.utils.data import Dataset
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 # evaluate_fn(model, split, device) -> {"metric": float, ...}; split is "val" or "test".
 EvaluateFn = Callable[[nn.Module, str, torch.device], dict[str, float]]
+# step_metrics_fn() -> {"name": 0-dim device tensor}: read back at NORM_EVERY points with the grad norm.
+StepMetricsFn = Callable[[], dict[str, torch.Tensor]]
 # batch_sampler_fn(dataset, batch_size, seed, rank, world_size, drop_last) -> a batch sampler
 # with set_epoch / state_dict / load_state_dict (see trainer/data.py for the default one).
 BatchSamplerFn = Callable[..., Any]
@@ -30,12 +36,45 @@ class Task:
     train_set: Dataset
     val_set: Dataset | None = None
     test_set: Dataset | None = None
-    loss_fn: LossFn | None = None  # None: model.loss(model(x), y) if it exists, else MSE over finite y
+    loss_fn: LossFn | None = None  # None: model.loss(model(x), y) if it exists, else MSE (masked if y has NaN)
     evaluate_fn: EvaluateFn | None = None  # None: mean loss over val_set
     batch_sampler_fn: BatchSamplerFn | None = None  # None: plainloop's shuffling (distributed) sampler
     collate_fn: Callable | None = None
     monitor_metric: str = "val_loss"  # metric that picks best.pt
     monitor_mode: str = "min"  # "min" or "max"
+    step_metrics: StepMetricsFn | None = None  # extra device scalars read at NORM_EVERY (e.g. feature norm)
     flops_per_sample: float | None = None  # forward+backward FLOPs, for MFU in benchmarks
     info: dict[str, Any] = field(default_factory=dict)  # printed once and written to summary.json
     artifacts: dict[str, Any] = field(default_factory=dict)  # filled by evaluate_fn; dicts of arrays -> run_dir/*.npz
+
+
+def _inner(model: nn.Module) -> nn.Module:
+    inner = getattr(model, "module", model)  # DDP
+    return getattr(inner, "_orig_mod", inner)  # torch.compile
+
+
+def mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    """(x, y) batches: the model's own loss(pred, y) if it has one, else plain MSE."""
+    pred = model(batch[0])
+    inner = _inner(model)
+    return inner.loss(pred, batch[1]) if hasattr(inner, "loss") else F.mse_loss(pred, batch[1])
+
+
+def masked_mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    """MSE over the finite targets only (land cells, missing labels); no host sync to learn how many."""
+    x, y = batch[0], batch[1]
+    pred = model(x)
+    inner = _inner(model)
+    if hasattr(inner, "loss"):
+        return inner.loss(pred, y)
+    finite = torch.isfinite(y)
+    diff = torch.where(finite, pred.float() - torch.nan_to_num(y.float()), torch.zeros((), device=y.device))
+    return (diff**2).sum() / finite.sum().clamp_min(1)
+
+
+def pick_default_loss(first_batch: Any) -> tuple[LossFn, str | None]:
+    """Plain MSE, or the masked one when the first batch's targets hold NaN (one look, at start-up)."""
+    y = first_batch[1] if isinstance(first_batch, list | tuple) and len(first_batch) > 1 else None
+    if isinstance(y, torch.Tensor) and y.is_floating_point() and not bool(torch.isfinite(y).all()):
+        return masked_mse_loss, "loss: targets hold NaN/inf, so the default MSE is taken over finite targets only"
+    return mse_loss, None

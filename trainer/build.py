@@ -1,0 +1,286 @@
+"""Everything the loop needs before its first step, and the files it leaves: set-up, checkpoints, summary.
+
+Decided once, reported in one line each (rule 8 of ENGINEERING.md): data placement and loader settings,
+model and optimizer, schedule, precision, resume.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .checkpoint import atomic_save, load_checkpoint
+from .data import ShardedBatchSampler, build_loader, loader_settings, place_on_device
+from .evaluation import BestTracker
+from .hooks import call
+from .optim import WarmupCosine, build_adamw, scaled_lr
+from .options import write_config_file
+from .runfiles import RunDirError, RunFiles, claim_run_dir
+from .setup import resolve_runtime, rng_state, seed_everything, set_rng_state
+from .step import OptimizerStep
+from .task import pick_default_loss
+
+
+class ResumeError(ValueError):
+    """A checkpoint that cannot continue this run (other model shapes, another task)."""
+
+
+def build_run(t: Any) -> None:
+    """Set up trainer `t`: runtime, data, model, optimizer, schedule, and the resumed state."""
+    cfg, task = t.cfg, t.task
+    t.rt = rt = resolve_runtime(cfg.precision, cfg.device, cfg.tf32, cfg.cudnn_benchmark)
+    seed_everything(cfg.seed)
+    t.notes = list(rt.notes)
+    if t.requested.baseline:
+        t.notes.append("baseline: fp32, num_workers=0, no pinning, .item() every step, validate every epoch")
+    t.run_dir, t._last_val_step, t.last_row = None, -1, {}
+
+    # data: on the device when the dataset speaks the residency protocol and fits, else a DataLoader
+    t.on_device = place_on_device(task.train_set, cfg, rt.device)
+    t.resident = {id(task.train_set)} if t.on_device else set()
+    t.loader_kw = {}
+    if t.on_device:
+        for ds in (task.val_set, task.test_set):
+            if place_on_device(ds, cfg, rt.device):
+                t.resident.add(id(ds))
+        t.notes.append(f"data: held on {rt.device.type}, batches gathered there (no loader workers)")
+        if cfg.num_workers:
+            t.notes.append(f"num_workers={cfg.num_workers}, prefetch_factor and persistent_workers are not used: "
+                           f"the data is held on {rt.device.type}; --device_cache off brings the loader back")
+    else:
+        t.loader_kw, notes = loader_settings(cfg, rt.device, rt.world_size)
+        t.notes += notes
+    if task.batch_sampler_fn is not None:
+        t.sampler = task.batch_sampler_fn(task.train_set, cfg.batch_size, cfg.seed, rt.rank, rt.world_size,
+                                          cfg.drop_last)
+    else:
+        t.sampler = ShardedBatchSampler(len(task.train_set), cfg.batch_size, seed=cfg.seed, rank=rt.rank,
+                                        world_size=rt.world_size, drop_last=cfg.drop_last)
+    kw = {} if t.on_device else dict(t.loader_kw, generator=torch.Generator().manual_seed(cfg.seed + rt.rank))
+    t.loader = build_loader(task.train_set, t.sampler, rt.device, kw, task.collate_fn, t.on_device)
+    t.batches_per_epoch = len(t.sampler)
+    t.steps_per_epoch = math.ceil(t.batches_per_epoch / cfg.accumulate_grad_batches)
+    t.total_steps = cfg.max_steps or cfg.epochs * t.steps_per_epoch
+    t.max_epochs = math.ceil(t.total_steps / t.steps_per_epoch)
+
+    # model, loss, optimizer, schedule, scaler
+    t.model = t.raw_model = task.model.to(rt.device)
+    t.loss_fn = task.loss_fn
+    if t.loss_fn is None:
+        t.loss_fn, note = pick_default_loss(_first_sample(task.train_set))
+        if note:
+            t.notes.append(note)
+    fp16 = rt.amp_dtype == torch.float16
+    t.global_batch = cfg.batch_size * cfg.accumulate_grad_batches * rt.world_size
+    if hasattr(t.raw_model, "configure_optimizers"):
+        optimizer = t.raw_model.configure_optimizers()
+        tensor_lr = isinstance(optimizer.param_groups[0]["lr"], torch.Tensor)
+        if rt.device.type == "cuda" and not tensor_lr:
+            t.notes.append("schedule: the model's own optimizer has a float lr, so a skipped step still advances "
+                           "the schedule")
+    else:
+        base_lr = getattr(t.raw_model, "learning_rate", None) or cfg.lr
+        lr = scaled_lr(base_lr, t.global_batch, cfg.ref_batch_size, cfg.lr_scaling)
+        if lr != base_lr:
+            t.notes.append(f"lr: {base_lr:.3g} -> {lr:.3g} ({cfg.lr_scaling} scaling, batch {cfg.ref_batch_size} "
+                           f"-> {t.global_batch})")
+        # a device-side schedule never needs to ask whether a step was skipped (CUDA, and fp16 anywhere)
+        tensor_lr = rt.device.type == "cuda" or fp16
+        optimizer = build_adamw(t.raw_model, lr, cfg.weight_decay, rt.device, tensor_lr)
+    t.warmup_steps = cfg.warmup_steps if cfg.warmup_steps is not None else min(500, int(0.05 * t.total_steps))
+    t.scheduler = WarmupCosine(optimizer, t.total_steps, t.warmup_steps, cfg.min_lr_ratio, on_device=tensor_lr)
+    t.optimizer = optimizer
+    t.opt = OptimizerStep(optimizer, t.scheduler, rt.device, fp16, cfg.scale_value(), cfg.gradient_clip_val,
+                          cfg.gradient_clip_algorithm)
+    if fp16 and cfg.scale_value():
+        t.notes.append(f"loss scale: static {cfg.scale_value():g}")
+    t.best = BestTracker(task.monitor_metric, task.monitor_mode)
+    t._amp = rt.amp_dtype is not None
+
+    if cfg.resume:
+        load_checkpoint_into(t, Path(cfg.resume))
+    if rt.distributed:
+        t.model = DDP(t.model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
+    if cfg.compile_model:
+        t.model = torch.compile(t.model, mode=cfg.compile_mode)
+        t.notes.append(f"compile: torch.compile(mode={cfg.compile_mode!r}); the first steps include compiling")
+
+
+def _first_sample(ds: Any) -> Any:
+    try:
+        sample = ds[0]
+    except Exception:  # an iterable or lazily opened dataset: no peek, plain MSE
+        return None
+    if isinstance(sample, list | tuple) and len(sample) > 1 and isinstance(sample[1], torch.Tensor):
+        return sample
+    return None
+
+
+# ------------------------------------------------------------------ checkpoints
+def state_of(t: Any) -> dict[str, Any]:
+    return {
+        "model": t.raw_model.state_dict(),
+        "optimizer": t.optimizer.state_dict(),
+        "scheduler": t.scheduler.state_dict(),
+        "opt_step": t.opt.state_dict(),
+        "epoch": t.epoch,
+        "step": t.step,
+        "batches_done": t.batches_done,
+        "sampler": {**t.sampler.state_dict(), "epoch": t.epoch, "batches_done": t.batches_done},
+        "best": t.best.state_dict(),
+        "rng": rng_state(),
+        "config": t.cfg.to_dict(),
+        "task": t.task.name,
+        "format": "plainloop-2",
+    }
+
+
+def save_checkpoint(t: Any, name: str) -> None:
+    """Write checkpoints/<name> atomically, refusing non-finite weights (they would poison a resume)."""
+    params = dict(t.raw_model.named_parameters())
+    finite = torch.stack([torch.isfinite(p).all() for p in params.values()]) if params else torch.ones(1, dtype=bool)
+    if not bool(finite.all()):  # note: sync point (checkpoint)
+        bad = [n for n, ok in zip(params, finite.tolist()) if not ok]
+        raise RunDirError(f"refusing to write {name}: parameter(s) {bad[:5]} are not finite; the previous "
+                          f"checkpoint in {t.run_dir / 'checkpoints'} is kept")
+    path = atomic_save(state_of(t), t.run_dir / "checkpoints" / name)
+    if name == "best.pt":
+        t.files.write_json("best.json", {"metric": t.best.metric, "value": t.best.best, "step": t.step,
+                                         "epoch": t.epoch})
+    call(t.callbacks, "on_log", t, {"kind": "checkpoint", "name": name, "step": t.step, "path": str(path)})
+
+
+def load_checkpoint_into(t: Any, path: Path, weights_only: bool = False) -> None:
+    """Restore a checkpoint (or a run directory's last.pt) into trainer `t`; weights only for test_with_best."""
+    ckpt = load_checkpoint(path, map_location=t.rt.device)
+    model = t.raw_model
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        shapes = [line.strip() for line in str(e).splitlines() if "size mismatch" in line or "Missing" in line
+                  or "Unexpected" in line]
+        raise ResumeError(f"{path}: its weights do not fit this model; the run that wrote it used other model "
+                          f"settings. Differences: {'; '.join(shapes[:6]) or str(e)[:300]}. Resume with the run's "
+                          f"own settings (--resume RUN_DIR alone restores them).") from None
+    if weights_only:
+        return
+    if ckpt.get("task") not in (None, t.task.name):
+        raise ResumeError(f"{path} is a checkpoint of task {ckpt['task']!r}, not {t.task.name!r}")
+    t.optimizer.load_state_dict(ckpt["optimizer"])
+    t.scheduler.load_state_dict(ckpt["scheduler"])
+    if "opt_step" in ckpt:
+        t.opt.load_state_dict(ckpt["opt_step"])
+    else:  # plainloop-1 checkpoints kept the scaler at the top level
+        t.opt.scaler.load_state_dict(ckpt["scaler"])
+    t.epoch, t.step, t.batches_done = int(ckpt["epoch"]), int(ckpt["step"]), int(ckpt["batches_done"])
+    best = ckpt.get("best")
+    t.best.load_state_dict(best if isinstance(best, dict) else {"best": best})
+    set_rng_state(ckpt["rng"])
+    run_dir = path if path.is_dir() else path.parent.parent
+    if (run_dir / "checkpoints").is_dir():
+        t.run_dir = run_dir
+        _read_best_json(t, run_dir)
+    old = ckpt.get("config", {})
+    for k in ("batch_size", "accumulate_grad_batches", "seed"):
+        if k in old and old[k] != getattr(t.cfg, k):
+            t.notes.append(f"resume: {k} was {old[k]} in the checkpoint, now {getattr(t.cfg, k)}; the run will not "
+                           f"match an uninterrupted one")
+    old_total = ckpt["scheduler"].get("total_steps")
+    if old_total is not None and int(old_total) != t.total_steps:
+        t.notes.append(f"schedule: the run now has {t.total_steps} optimizer steps (was {old_total}); warm-up and "
+                       f"cosine are recomputed for the new length and continue from step {t.step}")
+    if t.step >= t.total_steps:
+        raise ResumeError(f"{path} is already at step {t.step} of {t.total_steps}: nothing left to train. Give more "
+                          f"--epochs or --max_steps to extend it")
+    t.notes.append(f"resume: {path} at epoch {t.epoch}, step {t.step}"
+                   + (f", batch {t.batches_done} of the epoch" if t.batches_done else ""))
+
+
+def _read_best_json(t: Any, run_dir: Path) -> None:
+    """best.pt may be newer than last.pt (validation runs after the epoch checkpoint): its value wins."""
+    import json
+
+    try:
+        v = json.loads((run_dir / "best.json").read_text(encoding="utf-8")).get("value")
+    except (OSError, ValueError):
+        return
+    if v is not None and v != t.best.best:
+        t.best.best, t.best.stale = float(v), 0
+
+
+# ------------------------------------------------------------------ run directory and summary
+def open_run_dir(t: Any) -> RunFiles | None:
+    """Claim (or, resuming, reuse) the run directory; write config.json and config.toml; start callbacks."""
+    cfg, rt = t.cfg, t.rt
+    if t.run_dir is None:
+        if rt.is_main:
+            t.run_dir, note = claim_run_dir(cfg.output_dir, cfg.run_name, t.task.name)
+            if note:
+                t.notes.append(note)
+        if rt.distributed:  # every rank must agree on one directory
+            box = [t.run_dir]
+            dist.broadcast_object_list(box, src=0)
+            t.run_dir = box[0]
+    if not rt.is_main:
+        return None
+    files = RunFiles(Path(t.run_dir), t.callbacks, t)
+    if files.removed:
+        t.notes.append(f"removed {len(files.removed)} temp file(s) left by an interrupted write")
+    resolved = {**t.requested.to_dict(), "precision": rt.precision, "num_workers": t.loader_kw.get("num_workers", 0),
+                "warmup_steps": t.warmup_steps, "resume": None}
+    files.write_json("config.json", {"requested": t.requested.to_dict(),
+                                     "effective": {**t.cfg.to_dict(), **{k: resolved[k] for k in
+                                                                         ("precision", "num_workers", "warmup_steps")}},
+                                     "runtime": {"device": str(rt.device), "precision": rt.precision,
+                                                 "world_size": rt.world_size, "notes": t.notes},
+                                     "task": {"name": t.task.name, **t.task.info}})
+    write_config_file(Path(t.run_dir) / "config.toml", {**t.config_sections, "train": resolved},
+                      f"Resolved configuration of this run: re-run it with\n"
+                      f"python train_optimized.py --config {Path(t.run_dir) / 'config.toml'}")
+    call(t.callbacks, "on_fit_start", t)
+    return files
+
+
+def summary_of(t: Any, train_time: float, val: dict[str, float], test: dict[str, float]) -> dict[str, Any]:
+    st, mon = t.stats, t.monitor.get_summary()
+    peak = torch.cuda.max_memory_allocated(t.rt.device) / 2**20 if t.rt.device.type == "cuda" else None
+    skipped = t.opt.skip_counts()[0]
+    summary: dict[str, Any] = {
+        "task": t.task.name, "run_dir": str(t.run_dir), "device": str(t.rt.device), "precision": t.rt.precision,
+        "world_size": t.rt.world_size, "steps": t.step, "epochs": t.epoch, "skipped_steps": skipped,
+        "train_time_s": train_time,
+        "samples_per_s": st["samples"] * t.rt.world_size / st["iter_s"] if st["iter_s"] else None,
+        "step_time_s": {"mean": st["iter_s"] / st["iters"] if st["iters"] else None,
+                        "data_wait_frac": st["data_s"] / st["iter_s"] if st["iter_s"] else None},
+        "peak_memory_mb": peak,
+        "final_metrics": {**val, **test},
+        "best": {t.best.metric: t.best.best},
+        "monitor": mon,
+        "notes": t.notes,
+        "info": t.task.info,
+    }  # fmt: skip
+    if "scores" in t.task.artifacts:
+        summary["test_scores"] = t.task.artifacts["scores"]
+    if t.rt.is_main:
+        import numpy as np
+
+        for name, arrays in t.task.artifacts.items():
+            if isinstance(arrays, dict) and arrays and all(hasattr(v, "shape") for v in arrays.values()):
+                np.savez(Path(t.run_dir) / f"{name}.npz", **arrays)
+    if t.rt.distributed:
+        summary["ddp_max_weight_diff"] = _ddp_weight_diff(t.raw_model)
+    return summary
+
+
+def _ddp_weight_diff(model: torch.nn.Module) -> float:
+    """Largest difference of any weight between ranks (0.0 when DDP kept them in step)."""
+    flat = torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])
+    hi, lo = flat.clone(), flat.clone()
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    return float((hi - lo).abs().max())

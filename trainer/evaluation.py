@@ -1,0 +1,94 @@
+"""Evaluation and the best checkpoint: the task's own scores, or the mean loss over a split."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from .data import ShardedBatchSampler, build_loader, to_device
+from .setup import Runtime
+from .task import Task
+
+
+def batch_size_of(batch: Any) -> int:
+    """Samples in a batch: the leading size of its first tensor."""
+    if isinstance(batch, (tuple, list)):  # noqa: UP038  (a tuple of types is faster than X | Y here)
+        batch = batch[0]
+    elif isinstance(batch, dict):
+        batch = next(iter(batch.values()))
+    return batch.shape[0]
+
+
+def evaluate(task: Task, model: nn.Module, split: str, rt: Runtime, loss_fn: Any, batch_size: int,
+             loader_kw: dict[str, Any], resident: set[int], seed: int) -> dict[str, float]:
+    """The task's scores on `split` ("val" or "test") in eval mode, without gradients; {} without that split."""
+    ds = task.val_set if split == "val" else task.test_set
+    if ds is None:
+        return {}
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), rt.autocast():
+            if task.evaluate_fn is not None:
+                out = task.evaluate_fn(model, split, rt.device)
+            else:
+                out = {f"{split}_loss": mean_loss(ds, model, rt, loss_fn, batch_size, loader_kw, resident, seed,
+                                                  task.collate_fn)}
+    finally:
+        model.train(was_training)
+    return {k: float(v) for k, v in out.items()}
+
+
+def mean_loss(ds: Any, model: nn.Module, rt: Runtime, loss_fn: Any, batch_size: int, loader_kw: dict[str, Any],
+              resident: set[int], seed: int, collate_fn: Any = None) -> float:
+    on_device = id(ds) in resident
+    sampler = ShardedBatchSampler(len(ds), min(batch_size, len(ds)), shuffle=False, drop_last=False)
+    # a private generator: evaluation must not advance the global RNG (exact resume)
+    kw = {k: v for k, v in loader_kw.items() if k != "persistent_workers"}
+    if kw:
+        kw["generator"] = torch.Generator().manual_seed(seed)
+    loader = build_loader(ds, sampler, rt.device, kw, collate_fn, on_device)
+    total, count = torch.zeros((), device=rt.device), 0
+    for batch in loader:
+        if not on_device:
+            batch = to_device(batch, rt.device)
+        n = batch_size_of(batch)
+        total += loss_fn(model, batch).float() * n
+        count += n
+    return (total / max(count, 1)).item()  # note: sync point (validation)
+
+
+class BestTracker:
+    """The best value of the task's monitor metric, and validations since it last improved."""
+
+    def __init__(self, metric: str, mode: str) -> None:
+        self.metric, self.mode = metric, mode
+        self.best: float | None = None
+        self.stale = 0  # validations without improvement (early stopping)
+
+    def key(self, metrics: dict[str, float]) -> str | None:
+        return self.metric if self.metric in metrics else next(iter(metrics), None)
+
+    def update(self, metrics: dict[str, float]) -> bool:
+        """True when this validation improved on the best finite value."""
+        key = self.key(metrics)
+        if key is None:
+            return False
+        v = metrics[key]
+        better = math.isfinite(v) and (
+            self.best is None or (v < self.best if self.mode == "min" else v > self.best)
+        )
+        if better:
+            self.best, self.stale = v, 0
+        else:
+            self.stale += 1
+        return better
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "stale": self.stale}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.stale = state.get("best"), int(state.get("stale", 0))

@@ -1,0 +1,115 @@
+"""The run directory: claimed atomically, locked while a process writes it, and its files.
+
+    OUTPUT_DIR/RUN_NAME/  config.json  config.toml  metrics.jsonl  summary.json  checkpoints/{last,best}.pt
+
+A run never writes into another run's directory: a name that exists gets a -2, -3 ... suffix (claimed with an
+atomic mkdir, so simultaneous launches cannot share one), and a lock file makes a second live process on the
+same directory fail with a clear message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import remove_orphan_temps
+from .hooks import call
+
+
+class RunDirError(ValueError):
+    """The run directory cannot be used (taken by a live process, or not a run)."""
+
+
+def claim_run_dir(output_dir: str | Path, name: str | None, prefix: str) -> tuple[Path, str | None]:
+    """Create and return a fresh run directory; (path, note when the name had to change)."""
+    base = name or f"{prefix}-{datetime.now():%Y%m%d-%H%M%S}"
+    root = Path(output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(1, 10_000):
+        cand = root / (base if i == 1 else f"{base}-{i}")
+        try:
+            cand.mkdir()  # atomic: of two simultaneous launches exactly one gets each name
+        except FileExistsError:
+            continue
+        note = None
+        if name is not None and i > 1:
+            note = (f"run dir: {root / base} already holds a run; writing to {cand} instead (use --resume "
+                    f"{root / base} to continue that run)")
+        return cand, note
+    raise RunDirError(f"no free run directory name under {root} for {base!r}")
+
+
+def find_resumable(output_dir: str | Path, prefix: str) -> Path | None:
+    """The newest run directory under output_dir named <prefix>-... that holds checkpoints/last.pt."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return None
+    runs = [p for p in root.iterdir() if p.name.startswith(f"{prefix}-") and (p / "checkpoints/last.pt").is_file()]
+    return max(runs, key=lambda p: (p / "checkpoints/last.pt").stat().st_mtime, default=None)
+
+
+class RunLock:
+    """An exclusive lock on RUN_DIR/.lock for this process's lifetime (released at exit, also on kill -9)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / ".lock"
+        self._fh = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (held open while the run lives)
+        try:
+            if os.name == "nt":
+                import msvcrt
+
+                msvcrt.locking(self._fh.fileno(), msvcrt.LK_NBLCK, 1)
+            else:
+                import fcntl
+
+                fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._fh.seek(0)
+            holder = self._fh.read().strip() or "unknown"
+            self._fh.close()
+            raise RunDirError(f"{run_dir} is being written by another live process (pid {holder}); wait for it, "
+                              f"or use another --run_name") from None
+        self._fh.seek(0)
+        self._fh.truncate()
+        self._fh.write(str(os.getpid()))
+        self._fh.flush()
+
+    def release(self) -> None:
+        if self._fh.closed:
+            return
+        if os.name != "nt":  # unlock explicitly: forked loader workers share this descriptor and outlive close()
+            import fcntl
+
+            fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
+        self._fh.close()
+
+
+class RunFiles:
+    """Writes config, metrics rows and the summary of one run (rank 0 only), and tells the callbacks."""
+
+    def __init__(self, run_dir: Path, callbacks: list[Any], trainer: Any) -> None:
+        self.run_dir, self.callbacks, self.trainer = run_dir, callbacks, trainer
+        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        self.lock = RunLock(run_dir)
+        self.removed = remove_orphan_temps(run_dir / "checkpoints") + remove_orphan_temps(run_dir)
+        self._metrics = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+
+    def write_json(self, name: str, obj: Any) -> None:
+        tmp = self.run_dir / f".{name}.tmp"
+        tmp.write_text(json.dumps(obj, indent=2, default=str), encoding="utf-8")
+        os.replace(tmp, self.run_dir / name)
+
+    def log(self, row: dict[str, Any]) -> None:
+        row.setdefault("time", time.time())  # wall clock, so rows line up with other logs
+        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.flush()
+        call(self.callbacks, "on_log", self.trainer, row)
+
+    def close(self) -> None:
+        if not self._metrics.closed:
+            self._metrics.close()
+        self.lock.release()

@@ -1,0 +1,43 @@
+"""Stop requests: SIGTERM (pre-emption, `docker stop`), SIGINT (Ctrl-C) and SIGUSR1 (SLURM's --signal warning).
+
+The first signal only sets a flag; the loop finishes the current step, writes last.pt and exits with 128 +
+the signal number. A second Ctrl-C stops at once (KeyboardInterrupt), without writing anything more.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGUSR1") if hasattr(signal, n))
+
+
+class StopRequest:
+    """Context manager that turns stop signals into a flag the loop polls (a Python attribute: no sync)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():  # handlers can only be set there
+            for s in STOP_SIGNALS:
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # the second Ctrl-C: stop now
+        if self.signum is None:
+            self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
+        self._old.clear()
