@@ -107,6 +107,12 @@ if [ "$MAX_RESTARTS" -gt 0 ] && [ -z "$RUN_NAME" ]; then
   fi
   note "MAX_RESTARTS=$MAX_RESTARTS: run name $RUN_NAME (restarted workers resume $OUTPUT_DIR/$RUN_NAME)"
 fi
+if [ "$MAX_RESTARTS" -gt 0 ]; then
+  # Restarted workers sharing torchrun's rendezvous store read the dead workers' stale addresses and fail to
+  # connect (seen with torch 2.13 and gloo, every rendezvous backend); a fresh store per attempt avoids it.
+  export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
+  exported+=(TORCH_DISABLE_SHARE_RDZV_TCP_STORE)
+fi
 
 args=(--task "$TASK" --precision "$PRECISION" --output_dir "$OUTPUT_DIR" --seed "$SEED")
 [ -n "$RUN_NAME" ] && args+=(--run_name "$RUN_NAME")

@@ -213,6 +213,15 @@ def test_max_restarts_uses_torchrun_even_for_one_process_with_a_fixed_name_and_a
     assert flag(cmd, "--run_name") == "nightly" and flag(cmd, "--resume") == "auto"
 
 
+def test_restarts_give_each_attempt_a_fresh_rendezvous_store():
+    exports, _ = parse(launch(MAX_RESTARTS="1").stdout)
+    assert exports["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    exports, _ = parse(launch(MAX_RESTARTS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="0").stdout)
+    assert exports["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "0"  # the user's setting wins
+    exports, _ = parse(launch(NPROC_PER_NODE="2").stdout)
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in exports  # without restarts nothing changes
+
+
 def test_multi_node_restarts_need_one_name_on_every_node():
     p = launch(NNODES="2", MAX_RESTARTS="1", MASTER_ADDR="10.0.0.1")
     assert p.returncode == 2 and "RUN_NAME" in p.stderr and "every node" in p.stderr
