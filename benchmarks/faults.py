@@ -347,7 +347,10 @@ class Campaign:
                 raise RuntimeError(
                     f"the uninterrupted reference run failed (exit {res.rc}):\n{res.text[-3000:]}"
                 )
-            window = time.monotonic() - t_start - 0.0
+            # the training part: config.json (written as training starts) to the final last.pt
+            window = (run_dir / "checkpoints" / "last.pt").stat().st_mtime - (
+                run_dir / "config.json"
+            ).stat().st_mtime
             self._refs[key] = (self.final_state(run_dir), max(window, 0.2))
         return self._refs[key]
 
@@ -384,7 +387,11 @@ class Campaign:
             except CheckpointError as e:  # a kill must never leave an unreadable last.pt
                 case.detail, case.lost = f"last.pt unreadable after the kill: {e}", True
                 return self.record(case)
-            res = self.cli("--resume", str(run_dir), tag=f"{name}-resume")  # alone: settings from the run
+            if step >= ref["step"]:  # killed after training, during the final evaluation: weights complete
+                res = Proc(0, "", "", 0.0)
+                case.info["after_training"] = True
+            else:
+                res = self.cli("--resume", str(run_dir), tag=f"{name}-resume")  # alone: settings from the run
         else:  # killed before the first checkpoint: start it again under its name
             res = self.cli(*self.train_args(name), "--resume", "auto", tag=f"{name}-restart")
         case.info["resume_rc"] = res.rc
@@ -732,7 +739,10 @@ class Campaign:
                 raise RuntimeError(
                     f"the uninterrupted two-process run failed (exit {res.rc}):\n{res.text[-3000:]}"
                 )
-            self._refs["elastic-ref"] = (self.final_state(ref_dir), time.monotonic() - t_start)
+            window = (ref_dir / "checkpoints" / "last.pt").stat().st_mtime - (
+                ref_dir / "config.json"
+            ).stat().st_mtime
+            self._refs["elastic-ref"] = (self.final_state(ref_dir), max(window, 0.2))
         ref, window = self._refs["elastic-ref"]
         name = f"elastic{i}"
         run_dir = self.out / name
