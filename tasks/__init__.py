@@ -1,22 +1,68 @@
 """The built-in tasks the CLI trains: ERA5 SST forecasting (the main job) and cross-modality re-ID.
 
-Each builder returns a `trainer.Task`; the engine in `trainer/` knows nothing about either task.
+Each builder returns a `trainer.Task`; the engine in `trainer/` knows nothing about either task. The CLI makes
+one `--flag` per builder parameter (help text from the module's ARGS_HELP).
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from trainer import Task
 
+MODULES = {"era5": ("tasks.era5", "build_era5_task"), "reid": ("tasks.reid", "build_reid_task")}
+ERA5_MODEL_KEYS = ("resolution", "d_model", "num_heads", "num_layers", "dim_feedforward", "recursion_depth",
+                   "dropout")
+
+
+def task_module(name: str) -> ModuleType:
+    if name not in MODULES:
+        raise ValueError(f"unknown task {name!r}; use one of {', '.join(MODULES)}")
+    return importlib.import_module(MODULES[name][0])
+
+
+def _builder(name: str) -> Callable[[], Callable[..., Task]]:
+    return lambda: getattr(task_module(name), MODULES[name][1])
+
+
+TASK_BUILDERS: dict[str, Callable[[], Callable[..., Task]]] = {name: _builder(name) for name in MODULES}
+
 
 def build_task(name: str, **kwargs: Any) -> Task:
-    if name == "era5":
-        from tasks.era5 import build_era5_task
+    return TASK_BUILDERS[name]()(**kwargs)
 
-        return build_era5_task(**kwargs)
-    if name == "reid":
-        from tasks.reid import build_reid_task
 
-        return build_reid_task(**kwargs)
-    raise ValueError(f"unknown task {name!r}; use 'era5' or 'reid'")
+def resolve_task_args(task: str, kw: dict[str, Any], preset: str, on_gpu: bool) -> tuple[dict[str, Any], str]:
+    """ERA5: fill the model and grid from the preset (explicit settings win); returns (kwargs, note)."""
+    if task != "era5":
+        return kw, ""
+    lon, lat = kw.get("lon"), kw.get("lat")
+    if (lon is not None and lon[0] == lon[1]) or (lat is not None and lat[0] >= lat[1]):
+        raise ValueError(f"--lon {' '.join(map(str, lon or ()))} / --lat {' '.join(map(str, lat or ()))}: give "
+                         f"W != E and S < N (W > E crosses the dateline, e.g. --lon 170 -120)")
+    ratio = kw.get("split_ratio")
+    if ratio is not None and (sum(ratio) > 1 + 1e-6 or any(r < 0 for r in ratio)):
+        raise ValueError(f"--split_ratio {' '.join(map(str, ratio))}: fractions must be >= 0 and sum to at most 1")
+    mod = task_module("era5")
+    name = preset if preset != "auto" else ("seed" if on_gpu else "cpu")
+    values = mod.SEED_PRESET if name == "seed" else mod.CPU_PRESET
+    kw = {**values, **{k: v for k, v in kw.items() if v is not None}}
+    note = (f"preset: {name} ({'seed 000 configuration' if name == 'seed' else 'reduced for a CPU'}: "
+            f"{kw['resolution']:g} deg, d_model {kw['d_model']}, {kw['num_layers']} layers x {kw['recursion_depth']} "
+            f"recursions); explicit settings override it")
+    return kw, note
+
+
+def train_defaults(task: str, on_gpu: bool, kw: dict[str, Any], n_train: int) -> dict[str, Any]:
+    """TrainConfig values the task recommends for settings the user did not give."""
+    small = {"batch_size": 32, "epochs": 60} if kw.get("data_path") is None and not on_gpu else {}
+    if task == "reid":  # the synthetic set: 32 steps of 8 x 4 per epoch
+        return small
+    mod = task_module("era5")
+    if hasattr(mod, "era5_train_defaults"):
+        return mod.era5_train_defaults(on_gpu, kw.get("data_path") is None, n_train)
+    # the built-in sample is small: the seed's batch of 150 would leave one step per epoch
+    return small

@@ -11,38 +11,51 @@ from pathlib import Path
 import pytest
 
 import train_optimized as cli
+from trainer import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--resolution", "10", "--d_model", "32", "--dim_feedforward", "64", "--num_layers", "1",
          "--no-progress_bar", "--no-plots"]
 
 
+def settings(argv: list[str]) -> tuple:
+    explicit = vars(cli.build_parser().parse_args(argv))
+    return cli.split_settings(cli.resolve_settings(explicit, []))
+
+
+def exit_code(argv: list[str]) -> int:
+    try:
+        return cli.main(argv)
+    except SystemExit as e:
+        return e.code
+
+
 def test_seed001_command_line_parses():
-    args = cli.build_parser().parse_args(
-        ["--batch_size", "8", "--num_workers", "16", "--compile_model", "--validation_interval", "20"])
-    cfg = cli.config_from_args(args, small_data=False)
+    _, _, train_kw = settings(["--batch_size", "8", "--num_workers", "16", "--compile_model",
+                               "--validation_interval", "20"])
+    cfg = TrainConfig(**train_kw)
     assert (cfg.batch_size, cfg.num_workers, cfg.compile_model, cfg.validation_interval) == (8, 16, True, 20)
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--precision", "fp8"], "invalid choice: 'fp8'"),
-    (["--batch_size", "0"], "not a positive integer"),
+    (["--batch_size", "0"], "must be >= 1"),
     (["--loss_scale", "huge"], "use 'dynamic' or a positive number"),
     (["--compile_mode", "fast"], "invalid choice: 'fast'"),
     (["--lat", "10", "-10"], "S < N"),
+    (["--min_lr_ratio", "x"], "invalid float value: 'x'"),
 ])
-def test_bad_values_are_argparse_errors(argv, message, capsys):
-    with pytest.raises(SystemExit) as e:
-        cli.main(argv)
-    assert e.value.code == 2
-    assert message in capsys.readouterr().err
+def test_bad_values_are_clear_errors_with_exit_2(argv, message, capsys):
+    assert exit_code(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
 
 
 def test_help_shows_defaults(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     out = capsys.readouterr().out
-    assert "(default: 50)" in out and "(default: 200)" in out and "LOG_EVERY" in out
+    assert "(default: 100)" in out and "(default: 200)" in out and "LOG_EVERY" in out
 
 
 def test_era5_run_writes_scores(tmp_path, era5_cache, capsys):

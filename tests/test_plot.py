@@ -12,74 +12,83 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from utils.plot import main, plot_run, read_metrics  # noqa: E402
+from utils.metrics import weighted_rmse  # noqa: E402
+from utils.plot import curves_figure, main, map_figure, plot_run, read_metrics  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def make_run_dir(run: Path, with_maps: bool = True, seed: int = 0) -> Path:
-    """A run directory like the engine writes: metrics.jsonl, summary.json and (SST) test_month.npz."""
+    """An ERA5 run directory like the engine writes: metrics.jsonl (train rows, validation rows with the
+    baselines), summary.json and test_month.npz with year, month and the target month's climatology."""
     rng = np.random.default_rng(seed)
     run.mkdir(parents=True, exist_ok=True)
     rows = []
-    steps_per_epoch, t = 40, 0.0
-    for epoch in range(6):
-        for i in range(0, steps_per_epoch, 5):  # logged every LOG_EVERY=5 steps
-            step = epoch * steps_per_epoch + i
+    steps_per_epoch, t = 40, 1.7e9
+    for epoch in range(1, 7):
+        for i in range(5, steps_per_epoch + 1, 5):  # logged every LOG_EVERY=5 steps
+            step = (epoch - 1) * steps_per_epoch + i
             loss = 0.9 * np.exp(-step / 80) + 0.08 + 0.02 * rng.standard_normal()
-            wait = 0.45 if epoch == 0 else 0.06 + 0.03 * rng.random()  # first epoch: cold page cache
-            sps = (180 if epoch == 0 else 330) * (1 + 0.05 * rng.standard_normal())
+            wait = 0.45 if epoch == 1 else 0.06 + 0.03 * rng.random()  # first epoch: cold page cache
+            sps = (180 if epoch == 1 else 330) * (1 + 0.05 * rng.standard_normal())
             t += 5 * 16 / sps
-            rows.append(
-                {
-                    "kind": "train",
-                    "step": step,
-                    "epoch": epoch,
-                    "loss": float(loss),
-                    "lr": 1e-3,
-                    "samples_per_s": float(sps),
-                    "data_wait_frac": float(wait),
-                    "time": t,
-                }
-            )
-        vstep = (epoch + 1) * steps_per_epoch
+            lr = 1e-3 * min(1.0, step / 20) * (0.5 + 0.5 * np.cos(np.pi * step / 240))
+            rows.append({"kind": "train", "step": step, "epoch": epoch, "loss": float(loss), "lr": float(lr),
+                         "samples_per_s": float(sps), "data_wait_frac": float(wait), "time": t})  # fmt: skip
+        vstep = epoch * steps_per_epoch
         rows.append(
             {
                 "kind": "val",
                 "step": vstep,
                 "epoch": epoch,
                 "val_loss": float(0.85 * np.exp(-vstep / 90) + 0.1),
-                "rmse": float(1.6 * np.exp(-vstep / 100) + 0.45),
-                "acc": float(0.9 - 0.5 * np.exp(-vstep / 70)),
-            }
+                "val_rmse_c": float(0.3 * np.exp(-vstep / 100) + 0.06),
+                "val_acc": float(0.95 - 0.5 * np.exp(-vstep / 70)),
+                "val_persistence_rmse_c": 0.5394,
+                "val_persistence_acc": 0.3888,
+                "val_climatology_rmse_c": 0.1973,
+                "val_climatology_acc": 0.0,
+                "val_anomaly_persistence_rmse_c": 0.0873,
+                "val_anomaly_persistence_acc": 0.895,
+            }  # fmt: skip
         )
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    (run / "summary.json").write_text(json.dumps({"task": "sst", "samples_per_s": 330.0}))
+    (run / "summary.json").write_text(json.dumps({"task": "era5", "best": {"val_loss": 0.16}}))
     if with_maps:
-        lats = np.linspace(89, -89, 90)  # ERA5 order: north to south
-        lons = np.arange(0, 360, 2.0)
-        la, lo = np.meshgrid(lats, lons, indexing="ij")
-        truth = 28 * np.cos(np.deg2rad(la)) ** 2 - 1.5 + 1.2 * np.sin(np.deg2rad(2 * lo))
-        land = ((lo > 10) & (lo < 50) & (la > -35) & (la < 35)) | (
-            (lo > 250) & (lo < 300) & (la > 10) & (la < 60)
-        )
-        land |= la < -72
-        truth = np.where(land, np.nan, truth)
-        pred = (
-            truth
-            + 0.4 * np.sin(np.deg2rad(3 * lo)) * np.cos(np.deg2rad(la))
-            + 0.1 * rng.standard_normal(truth.shape)
-        )
-        np.savez(
-            run / "test_month.npz",
-            truth_c=truth.astype("f4"),
-            pred_c=pred.astype("f4"),
-            lats=lats,
-            lons=lons,
-            mask=~land,
-            label="2020-07",
-        )
+        np.savez(run / "test_month.npz", **month_arrays(rng))
     return run
+
+
+def month_arrays(rng: np.random.Generator, clim: bool = True) -> dict[str, np.ndarray]:
+    lats = np.linspace(89, -89, 90)  # ERA5 order: north to south
+    lons = np.arange(0, 360, 2.0)
+    la, lo = np.meshgrid(lats, lons, indexing="ij")
+    clim_c = 28 * np.cos(np.deg2rad(la)) ** 2 - 1.5
+    anomaly = 1.2 * np.exp(-(((lo - 200) / 20) ** 2) - (la / 8) ** 2)  # an El Niño-like warm tongue
+    land = ((lo > 10) & (lo < 50) & (la > -35) & (la < 35)) | (
+        (lo > 250) & (lo < 300) & (la > 10) & (la < 60)
+    )
+    land |= la < -72
+    truth = np.where(land, np.nan, clim_c + anomaly)
+    pred = clim_c + 0.9 * anomaly + 0.05 * rng.standard_normal(truth.shape)
+    d = {"truth_c": truth.astype("f4"), "pred_c": pred.astype("f4"), "lats": lats, "lons": lons, "mask": ~land,
+         "label": np.array("test sample 18 (target month 6)"), "year": np.int64(2019), "month": np.int64(6)}  # fmt: skip
+    if clim:
+        d["clim_c"] = np.where(land, np.nan, clim_c).astype("f4")
+        d["last_input_c"] = (clim_c + 0.5 * anomaly + 0.3).astype("f4")
+    return d
+
+
+def reid_rows(n_val: int) -> tuple[list[dict], list[dict]]:
+    train = [{"kind": "train", "step": s, "epoch": s // 32 + 1, "loss": 3.0 - s / 1000, "lr": 1e-3,
+              "samples_per_s": 60.0, "data_wait_frac": 0.01} for s in range(50, 1950, 50)]  # fmt: skip
+    val = []
+    for i in range(n_val):
+        step = 1920 * (i + 1) // n_val
+        m = {f"{d}_{k}": 0.1 + 0.3 * (i + 1) / n_val + off for d, off in (("rgb2ir", 0.02), ("ir2rgb", 0.0))
+             for k in ("mAP", "rank1", "rank5", "rank10")}  # fmt: skip
+        val.append({"kind": "val", "step": step, "epoch": step // 32, **m})
+    return train, val
 
 
 def _is_png(p: Path) -> bool:
@@ -145,3 +154,99 @@ def test_missing_matplotlib_exits_2(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-c", code, str(run)], cwd=root, capture_output=True, text=True)
     assert res.returncode == 2
     assert "pip install matplotlib" in res.stderr
+
+
+def _panels(fig: object) -> list:
+    return [a for a in fig.axes if a.get_visible() and a.get_label() != "<colorbar>" and a.get_title()]
+
+
+def _legend(ax: object) -> list[str]:
+    leg = ax.get_legend()
+    return [t.get_text() for t in leg.get_texts()] if leg is not None else []
+
+
+def test_era5_curves_have_units_baselines_and_lr(tmp_path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    train, val = read_metrics(make_run_dir(tmp_path / "run", with_maps=False) / "metrics.jsonl")
+    fig = curves_figure(train, val, "t", selection="val_loss")
+    axes = _panels(fig)
+    assert [a.get_title() for a in axes] == ["loss", "validation RMSE", "validation ACC", "learning rate"]
+    loss, rmse, acc, lr = axes
+    assert _legend(loss) == ["train", "validation"]
+    assert "°C" in rmse.get_ylabel()
+    legend = _legend(rmse)
+    assert legend[0].startswith("model: ") and "persistence: 0.5394" in legend
+    assert "climatology (calendar month): 0.1973" in legend and "anomaly persistence: 0.0873" in legend
+    assert rmse.get_ylim()[0] == 0  # an honest axis, not zoomed onto the points
+    assert "anomaly persistence: 0.8950" in _legend(acc)
+    assert np.allclose(lr.get_lines()[0].get_ydata(), [r["lr"] for r in train])
+    assert all(a.get_xlabel() == "optimizer step" for a in axes)
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("n_val", [1, 60])
+def test_reid_curves_show_the_selection_metric_and_both_directions(n_val: int) -> None:
+    import matplotlib.pyplot as plt
+
+    train, val = reid_rows(n_val)
+    fig = curves_figure(train, val, "r (reid)", selection="rgb2ir_mAP")
+    axes = _panels(fig)
+    assert [a.get_title() for a in axes] == ["loss", "validation mAP", "validation rank-1", "learning rate"]
+    m_ap, rank1 = axes[1], axes[2]
+    assert _legend(m_ap)[0].startswith("RGB→IR (selects best.pt): ") and _legend(m_ap)[1].startswith(
+        "IR→RGB: "
+    )
+    assert [t.split(":")[0] for t in _legend(rank1)] == ["RGB→IR", "IR→RGB"]  # rank-5/10 stay in summary.json
+    for line in m_ap.get_lines():  # every validation point has a marker: one point is a visible dot
+        assert line.get_marker() == "o" and len(line.get_xdata()) == n_val
+    assert m_ap.get_lines()[0].get_linewidth() > m_ap.get_lines()[1].get_linewidth()
+    w, h = fig.get_size_inches() * 110
+    assert w < 1500 and h > 600  # a 2 x 2 grid, not one 2860-px row
+    plt.close(fig)
+
+
+def test_map_figure_shows_anomalies_month_and_rmse() -> None:
+    import matplotlib.pyplot as plt
+
+    d = month_arrays(np.random.default_rng(1))
+    fig = map_figure(d, "run (era5)")
+    titles = [a.get_title() for a in _panels(fig)]
+    assert titles[:3] == ["truth", "prediction", "climatology of this calendar month (training years)"]
+    assert titles[3:5] == [
+        "truth anomaly (truth − climatology)",
+        "predicted anomaly (prediction − climatology)",
+    ]
+    lats = np.sort(d["lats"])
+    order = np.argsort(d["lats"])
+    valid = d["mask"][order] & np.isfinite(d["truth_c"][order])
+    rmse = weighted_rmse(d["pred_c"][order], d["truth_c"][order], lats, valid)
+    assert titles[5] == f"error (prediction − truth)\nlat-weighted RMSE {rmse:.4f} °C"
+    sup = fig._suptitle.get_text()
+    assert "test month June 2019" in sup and f"model RMSE {rmse:.4f} °C" in sup and "persistence RMSE" in sup
+    # anomalies and error share one symmetric colour scale, so the error reads against the signal
+    lims = {a.collections[0].get_clim() for a in _panels(fig)[3:]}
+    assert len(lims) == 1 and next(iter(lims))[0] == -next(iter(lims))[1]
+    plt.close(fig)
+
+
+def test_map_figure_without_climatology_and_bad_arrays() -> None:
+    import matplotlib.pyplot as plt
+
+    d = month_arrays(np.random.default_rng(2), clim=False)
+    del d["year"], d["month"]
+    fig = map_figure(d)
+    assert [a.get_title().split("\n")[0] for a in _panels(fig)] == [
+        "truth",
+        "prediction",
+        "error (prediction − truth)",
+    ]
+    sup = fig._suptitle.get_text()
+    assert "test sample 18 (target month 6)" in sup and "no clim_c" in sup
+    plt.close(fig)
+    with pytest.raises(ValueError, match="month=13"):
+        map_figure({**month_arrays(np.random.default_rng(3)), "month": np.int64(13)})
+    with pytest.raises(ValueError, match="clim_c has shape"):
+        map_figure({**month_arrays(np.random.default_rng(3)), "clim_c": np.zeros((3, 3))})
+    with pytest.raises(ValueError, match="missing arrays"):
+        map_figure({"truth_c": np.zeros((2, 2))})

@@ -15,9 +15,6 @@ Hot-path rule: between two log points nothing here waits for the GPU; the only h
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,36 +22,24 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .build import build_run, load_checkpoint_into, save_checkpoint, summary_of
+from .build import build_run, open_run_dir, save_checkpoint
 from .config import TrainConfig
 from .data import split_batch, to_device
 from .evaluation import batch_size_of, evaluate
+from .finish import (
+    diverged,
+    early_stop,
+    stopped_by_signal,
+    summary_of,
+    test_split,
+)
 from .hooks import Monitor, call
+from .progress import epoch_line, open_bar
 from .runfiles import RunFiles
 from .signals import StopRequest
 from .task import Task
 
-try:
-    from tqdm.auto import tqdm
-except ImportError:  # tqdm is a runtime dependency, but a copied engine still runs without it
-    tqdm = None
-
 _NULL = contextlib.nullcontext()  # stateless, so one instance serves every step
-
-
-def _hms(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    m, s = divmod(int(seconds), 60)
-    return f"{m // 60}:{m % 60:02d}:{s:02d}"
-
-
-class TrainingStopped(SystemExit):
-    """Raised by fit() after a stop signal: last.pt is written; exit code 128 + the signal number."""
-
-
-class TrainingDiverged(SystemExit):
-    """Raised by fit() when steps kept being non-finite: no non-finite weights were saved; exit code 3."""
 
 
 class Trainer:
@@ -120,7 +105,7 @@ class Trainer:
     # ------------------------------------------------------------------ the run
     def fit(self) -> dict[str, Any]:
         cfg, rt = self.cfg, self.rt
-        self.files = self._open_run_dir()
+        self.files = open_run_dir(self)
         for n in self.notes:
             self.log(f"[plainloop] {n}")
         self.log(f"[plainloop] {self.task.name}: {len(self.task.train_set)} train samples, {self.batches_per_epoch} "
@@ -133,18 +118,18 @@ class Trainer:
         try:
             with StopRequest() as stop:
                 self.stop = stop
-                self._open_bar()
+                open_bar(self)
                 while self.epoch < self.max_epochs and self.step < self.total_steps and not stop.signum:
                     self._train_epoch()
                     epoch_done, last = self.batches_done == 0, self.step >= self.total_steps
                     if epoch_done or last or stop.signum:
                         self._save("last.pt")  # before validation: a stop during it loses nothing
-                        self._progress_line(t0)
+                        epoch_line(self, t0)
                     if stop.signum:
                         break
                     if cfg.val_check_steps is None and (last or self.epoch % cfg.validation_interval == 0):
                         last_val = self._validate() or last_val
-                    if self._early_stop():
+                    if early_stop(self):
                         break
                 stopped = stop.signum
         finally:
@@ -154,10 +139,10 @@ class Trainer:
                 self.bar = None
         train_time = time.perf_counter() - t0
         if stopped:
-            self._finish_stopped(stopped, train_time)
+            stopped_by_signal(self, stopped, train_time)
         if cfg.val_check_steps is not None and self.task.val_set is not None and self._last_val_step != self.step:
             last_val = self._validate()
-        test = self._test()
+        test = test_split(self)
         summary = summary_of(self, train_time, last_val, test)
         if rt.is_main:
             call(self.callbacks, "on_fit_end", self, summary)
@@ -247,17 +232,7 @@ class Trainer:
             self.bar.set_postfix(loss=f"{loss:.4g}", sps=f"{row['samples_per_s']:.0f}",
                                  wait=f"{100 * row['data_wait_frac']:.0f}%", refresh=False)
         if run >= self.cfg.max_consecutive_skips:
-            self._diverged(run)
-
-    def _progress_line(self, t0: float) -> None:
-        """One line per epoch checkpoint: where the run is, its last logged figures, and the time left."""
-        row, done = self.last_row, self.batches_total_done()
-        total = min(self.max_epochs * self.batches_per_epoch, self.total_steps * self.cfg.accumulate_grad_batches)
-        ran = done - self._start_batches
-        eta = (time.perf_counter() - t0) / ran * (total - done) if ran > 0 else float("nan")
-        self.log(f"[epoch {self.epoch}/{self.max_epochs}] step {self.step}/{self.total_steps}: loss "
-                 f"{row.get('loss', float('nan')):.4g}, {row.get('samples_per_s', 0):.0f} samples/s, data wait "
-                 f"{100 * row.get('data_wait_frac', 0):.0f}%, ETA {_hms(eta)}; last.pt saved")
+            diverged(self, run)
 
     def _log_norm(self, norm: torch.Tensor | None) -> None:
         row = {"kind": "norm", "step": self.step, **self._step_metrics()}
@@ -293,60 +268,6 @@ class Trainer:
         return evaluate(self.task, self.raw_model, split, self.rt, self.loss_fn, self.cfg.batch_size,
                         self.loader_kw, self.resident, self.cfg.seed)
 
-    def _test(self) -> dict[str, float]:
-        if self.task.test_set is None or self.task.evaluate_fn is None:
-            return {}
-        best = self.run_dir / "checkpoints" / "best.pt"
-        if self.cfg.test_with_best and best.is_file():
-            load_checkpoint_into(self, best, weights_only=True)
-            self.notes.append(f"test: scored with the weights of {best} ({self.best.metric}={self.best.best:.4g})")
-        return self.evaluate("test") if self.rt.is_main else {}
-
-    def _early_stop(self) -> bool:
-        patience = self.cfg.early_stopping_patience
-        if patience is None or self.best.stale < patience:
-            return False
-        self.notes.append(f"early stopping: {self.best.metric} did not improve for {patience} validations "
-                          f"(best {self.best.best:.4g}); stopped at step {self.step}")
-        self.log(f"[plainloop] {self.notes[-1]}")
-        return True
-
-    def _diverged(self, run: int) -> None:
-        msg = (f"stopped at step {self.step}: the last {run} optimizer steps had non-finite loss or gradients and "
-               f"were skipped (--max_consecutive_skips {self.cfg.max_consecutive_skips}). Nothing non-finite was "
-               f"saved; {self.run_dir / 'checkpoints'} holds the last finite weights. Try a lower --lr, "
-               f"--gradient_clip_val 1.0, precision 32, or check the data for NaN/inf values.")
-        self._row({"kind": "event", "step": self.step, "event": "diverged", "message": msg})
-        self.log(f"[plainloop] {msg}")
-        if self.files is not None:
-            self.files.close()
-        raise TrainingDiverged(3)
-
-    def _finish_stopped(self, signum: int, train_time: float) -> None:
-        name = self.stop.name
-        msg = (f"{name}: stopped after step {self.step} (epoch {self.epoch + 1}, batch {self.batches_done}); "
-               f"{self.run_dir / 'checkpoints' / 'last.pt'} written. Resume with: python train_optimized.py "
-               f"--resume {self.run_dir}")
-        self._row({"kind": "event", "step": self.step, "event": "stopped", "signal": name})
-        self.log(f"[plainloop] {msg}")
-        if self.rt.is_main:
-            summary = summary_of(self, train_time, {}, {})
-            summary["stopped_by"] = name
-            self.files.write_json("summary.json", summary)
-            self.files.close()
-        raise TrainingStopped(128 + signum)
-
-    def _open_run_dir(self) -> RunFiles | None:
-        from .build import open_run_dir
-
-        return open_run_dir(self)
-
-    def _open_bar(self) -> None:
-        if tqdm is not None and self.cfg.progress_bar and self.rt.is_main:
-            total = min(self.max_epochs * self.batches_per_epoch, self.total_steps * self.cfg.accumulate_grad_batches)
-            self.bar = tqdm(total=total, initial=self.batches_total_done(), desc="train", dynamic_ncols=True,
-                            mininterval=0.5, unit="batch")
-
     def batches_total_done(self) -> int:
         return self.epoch * self.batches_per_epoch + self.batches_done
 
@@ -377,8 +298,3 @@ class Trainer:
             self.opt.step(False)
 
         return run
-
-
-def clone_task_model(task: Task) -> Task:
-    """A copy of the task with its own model, so a trial run does not train the real one."""
-    return dataclasses.replace(task, model=copy.deepcopy(task.model))

@@ -144,15 +144,17 @@ def function_parameters(fn: Callable[..., Any]) -> dict[str, tuple[Any, Any]]:
 
 
 def add_function_arguments(parser: argparse.ArgumentParser, fn: Callable[..., Any], helps: dict[str, str],
-                           title: str, skip: Iterable[str] = (), seen: set[str] | None = None) -> list[str]:
+                           title: str, skip: Iterable[str] = (), seen: set[str] | None = None,
+                           default_text: dict[str, str] | None = None) -> list[str]:
     """One `--flag` per keyword parameter of `fn` (a task builder), help text from `helps`."""
+    default_text = default_text or {}
     seen = set() if seen is None else seen
     group = _groups(parser).get(title) or parser.add_argument_group(title)
     names = []
     for name, (tp, default) in function_parameters(fn).items():
         if name in skip:
             continue
-        _add(group, name, tp, default, helps.get(name, ""), {}, seen)
+        _add(group, name, tp, default_text.get(name, default), helps.get(name, ""), {}, seen)
         names.append(name)
     return names
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
 
 def nonfinite_flag(grads: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,8 @@ batch` is offered residency (see `trainer/data.py` `place_on_device`); the train
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,3 +80,8 @@ def pick_default_loss(first_batch: Any) -> tuple[LossFn, str | None]:
     if isinstance(y, torch.Tensor) and y.is_floating_point() and not bool(torch.isfinite(y).all()):
         return masked_mse_loss, "loss: targets hold NaN/inf, so the default MSE is taken over finite targets only"
     return mse_loss, None
+
+
+def clone_task_model(task: Task) -> Task:
+    """A copy of the task with its own model, so a trial run does not train the real one."""
+    return dataclasses.replace(task, model=copy.deepcopy(task.model))

@@ -8,19 +8,31 @@ Verdicts, checked in this order (the first one that the evidence supports wins):
 - "data-loading bound": the step spends a large share of its time waiting for the next batch.
 - "memory bound": the GPU's memory is (nearly) full or the allocator had to retry (capacity), or most
   device time goes to elementwise/normalisation/copy kernels (bandwidth).
+- "contended": other processes took the CPU cores this run could have used, or shared its GPU; the
+  timings then describe the machine's load, not the training code, so no code-level verdict is given.
+- "undetermined": the data wait was not measured and the rest of the evidence cannot separate waiting
+  for data from launch overhead or compute; the verdict says what it could not judge.
 - "host/launch bound": the GPU idles between kernels: low utilisation while not waiting for data,
   many small kernels or host syncs per step.
 - "compute bound": the device is busy doing arithmetic; the remaining gains are in doing less of it
   or doing it in lower precision.
+Every result has a one-line "headline" ("contended: other processes used 1.1 of 2 CPU cores").
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["diagnose", "VERDICTS", "THRESHOLDS"]
+__all__ = ["diagnose", "contention", "VERDICTS", "THRESHOLDS"]
 
-VERDICTS = ("data-loading bound", "host/launch bound", "compute bound", "memory bound")
+VERDICTS = (
+    "data-loading bound",
+    "host/launch bound",
+    "compute bound",
+    "memory bound",
+    "contended",
+    "undetermined",
+)
 
 # Tunable cut-offs, in one place so the report can quote them.
 THRESHOLDS = {
@@ -32,6 +44,12 @@ THRESHOLDS = {
     "short_step_ms": 15.0,  # launch overhead (~5-10 µs/kernel + Python) matters when steps are this short
     "elementwise_frac": 0.5,  # half the device time in elementwise/norm/copy ops: bandwidth-bound
     "cpu_saturated_frac": 0.75,  # process uses ≥75% of the cores it may use
+    # contention: the machine is nearly full, others hold at least half a core, and we got <75% of ours
+    "contention_machine_busy_pct": 85.0,
+    "contention_others_cores": 0.5,
+    "contention_wait_threads": 0.25,  # on average ≥0.25 of this run's threads were ready but had no free core
+    "steal_pct": 10.0,  # hypervisor steal: other virtual machines on the same host took the CPU
+    "gpu_other_process_frac": 0.25,  # another process on our GPU in ≥25% of the samples
 }
 
 
@@ -39,10 +57,93 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
-def diagnose(summary: dict[str, Any], *, device_type: str, step_stats: dict[str, Any] | None = None) -> dict:
-    """Return {"verdict", "evidence": [str], "advice": str, "confidence": "high"|"medium"|"low", "notes": [str]}.
+def _wanted_cores(summary: dict[str, Any], st: dict[str, Any]) -> float:
+    """Cores this run could have kept busy: torch threads + loader workers, at most the usable cores."""
+    usable = summary.get("cpu_usable_cores") or summary.get("cpu_count_logical") or 1
+    threads = st.get("torch_threads")
+    if threads is None:
+        return float(usable)
+    return float(min(usable, threads + (st.get("num_workers") or 0)))
 
-    `device_type` is "cuda" or "cpu" (anything else is treated like "cpu": no GPU counters).
+
+def contention(
+    summary: dict[str, Any], step_stats: dict[str, Any] | None = None
+) -> tuple[str, list[str]] | None:
+    """(headline detail, evidence) when other processes took this run's CPU or GPU; None otherwise.
+
+    CPU: the machine was ≥85% busy, processes outside this run (and its loader workers) held ≥0.5 core,
+    and this run was starved: on average ≥0.25 of its threads were ready to run but had no free core (Linux run
+    queue), or, where that is not measured, it got under 75% of the cores it could use. Or the hypervisor
+    stole ≥10% of the CPU time.
+    GPU (NVML): another process had a context on this GPU in ≥25% of the samples."""
+    T, st = THRESHOLDS, dict(step_stats or {})
+    evidence: list[str] = []
+    heads: list[str] = []
+    busy, others = summary.get("cpu_percent_mean"), summary.get("cpu_others_cores_mean")
+    proc, ncpu = summary.get("process_cpu_percent_mean"), summary.get("cpu_count_logical")
+    steal = summary.get("cpu_steal_percent_mean")
+    wanted = _wanted_cores(summary, st)
+    wait, waiting = summary.get("cpu_wait_frac"), summary.get("cpu_wait_threads_mean")
+    if busy is not None and others is not None and proc is not None:
+        got = proc / 100.0
+        # Starved: measured directly by the run-queue wait where Linux gives it, else by what we got.
+        if waiting is not None:
+            starved = waiting >= T["contention_wait_threads"]
+        else:
+            starved = got < T["cpu_saturated_frac"] * wanted
+        if busy >= T["contention_machine_busy_pct"] and others >= T["contention_others_cores"] and starved:
+            heads.append(f"other processes used {others:.1f} of {ncpu} CPU cores")
+            evidence.append(
+                f"the machine was {busy:.0f}% busy; other processes kept {others:.1f} of its {ncpu} cores busy "
+                f"while this run got {got:.2f} of the {wanted:g} cores it could use"
+            )
+            if wait is not None and waiting is not None:
+                evidence.append(
+                    f"this run's threads spent {_pct(wait)} of the time they were ready to run waiting for a free "
+                    f"core ({waiting:.2f} threads waiting on average)"
+                )
+            top = summary.get("other_processes_cpu_top") or []
+            if top:
+                evidence.append(
+                    "busiest other processes: "
+                    + ", ".join(f"{p['name']} (pid {p['pid']}) {p['cpu_cores']:.1f} cores" for p in top)
+                )
+    if steal is not None and steal >= T["steal_pct"]:
+        heads.append(f"the hypervisor stole {steal:.0f}% of the CPU time")
+        evidence.append(
+            f"{steal:.0f}% of CPU time was stolen by the hypervisor (other virtual machines on the host)"
+        )
+    g_frac, g_max = summary.get("gpu_other_process_frac"), summary.get("gpu_other_processes_max")
+    if g_frac is not None and g_max and g_frac >= T["gpu_other_process_frac"]:
+        heads.append(f"{g_max} other process{'es' if g_max > 1 else ''} on the GPU")
+        procs = summary.get("gpu_other_processes") or []
+        named = ", ".join(
+            f"{p.get('name') or '?'} (pid {p['pid']}"
+            + (f", {p['used_mb_max'] / 1024:.1f} GB" if p.get("used_mb_max") is not None else "")
+            + ")"
+            for p in procs[:3]
+        )
+        evidence.append(
+            f"up to {g_max} other process{'es' if g_max > 1 else ''} held a context on this GPU, in "
+            f"{_pct(g_frac)} of the samples"
+            + (f": {named}" if named else "")
+            + (
+                "; GPU utilisation counts their kernels too"
+                if summary.get("gpu_util_mean") is not None
+                else ""
+            )
+        )
+    if not heads:
+        return None
+    return "; ".join(heads), evidence
+
+
+def diagnose(summary: dict[str, Any], *, device_type: str, step_stats: dict[str, Any] | None = None) -> dict:
+    """Return {"verdict", "headline", "evidence": [str], "advice": str, "confidence": "high"|"medium"|"low",
+    "notes": [str]}.
+
+    `device_type` is "cuda" or "cpu" (anything else is treated like "cpu": no GPU counters). `notes` carries
+    what could not be judged, including the monitor's own `not_measured` list.
     """
     if not isinstance(summary, dict):
         raise TypeError(
@@ -52,7 +153,7 @@ def diagnose(summary: dict[str, Any], *, device_type: str, step_stats: dict[str,
         raise ValueError(f"diagnose(device_type={device_type!r}): expected 'cuda' or 'cpu'")
     st = dict(step_stats or {})
     T = THRESHOLDS
-    notes: list[str] = []
+    notes: list[str] = [f"not measured: {m}" for m in summary.get("not_measured") or []]
     evidence: list[str] = []
 
     dw = summary.get("data_wait_frac")
@@ -66,10 +167,11 @@ def diagnose(summary: dict[str, Any], *, device_type: str, step_stats: dict[str,
         )
     if dw is None:
         notes.append(
-            "no data-wait timing was logged (log_iteration(..., data_seconds=...)); data loading not judged"
+            "data loading not judged: no data-wait timing was logged (log_iteration(..., data_seconds=...))"
         )
     else:
         evidence.append(f"{_pct(dw)} of step time is spent waiting for the next batch")
+    cont = contention(summary, st)
 
     workers = st.get("num_workers")
     # ---- 1. data loading
@@ -80,6 +182,9 @@ def diagnose(summary: dict[str, Any], *, device_type: str, step_stats: dict[str,
             evidence.append(
                 f"training process + loader workers use {proc:.0f}% of one core ({cores} logical cores)"
             )
+        if cont is not None:
+            evidence += cont[1]
+            notes.append("other processes were taking the machine too: the loader may be starved by them")
         if workers == 0 or workers is None:
             advice = (
                 "Load batches in parallel: set num_workers > 0 (find the best value with --auto_num_workers), "
@@ -100,11 +205,37 @@ def diagnose(summary: dict[str, Any], *, device_type: str, step_stats: dict[str,
         return _out("data-loading bound", evidence, advice, conf, notes)
 
     if device_type == "cuda":
-        return _diagnose_gpu(summary, st, evidence, notes)
-    return _diagnose_cpu(summary, st, evidence, notes, p50_ms)
+        return _diagnose_gpu(summary, st, evidence, notes, cont, dw is not None)
+    return _diagnose_cpu(summary, st, evidence, notes, p50_ms, cont, dw is not None)
 
 
-def _diagnose_gpu(s: dict, st: dict, evidence: list[str], notes: list[str]) -> dict:
+def _contended(evidence: list[str], notes: list[str], cont: tuple[str, list[str]]) -> dict:
+    advice = (
+        "Other work shares this machine, so these timings describe its load, not your training code: measure "
+        "again when it is idle (or reserve the cores/GPU: a scheduler allocation, taskset, CUDA_VISIBLE_DEVICES) "
+        "before changing settings."
+    )
+    return _out("contended", evidence + cont[1], advice, "high", notes, detail=cont[0])
+
+
+def _undetermined(evidence: list[str], notes: list[str], why: str) -> dict:
+    advice = (
+        "Time the wait for each batch and pass it as log_iteration(step_seconds, data_seconds=...): the time "
+        "from asking the loader for the next batch to having it. Then data loading can be told apart from "
+        "compute and launch overhead."
+    )
+    evidence.append(why)
+    return _out("undetermined", evidence, advice, "low", notes, detail="data wait was not measured")
+
+
+def _diagnose_gpu(
+    s: dict,
+    st: dict,
+    evidence: list[str],
+    notes: list[str],
+    cont: tuple[str, list[str]] | None,
+    dw_known: bool,
+) -> dict:
     T = THRESHOLDS
     util = s.get("gpu_util_mean")
     peak, total = s.get("peak_gpu_mem_mb"), s.get("gpu_mem_total_mb")
@@ -139,6 +270,8 @@ def _diagnose_gpu(s: dict, st: dict, evidence: list[str], notes: list[str]) -> d
             evidence.append(
                 f"the CUDA allocator had to free its cache and retry {retries} times (fragmentation/OOM edge)"
             )
+        if cont is not None:
+            evidence += cont[1]
         advice = (
             "Free memory before anything else: train in bf16 autocast (halves activations), enable activation "
             "checkpointing for the largest blocks, or halve the batch and keep the effective batch with "
@@ -147,6 +280,9 @@ def _diagnose_gpu(s: dict, st: dict, evidence: list[str], notes: list[str]) -> d
         return _out(
             "memory bound", evidence, advice, "high" if mem_frac and mem_frac >= 0.95 else "medium", notes
         )
+    # ---- 3. someone else's work on the GPU or the cores feeding it
+    if cont is not None:
+        return _contended(evidence, notes, cont)
     ew = st.get("elementwise_frac")
     if ew is not None and ew >= T["elementwise_frac"] and (util is None or util >= T["gpu_util_idle"]):
         evidence.append(
@@ -158,12 +294,18 @@ def _diagnose_gpu(s: dict, st: dict, evidence: list[str], notes: list[str]) -> d
         )
         return _out("memory bound", evidence, advice, "medium", notes)
 
-    # ---- 3. host/launch
+    # ---- 4. host/launch
     many_kernels = kps is not None and kps >= T["kernels_per_step_many"]
     short = p50_ms is not None and p50_ms <= T["short_step_ms"]
     if (util is not None and util < T["gpu_util_idle"]) or (
         util is not None and util < T["gpu_util_busy"] and (many_kernels or (sps_ or 0) > 1 or short)
     ):
+        if not dw_known:
+            return _undetermined(
+                evidence, notes,
+                f"the GPU was idle {100 - util:.0f}% of the time; without a data-wait timing that idle time "
+                "cannot be split between waiting for batches and launch/sync overhead",
+            )  # fmt: skip
         if sps_ and sps_ > 1:
             advice = (
                 f"Remove the {sps_:.0f} host-device syncs per step (.item(), .cpu(), printing a tensor, "
@@ -177,7 +319,12 @@ def _diagnose_gpu(s: dict, st: dict, evidence: list[str], notes: list[str]) -> d
         conf = "high" if util is not None and util < T["gpu_util_idle"] / 2 else "medium"
         return _out("host/launch bound", evidence, advice, conf, notes)
 
-    # ---- 4. compute
+    # ---- 5. compute
+    if util is None and not dw_known:
+        return _undetermined(
+            evidence, notes, "neither GPU utilisation nor the data wait was measured, so nothing shows where "
+            "the step time goes",
+        )  # fmt: skip
     advice = (
         "The GPU is busy: do the same arithmetic faster with bf16 autocast (tensor cores) and TF32 for what "
         "stays in fp32; then torch.compile. More workers or a bigger batch will not help much."
@@ -188,7 +335,15 @@ def _diagnose_gpu(s: dict, st: dict, evidence: list[str], notes: list[str]) -> d
     return _out("compute bound", evidence, advice, conf, notes)
 
 
-def _diagnose_cpu(s: dict, st: dict, evidence: list[str], notes: list[str], p50_ms: float | None) -> dict:
+def _diagnose_cpu(
+    s: dict,
+    st: dict,
+    evidence: list[str],
+    notes: list[str],
+    p50_ms: float | None,
+    cont: tuple[str, list[str]] | None,
+    dw_known: bool,
+) -> dict:
     T = THRESHOLDS
     notes.append(
         "CPU run: computation, Python overhead and data loading share the same cores, and there is no "
@@ -211,6 +366,18 @@ def _diagnose_cpu(s: dict, st: dict, evidence: list[str], notes: list[str], p50_
                 "with gradient accumulation, or cache the dataset as float16/memory-mapped arrays."
             )
             return _out("memory bound", evidence, advice, "medium", notes)
+    if cont is not None:
+        return _contended(evidence, notes, cont)
+    if not dw_known:
+        why = "without a data-wait timing, time spent loading batches cannot be told from compute"
+        if proc is not None and proc < 50:
+            why = (
+                f"this process used only {proc:.0f}% of one core: most of the step time went to waiting (for data, "
+                "I/O, a sleep or a lock), not computing, and no data-wait timing says which"
+            )
+        elif proc is None:
+            why = "neither the data wait nor this process's CPU use was measured"
+        return _undetermined(evidence, notes, why)
     kps = st.get("kernels_per_step")
     if kps is not None:
         evidence.append(f"{kps:.0f} operator calls per step (profiler)")
@@ -227,12 +394,22 @@ def _diagnose_cpu(s: dict, st: dict, evidence: list[str], notes: list[str], p50_
         "The cores are doing arithmetic: a GPU is the real fix; on CPU, keep torch threads = physical cores "
         "and try torch.compile (bf16 autocast was slower than fp32 even on an AMX Xeon, so measure before using it)."
     )
+    if proc is None:
+        notes.append("compute bound by elimination: this process's CPU use was not measured")
     return _out("compute bound", evidence, advice, "medium" if busy else "low", notes)
 
 
-def _out(verdict: str, evidence: list[str], advice: str, confidence: str, notes: list[str]) -> dict:
+def _out(
+    verdict: str,
+    evidence: list[str],
+    advice: str,
+    confidence: str,
+    notes: list[str],
+    detail: str | None = None,
+) -> dict:
     return {
         "verdict": verdict,
+        "headline": f"{verdict}: {detail}" if detail else verdict,
         "evidence": evidence,
         "advice": advice,
         "confidence": confidence,

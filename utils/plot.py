@@ -1,25 +1,37 @@
-"""Plots of a run directory: loss/metric curves, throughput and data wait over time, SST test-month maps.
+"""Plots of a run directory: learning curves with units and baselines, throughput and data wait, SST test-month maps.
 
     python -m utils.plot RUN_DIR        # writes RUN_DIR/plots/*.png
 
 Reads RUN_DIR/metrics.jsonl (rows {"kind": "train", "step", "epoch", "loss", "lr", "samples_per_s",
 "data_wait_frac", "time", ...} and {"kind": "val", "step", "epoch", "val_loss", <metrics>...}),
-RUN_DIR/summary.json (optional, for the title) and RUN_DIR/test_month.npz (optional; keys truth_c,
-pred_c, lats, lons, mask, label: maps of truth, prediction and error). matplotlib is an optional
-dependency (`pip install matplotlib`); without it this module exits with status 2 and says so.
+RUN_DIR/summary.json (optional: the title, and which metric selects best.pt) and RUN_DIR/test_month.npz
+(optional; see `map_figure` for its keys). matplotlib is an optional dependency (`pip install matplotlib`);
+without it this module exits with status 2 and says so.
+
+- `curves.png`: loss (train and validation), then one panel per kind of validation metric: RMSE in °C with the
+  persistence / climatology / anomaly-persistence baselines as dashed lines (keys `val_<baseline>_rmse_c`),
+  ACC likewise, re-ID mAP and rank-1 in both directions with the metric that selects best.pt drawn bold,
+  and the learning rate. Validation points carry markers, so one validation is as readable as many.
+- `throughput.png`: samples/s and the share of step time spent waiting for data.
+- `test_month_maps.png`: truth, prediction and climatology in °C, and under them the anomalies (truth −
+  climatology, prediction − climatology) beside the error, all three on one colour scale so the error reads
+  against the signal the model had to forecast.
 """
 
 from __future__ import annotations
 
+import calendar
 import json
 import math
+import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["plot_run", "read_metrics", "main"]
+__all__ = ["plot_run", "read_metrics", "map_figure", "curves_figure", "main"]
 
 
 def _mpl() -> Any:
@@ -50,6 +62,8 @@ def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
                 raise ValueError(
                     f"{path}:{i}: not valid JSON ({e.msg}); each line must be one JSON object"
                 ) from e
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{i}: expected a JSON object, got {type(row).__name__}")
             kind = row.get("kind")
             if kind == "train":
                 train.append(row)
@@ -58,48 +72,214 @@ def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
     return train, val
 
 
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _series(rows: list[dict], key: str, x: str = "step") -> tuple[np.ndarray, np.ndarray]:
-    pts = [(r[x], r[key]) for r in rows if r.get(key) is not None and r.get(x) is not None]
-    pts = [(a, b) for a, b in pts if isinstance(b, (int, float)) and math.isfinite(b)]
+    pts = [(r[x], r[key]) for r in rows if _num(r.get(key)) and _num(r.get(x))]
     if not pts:
         return np.array([]), np.array([])
     a = np.asarray(pts, dtype=float)
     return a[:, 0], a[:, 1]
 
 
+# --------------------------------------------------------------------------- which metric goes where
 _NOT_METRICS = {"kind", "step", "epoch", "time", "val_loss", "lr"}
+_BASELINES = {
+    "persistence": "persistence",
+    "climatology": "climatology (calendar month)",
+    "anomaly_persistence": "anomaly persistence",
+}
+_BASELINE_COLORS = {"persistence": "dimgray", "climatology (calendar month)": "tab:olive",
+                    "anomaly persistence": "tab:cyan"}  # fmt: skip
+_DIRECTIONS = {"rgb2ir": "RGB→IR", "ir2rgb": "IR→RGB"}
+# (pattern on the key, panel title, y label); the first match wins; keys that match none get their own panel
+_PANELS = (
+    (re.compile(r"rmse_c$"), "validation RMSE", "RMSE (°C), lower is better"),
+    (re.compile(r"(^|_)acc$"), "validation ACC", "anomaly correlation, higher is better"),
+    (re.compile(r"(^|_)mAP$"), "validation mAP", "mAP, higher is better"),
+    (re.compile(r"(^|_)rank1$"), "validation rank-1", "rank-1 accuracy, higher is better"),
+)
+_HIDDEN = re.compile(r"(^|_)rank(5|10|20)$")  # rank-k beyond 1: in summary.json, not on the curves
 
 
-def _loss_plot(plt: Any, train: list[dict], val: list[dict], title: str, out: Path) -> Path | None:
-    metric_keys = sorted(
-        {k for r in val for k, v in r.items() if k not in _NOT_METRICS and isinstance(v, (int, float))}
-    )
-    n_panels = 1 + len(metric_keys[:4])
-    fig, axes = plt.subplots(1, n_panels, figsize=(5.2 * n_panels, 3.8), squeeze=False)
-    ax = axes[0, 0]
+def _series_label(key: str) -> tuple[str, bool]:
+    """(legend label, is a baseline) for a validation key like val_persistence_rmse_c or ir2rgb_rank1."""
+    core = re.sub(r"^(val|test)_", "", key)
+    for unit in ("_rmse_c", "rmse_c", "_acc", "acc"):
+        if core.endswith(unit):
+            name = core[: -len(unit)].rstrip("_")
+            if name in _BASELINES:
+                return _BASELINES[name], True
+            return ("model" if not name else name.replace("_", " ")), False
+    direction = core.split("_", 1)[0] if "_" in core else ""
+    return (_DIRECTIONS.get(direction, direction or "query→gallery")), False
+
+
+def _group_metrics(val: list[dict]) -> list[tuple[str, str, list[str]]]:
+    keys: list[str] = []
+    for r in val:
+        for k, v in r.items():
+            if k not in _NOT_METRICS and k not in keys and _num(v) and not _HIDDEN.search(k):
+                keys.append(k)
+    panels: list[tuple[str, str, list[str]]] = []
+    rest = list(keys)
+    for pat, title, ylabel in _PANELS:
+        hit = [k for k in rest if pat.search(k)]
+        if hit:
+            panels.append((title, ylabel, hit))
+            rest = [k for k in rest if k not in hit]
+    panels += [(k, k, [k]) for k in rest[:3]]  # unknown metrics: their own panel, raw name as the label
+    return panels
+
+
+# --------------------------------------------------------------------------- learning curves
+def _epoch_axis(ax: Any, rows: list[dict]) -> None:
+    """An epoch scale on top when step and epoch are proportional (epoch-based runs)."""
+    pts = [
+        (r["step"], r["epoch"])
+        for r in rows
+        if _num(r.get("step")) and _num(r.get("epoch")) and r["epoch"] > 0
+    ]
+    if not pts:
+        return
+    per = max(s for s, _ in pts) / max(e for _, e in pts)
+    if per <= 0 or any(abs(s / per - e) > 1.0 for s, e in pts):
+        return
+    sec = ax.secondary_xaxis("top", functions=(lambda s: s / per, lambda e: e * per))
+    sec.set_xlabel("epoch", fontsize=8)
+    sec.tick_params(labelsize=8)
+
+
+def _val_markers(n: int) -> dict[str, Any]:
+    return {"marker": "o", "ms": 6 if n <= 30 else 3}
+
+
+def curves_figure(train: list[dict], val: list[dict], title: str = "", selection: str | None = None) -> Any:
+    """The learning-curve figure (a matplotlib Figure), or None when there is nothing to plot.
+
+    `selection` is the validation key that chooses best.pt (drawn bold and named in the legend)."""
+    plt = _mpl()
     xs, ys = _series(train, "loss")
-    if xs.size:
-        ax.plot(xs, ys, lw=1.0, alpha=0.85, label="train loss", color="tab:blue")
     xv, yv = _series(val, "val_loss")
-    if xv.size:
-        ax.plot(xv, yv, "o-", lw=1.5, ms=4, label="val loss", color="tab:orange")
-    if not xs.size and not xv.size:
-        plt.close(fig)
+    xl, yl = _series(train, "lr")
+    groups = _group_metrics(val)
+    if not (xs.size or xv.size or groups or xl.size):
         return None
+    panels = (
+        [("loss", "loss")] + [(t, y) for t, y, _ in groups] + ([("learning rate", "lr")] if xl.size else [])
+    )
+    n = len(panels)
+    ncols = 1 if n == 1 else (2 if n <= 4 else 3)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 3.7 * nrows), squeeze=False)
+    flat = list(axes.ravel())
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    steps = [r["step"] for r in train + val if _num(r.get("step"))]
+    x_hi = max(steps) if steps else 1.0
+    pad = 0.03 * x_hi or 1.0
+
+    ax = flat[0]
+    if xs.size:
+        ax.plot(
+            xs,
+            ys,
+            lw=1.2,
+            alpha=0.9,
+            label="train",
+            color="tab:blue",
+            **({"marker": "."} if xs.size < 30 else {}),
+        )
+    if xv.size:
+        ax.plot(xv, yv, lw=1.5, label="validation", color="tab:orange", **_val_markers(xv.size))
     all_y = np.concatenate([ys, yv])
     if all_y.size and all_y.min() > 0 and all_y.max() / all_y.min() > 30:  # spans decades: log reads better
         ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
     ax.set_title("loss")
-    ax.grid(alpha=0.3)
-    ax.legend(frameon=False)
-    for ax, key in zip(axes[0, 1:], metric_keys[:4]):
-        xm, ym = _series(val, key)
-        ax.plot(xm, ym, "o-", ms=4, color="tab:green")
-        ax.set_title(key)
-        ax.set_xlabel("step")
+    ax.set_ylabel("loss (training objective)")
+    if not all_y.size:
+        ax.text(0.5, 0.5, "no loss logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+    else:
+        ax.legend(frameon=False, fontsize=8)
+
+    for ax, (ptitle, ylabel, keys) in zip(flat[1:], groups):
+        styles = iter(("tab:green", "tab:purple", "tab:red", "tab:brown"))
+        seen: list[float] = []
+        for key in keys:
+            xm, ym = _series(val, key)
+            if not xm.size:
+                continue
+            seen += list(ym)
+            label, baseline = _series_label(key)
+            if baseline:
+                color = _BASELINE_COLORS.get(label, "gray")
+                if np.ptp(ym) <= 1e-9 * max(1.0, abs(ym[-1])):  # a baseline does not change with training
+                    ax.axhline(ym[-1], ls="--", lw=1.2, color=color, label=f"{label}: {ym[-1]:.4f}")
+                else:
+                    ax.plot(xm, ym, ls="--", lw=1.2, color=color, label=f"{label}: {ym[-1]:.4f}")
+                continue
+            chosen = key == selection
+            color = next(styles, None)
+            ax.plot(xm, ym, lw=2.4 if chosen else 1.4, color=color, **_val_markers(xm.size),
+                    label=f"{label}{' (selects best.pt)' if chosen else ''}: {ym[-1]:.4f}")  # fmt: skip
+        ax.set_title(ptitle)
+        ax.set_ylabel(ylabel)
+        ax.legend(frameon=False, fontsize=8)
+        # Scores start at 0 (and ACC, mAP, rank-1 end at 1): a zoomed axis would turn 0.12 vs 0.13 into a cliff.
+        if seen and min(seen) >= 0:
+            top = max(seen)
+            if not ylabel.startswith("RMSE") and top <= 1.0:
+                ax.set_ylim(0, min(1.02, 1.3 * top + 0.02))
+            else:
+                ax.set_ylim(0, 1.15 * top if top > 0 else 1.0)
+
+    if xl.size:
+        ax = flat[n - 1]
+        ax.plot(xl, yl, lw=1.4, color="tab:gray", **({"marker": "."} if xl.size < 30 else {}))
+        ax.set_title("learning rate")
+        ax.set_ylabel("learning rate")
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+        ax.set_ylim(bottom=0)
+
+    for i, ax in enumerate(flat[:n]):
+        ax.set_xlim(-pad, x_hi + pad)
+        ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
+        if i < ncols:
+            _epoch_axis(ax, train + val)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def _speed_plot(plt: Any, train: list[dict], title: str, out: Path) -> Path | None:
+    xs, sps = _series(train, "samples_per_s")
+    xd, dw = _series(train, "data_wait_frac")
+    if not xs.size and not xd.size:
+        return None
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(8, 5.2), sharex=True)
+    if xs.size:
+        a1.plot(xs, sps, lw=1.2, color="tab:blue", **({"marker": "o", "ms": 4} if xs.size < 30 else {}))
+        med = float(np.median(sps))
+        a1.axhline(med, color="gray", ls="--", lw=0.8)
+        a1.text(xs[0], med, f" median {med:.1f}", va="bottom", fontsize=8, color="gray")
+        a1.set_ylim(bottom=0)
+    a1.set_ylabel("samples / s")
+    a1.set_title("throughput")
+    a1.grid(alpha=0.3)
+    if xd.size:
+        a2.fill_between(xd, 100 * dw, step="mid", alpha=0.35, color="tab:red")
+        a2.plot(xd, 100 * dw, lw=1.0, color="tab:red", drawstyle="steps-mid")
+    else:
+        a2.text(
+            0.5, 0.5, "data wait not measured", ha="center", va="center", transform=a2.transAxes, color="gray"
+        )
+    a2.set_ylim(0, 100)
+    a2.set_ylabel("waiting for data (%)")
+    a2.set_xlabel("optimizer step")
+    a2.grid(alpha=0.3)
     return _finish(plt, fig, title, out)
 
 
@@ -113,80 +293,147 @@ def _finish(plt: Any, fig: Any, title: str, out: Path, tight: bool = True) -> Pa
     return out
 
 
-def _speed_plot(plt: Any, train: list[dict], title: str, out: Path) -> Path | None:
-    xs, sps = _series(train, "samples_per_s")
-    xd, dw = _series(train, "data_wait_frac")
-    if not xs.size and not xd.size:
-        return None
-    fig, (a1, a2) = plt.subplots(2, 1, figsize=(8, 5.2), sharex=True)
-    if xs.size:
-        a1.plot(xs, sps, lw=1.2, color="tab:blue")
-        med = float(np.median(sps))
-        a1.axhline(med, color="gray", ls="--", lw=0.8)
-        a1.text(xs[0], med, f" median {med:.1f}", va="bottom", fontsize=8, color="gray")
-        a1.set_ylim(bottom=0)
-    a1.set_ylabel("samples / s")
-    a1.set_title("throughput")
-    a1.grid(alpha=0.3)
-    if xd.size:
-        a2.fill_between(xd, 100 * dw, step="mid", alpha=0.35, color="tab:red")
-        a2.plot(xd, 100 * dw, lw=1.0, color="tab:red", drawstyle="steps-mid")
-    a2.set_ylim(0, 100)
-    a2.set_ylabel("waiting for data (%)")
-    a2.set_xlabel("step")
-    a2.grid(alpha=0.3)
-    return _finish(plt, fig, title, out)
+# --------------------------------------------------------------------------- SST maps
+def _month_title(d: Mapping[str, Any]) -> str:
+    year = int(np.asarray(d["year"])) if "year" in d else None
+    month = int(np.asarray(d["month"])) if "month" in d else None
+    if month is not None and not 1 <= month <= 12:
+        raise ValueError(f"test_month.npz: month={month} must be 1..12 (January = 1)")
+    if month is not None:
+        return f"{calendar.month_name[month]} {year}" if year is not None else calendar.month_name[month]
+    return str(np.asarray(d["label"])) if "label" in d else ""
 
 
-def _map_plot(plt: Any, npz_path: Path, title: str, out: Path) -> Path:
-    d = np.load(npz_path, allow_pickle=False)
-    need = {"truth_c", "pred_c", "lats", "lons"}
-    missing = need - set(d.files)
+def map_figure(source: Path | Mapping[str, Any], title: str = "") -> Any:
+    """The test-month figure (a matplotlib Figure) from test_month.npz or a dict of its arrays.
+
+    Keys: truth_c, pred_c (H, W) °C; lats (H,), lons (W,); optional mask (H, W, True = scored ocean cell),
+    year and month (integers, January = 1), label (text used when year/month are absent), clim_c (the
+    training years' climatology of the target calendar month, (H, W) °C: needed for the anomaly row) and
+    last_input_c (the last input month: its RMSE is quoted as persistence)."""
+    from utils.metrics import acc, weighted_rmse
+
+    plt = _mpl()
+    name = str(source) if isinstance(source, (str, Path)) else "test_month arrays"
+    d: Mapping[str, Any] = (
+        dict(np.load(source, allow_pickle=False)) if isinstance(source, (str, Path)) else source
+    )
+    missing = {"truth_c", "pred_c", "lats", "lons"} - set(d)
     if missing:
         raise ValueError(
-            f"{npz_path}: missing arrays {sorted(missing)}; expected truth_c, pred_c, lats, lons, mask, label"
+            f"{name}: missing arrays {sorted(missing)}; expected truth_c, pred_c, lats, lons "
+            "(+ optional mask, year, month, label, clim_c, last_input_c)"
         )
     truth = np.asarray(d["truth_c"], dtype=float).squeeze()
     pred = np.asarray(d["pred_c"], dtype=float).squeeze()
     lats, lons = np.asarray(d["lats"], dtype=float), np.asarray(d["lons"], dtype=float)
     if truth.shape != pred.shape or truth.shape != (lats.size, lons.size):
         raise ValueError(
-            f"{npz_path}: truth_c {truth.shape} and pred_c {pred.shape} must both be (len(lats), len(lons)) = "
+            f"{name}: truth_c {truth.shape} and pred_c {pred.shape} must both be (len(lats), len(lons)) = "
             f"({lats.size}, {lons.size})"
         )
+
+    def optional(key: str) -> np.ndarray | None:
+        if key not in d:
+            return None
+        a = np.asarray(d[key], dtype=float).squeeze()
+        if a.shape != truth.shape:
+            raise ValueError(f"{name}: {key} has shape {a.shape}, expected {truth.shape} like truth_c")
+        return a
+
+    clim, last = optional("clim_c"), optional("last_input_c")
     valid = np.isfinite(truth) & np.isfinite(pred)
-    if "mask" in d.files:
+    if "mask" in d:
         m = np.asarray(d["mask"]).astype(bool).squeeze()
         if m.shape == truth.shape:
             valid &= m  # mask: True = ocean cell that is scored
-    label = str(d["label"]) if "label" in d.files else ""
-    truth = np.where(valid, truth, np.nan)
-    pred = np.where(valid, pred, np.nan)
-    err = pred - truth
+    if clim is not None:
+        valid &= np.isfinite(clim)
+    if not valid.any():
+        raise ValueError(f"{name}: no cell where truth, prediction (and climatology) are all finite")
     order = np.argsort(lats)  # pcolormesh wants monotonic coordinates; ERA5 latitude runs 90 -> -90
-    lats, truth, pred, err = lats[order], truth[order], pred[order], err[order]
-    vmin, vmax = np.nanpercentile(np.concatenate([truth[valid[order]], pred[valid[order]]]), [1, 99])
-    emax = float(np.nanpercentile(np.abs(err), 99)) or 1.0
-    w = np.cos(np.deg2rad(lats))[:, None] * np.ones_like(err)
-    ok = np.isfinite(err)
-    rmse = float(np.sqrt(np.sum(w[ok] * err[ok] ** 2) / np.sum(w[ok]))) if ok.any() else float("nan")
+    lats, valid = lats[order], valid[order]
+
+    def field(a: np.ndarray) -> np.ndarray:
+        return np.where(valid, a[order], np.nan)
+
+    truth, pred = field(truth), field(pred)
+    err = pred - truth
+    rmse = weighted_rmse(pred, truth, lats, valid)
+    head = [f"model RMSE {rmse:.4f} °C"]
+    if clim is not None:
+        clim = field(clim)
+        head.append(f"ACC {acc(pred, truth, clim, lats, valid):.3f}")
+    if last is not None:
+        last = field(last)
+        head.append(f"persistence RMSE {weighted_rmse(last, truth, lats, valid):.4f} °C")
+
     aspect = (lons.max() - lons.min()) / max(lats.max() - lats.min(), 1e-6)
-    fig, axes = plt.subplots(1, 3, figsize=(15, max(3.2, 15 / 3 / aspect + 1.1)), constrained_layout=True)
-    for ax, data, name, cmap, lim in (
-        (axes[0], truth, "truth", "RdYlBu_r", (vmin, vmax)),
-        (axes[1], pred, "prediction", "RdYlBu_r", (vmin, vmax)),
-        (axes[2], err, f"error (pred − truth), lat-weighted RMSE {rmse:.2f} °C", "RdBu_r", (-emax, emax)),
-    ):
+    nrows = 2 if clim is not None else 1
+    panel_h = 15 / 3 / aspect
+    fig, axes = plt.subplots(
+        nrows, 3, figsize=(15, nrows * max(2.4, panel_h + 0.4) + 0.7), squeeze=False, constrained_layout=True
+    )
+    absolute = [truth, pred] + ([clim] if clim is not None else [])
+    vmin, vmax = np.nanpercentile(np.concatenate([a[valid] for a in absolute]), [1, 99])
+
+    def draw(ax: Any, data: np.ndarray, name: str, cmap: str, lim: tuple[float, float]) -> Any:
         cmap_obj = plt.get_cmap(cmap).with_extremes(bad="#d9d9d9")  # land / missing in light grey
         im = ax.pcolormesh(
             lons, lats, np.ma.masked_invalid(data), cmap=cmap_obj, vmin=lim[0], vmax=lim[1], shading="auto"
         )
         ax.set_title(name, fontsize=10)
-        ax.set_xlabel("longitude (°)")
         ax.set_aspect("equal")
-        fig.colorbar(im, ax=ax, shrink=0.8, label="°C")
-    axes[0].set_ylabel("latitude (°)")
-    return _finish(plt, fig, f"{title}  —  test month {label}".strip(" —"), out, tight=False)
+        ax.set_xlabel("longitude (°)", fontsize=8)
+        ax.set_ylabel("latitude (°)", fontsize=8)
+        ax.tick_params(labelsize=8)
+        return im
+
+    err_title = f"error (prediction − truth)\nlat-weighted RMSE {rmse:.4f} °C"
+    if clim is None:
+        im = draw(axes[0, 0], truth, "truth", "RdYlBu_r", (vmin, vmax))
+        draw(axes[0, 1], pred, "prediction", "RdYlBu_r", (vmin, vmax))
+        fig.colorbar(im, ax=axes[0, :2], shrink=0.85, label="SST (°C)")
+        emax = float(np.nanpercentile(np.abs(err), 99)) or 1.0
+        im = draw(axes[0, 2], err, err_title, "RdBu_r", (-emax, emax))
+        fig.colorbar(im, ax=axes[0, 2], shrink=0.85, label="°C")
+        head.append("no anomaly maps: test_month.npz has no clim_c")
+    else:
+        im = draw(axes[0, 0], truth, "truth", "RdYlBu_r", (vmin, vmax))
+        draw(axes[0, 1], pred, "prediction", "RdYlBu_r", (vmin, vmax))
+        draw(
+            axes[0, 2], clim, "climatology of this calendar month (training years)", "RdYlBu_r", (vmin, vmax)
+        )
+        fig.colorbar(im, ax=axes[0, :], shrink=0.85, label="SST (°C)")
+        a_t, a_p = truth - clim, pred - clim
+        amax = float(np.nanpercentile(np.abs(np.concatenate([a_t[valid], a_p[valid]])), 99.9)) or 1.0
+        im = draw(axes[1, 0], a_t, "truth anomaly (truth − climatology)", "RdBu_r", (-amax, amax))
+        draw(axes[1, 1], a_p, "predicted anomaly (prediction − climatology)", "RdBu_r", (-amax, amax))
+        draw(axes[1, 2], err, err_title, "RdBu_r", (-amax, amax))
+        fig.colorbar(im, ax=axes[1, :], shrink=0.85, label="anomaly / error (°C), one scale")
+    when = _month_title(d)
+    fig.suptitle(
+        f"{title}  —  test month {when}".strip(" —") + "\n" + ", ".join(head), fontsize=11
+    )  # fmt: skip
+    return fig
+
+
+# --------------------------------------------------------------------------- the run directory
+def _run_info(run_dir: Path) -> tuple[str, str | None]:
+    """(title, the validation key that selects best.pt) from summary.json, when it is there."""
+    title, selection = run_dir.name, None
+    summ = run_dir / "summary.json"
+    if summ.exists():
+        try:
+            s = json.loads(summ.read_text(encoding="utf-8"))
+            task = s.get("task") or (s.get("config") or {}).get("task")
+            title = f"{run_dir.name}" + (f" ({task})" if task else "")
+            best = s.get("best")
+            if isinstance(best, dict) and len(best) == 1:
+                selection = next(iter(best))
+        except (json.JSONDecodeError, AttributeError):
+            pass
+    return title, selection
 
 
 def plot_run(run_dir: Path) -> list[Path]:
@@ -201,28 +448,25 @@ def plot_run(run_dir: Path) -> list[Path]:
             f"plot_run: {run_dir} has neither metrics.jsonl nor test_month.npz; is it a run directory?"
         )
     plt = _mpl()
-    title = run_dir.name
-    summ = run_dir / "summary.json"
-    if summ.exists():
-        try:
-            s = json.loads(summ.read_text(encoding="utf-8"))
-            task = s.get("task") or (s.get("config") or {}).get("task")
-            title = f"{run_dir.name}" + (f" ({task})" if task else "")
-        except (json.JSONDecodeError, AttributeError):
-            pass
+    title, selection = _run_info(run_dir)
     out_dir = run_dir / "plots"
     out_dir.mkdir(exist_ok=True)
     written: list[Path] = []
     if metrics.exists():
         train, val = read_metrics(metrics)
-        for p in (
-            _loss_plot(plt, train, val, title, out_dir / "curves.png"),
-            _speed_plot(plt, train, title, out_dir / "throughput.png"),
-        ):
-            if p is not None:
-                written.append(p)
+        fig = curves_figure(train, val, title, selection)
+        if fig is not None:
+            fig.savefig(out_dir / "curves.png", dpi=110)
+            plt.close(fig)
+            written.append(out_dir / "curves.png")
+        p = _speed_plot(plt, train, title, out_dir / "throughput.png")
+        if p is not None:
+            written.append(p)
     if npz.exists():
-        written.append(_map_plot(plt, npz, title, out_dir / "test_month_maps.png"))
+        fig = map_figure(npz, title)
+        fig.savefig(out_dir / "test_month_maps.png", dpi=110)
+        plt.close(fig)
+        written.append(out_dir / "test_month_maps.png")
     return written
 
 

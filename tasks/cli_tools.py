@@ -1,0 +1,134 @@
+"""The CLI's measurement tools wired to the engine: --profile, --auto_batch_size / --auto_num_workers,
+--system_report. The tools themselves live in utils/ and never import the engine; this file hands them
+callables made from a Trainer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer import TrainConfig
+from trainer.data import to_device
+from trainer.loop import Trainer
+from trainer.task import clone_task_model
+from trainer.runfiles import claim_run_dir
+
+
+def profile(cfg: TrainConfig, task: Any, sections: dict[str, dict[str, Any]]) -> Path:
+    """A torch.profiler trace of 5 steps (after 2 warm-up steps, on a copy of the model) into RUN_DIR/profile."""
+    from utils.profiling import profile_steps
+
+    t = Trainer(dataclasses.replace(cfg, resume=None, progress_bar=False), clone_task_model(task),
+                log=lambda _s: None)
+    run_dir, _ = claim_run_dir(cfg.output_dir, cfg.run_name, f"{task.name}-profile")
+    res = profile_steps(t.step_fn(), run_dir / "profile", steps=5, warmup=2)
+    print(f"[plainloop] profiler trace: {res['trace']} (open in https://ui.perfetto.dev); top ops: {res['table']}")
+    return run_dir
+
+
+def autotune(cfg: TrainConfig, task: Any, opts: Any) -> TrainConfig:
+    from utils.autotune import find_max_batch_size, tune_num_workers
+
+    if opts.auto_batch_size:
+        probe = Trainer(dataclasses.replace(cfg, max_steps=1, progress_bar=False, resume=None),
+                        clone_task_model(task), log=lambda s: None)
+        ds = task.train_set
+
+        def try_batch(bs: int) -> None:
+            idx = torch.randint(0, len(ds), (bs,))
+            batch = (ds.gather(idx) if probe.on_device
+                     else torch.utils.data.default_collate([ds[i] for i in idx.tolist()]))
+            probe.forward_backward(to_device(batch, probe.rt.device), 1)
+            for p in probe.opt.params:
+                p.grad = None
+
+        # Memory is the limit on a GPU; on a CPU nothing runs out before the machine does, so the search
+        # stops at a size that still leaves 8 optimizer steps per epoch.
+        cap = 4096 if probe.rt.device.type == "cuda" else max(1, len(ds) // 8)
+        target = cfg.batch_size * cfg.accumulate_grad_batches
+        keep_effective = cfg.accumulate_grad_batches > 1
+        res = find_max_batch_size(try_batch, start=2, max_batch=cap, target=target if keep_effective else None)
+        if keep_effective:  # back-off: keep the effective batch, split into as few micro-batches as fit
+            accum, bs = res["accumulate_grad_batches"], res["balanced_batch_size"]
+            cfg = dataclasses.replace(cfg, batch_size=bs, accumulate_grad_batches=accum)
+            print(f"[plainloop] auto_batch_size: largest that fits {res['batch_size']}; using {bs} x {accum} "
+                  f"accumulation to keep the effective batch {target}")
+        else:  # a larger batch: the learning rate follows it by --lr_scaling
+            bs = res["batch_size"]
+            cfg = dataclasses.replace(cfg, batch_size=bs, ref_batch_size=cfg.ref_batch_size or cfg.batch_size)
+            print(f"[plainloop] auto_batch_size: {bs}{' (search cap)' if res['hit_max'] else ''}; lr follows "
+                  f"by {cfg.lr_scaling} scaling from batch {cfg.ref_batch_size}")
+        del probe
+    if opts.auto_num_workers:
+        from torch.utils.data import DataLoader
+
+        ds = task.train_set
+        res = tune_num_workers(lambda n: DataLoader(ds, batch_size=cfg.batch_size, shuffle=True, num_workers=n,
+                                                    persistent_workers=False), batches=20)
+        print(f"[plainloop] auto_num_workers: {res['num_workers']} (samples/s by workers: "
+              f"{json.dumps({str(k): round(v) for k, v in res['samples_per_s'].items()})})")
+        best = res["num_workers"]
+        # workers only matter when the data is read through a DataLoader
+        cfg = dataclasses.replace(cfg, num_workers=best, device_cache=False if best > 0 else cfg.device_cache)
+    return cfg
+
+
+def system_report(cfg: TrainConfig, opts: Any, task_kw: dict[str, Any]) -> int:
+    from tasks import build_task
+    from utils.callbacks import VerdictCallback
+    from utils.performance_monitor import TrainingMonitor
+    from utils.system_report import run_system_report
+
+    out, _ = claim_run_dir(cfg.output_dir, cfg.run_name, f"{opts.task}-report")
+    trials = out / "trials"
+    trial_no = 0
+
+    def run_trial(overrides: dict[str, Any], steps: int) -> dict[str, Any]:
+        nonlocal trial_no
+        trial_no += 1
+        task = build_task(opts.task, **task_kw)
+        c = dataclasses.replace(cfg, **overrides, max_steps=steps, progress_bar=False, save_best=False, resume=None,
+                                val_check_steps=None, validation_interval=10**6, output_dir=str(trials),
+                                run_name=f"trial{trial_no}")
+        t = Trainer(c, task, log=lambda m: None, monitor=TrainingMonitor(batch_size=c.batch_size),
+                    callbacks=[VerdictCallback()])
+        warm = t.step_fn()
+        for _ in range(2):  # warm-up outside the timing: worker start-up, compilation, allocator
+            warm()
+        s = t.fit()
+        mon = s["monitor"]
+        return {"samples_per_s": s["samples_per_s"], "data_wait_frac": mon.get("data_wait_frac"),
+                "step_time_ms": 1000 * ((mon.get("iter_time_s") or {}).get("p50") or 0.0),
+                "peak_mem_mb": s["peak_memory_mb"], "monitor": mon, "device_type": t.rt.device.type,
+                "step_stats": {"num_workers": 0 if t.on_device else t.loader_kw.get("num_workers", 0),
+                               "torch_threads": torch.get_num_threads()}}
+
+    base = {k: getattr(cfg, k) for k in ("batch_size", "num_workers", "precision", "pin_memory", "compile_model",
+                                         "device_cache")}
+    try:
+        path = run_system_report(run_trial, base, candidates=_report_candidates(cfg), steps=opts.report_steps,
+                                 out_path=out / "report.md", config={"task": opts.task, **cfg.to_dict(), **task_kw},
+                                 repeats=opts.report_repeats)
+    finally:
+        shutil.rmtree(trials, ignore_errors=True)  # trial runs and their checkpoints are scratch
+    print(Path(path).read_text(encoding="utf-8"))
+    print(f"[plainloop] report written to {path}")
+    return 0
+
+
+def _report_candidates(cfg: TrainConfig) -> list[dict[str, Any]]:
+    """Settings worth measuring against the user's, whatever the verdict turns out to be."""
+    c: list[dict[str, Any]] = [{"batch_size": cfg.batch_size * 2}]
+    if cfg.device_cache is not True:
+        c.append({"device_cache": True, "num_workers": 0})
+    if cfg.device_cache is not False:
+        c.append({"device_cache": False, "num_workers": 2})
+    if torch.cuda.is_available():
+        c += [{"precision": "bf16-mixed"}, {"compile_model": True}]
+    return c

@@ -1,0 +1,131 @@
+"""One source of configuration: flags generated from TrainConfig and the task builders, config files, aliases."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import train_optimized as cli
+from tasks import TASK_BUILDERS
+from trainer import TrainConfig
+from trainer.options import ConfigError, function_parameters, load_config_file
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--resolution", "10", "--d_model", "32", "--dim_feedforward", "64", "--num_layers", "1",
+         "--no-progress_bar", "--no-plots"]
+
+
+def flags() -> set[str]:
+    return {a.dest for a in cli.build_parser()._actions if a.option_strings and a.dest != "help"}
+
+
+def test_every_setting_has_a_flag():
+    have = flags()
+    for f in dataclasses.fields(TrainConfig):
+        assert f.name in have, f"TrainConfig.{f.name} has no --flag"
+        assert f.metadata.get("help"), f"TrainConfig.{f.name} has no help text"
+    for f in dataclasses.fields(cli.RunOptions):
+        assert f.name in have
+    for name, builder in TASK_BUILDERS.items():
+        for p in function_parameters(builder()):
+            if p not in ("seed", "device_cache", "learning_rate"):
+                assert p in have, f"{name} task parameter {p} has no --flag"
+
+
+# flags of other programs that the README quotes (pytest, pip, torchrun, benchmarks, the sample maker)
+OTHER_PROGRAMS = {"help", "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "max_restarts", "standalone",
+                  "reps", "threads", "out", "preset", "layout", "years", "grid", "file_grid", "rerender", "loops",
+                  "quick", "seeds", "leads", "contexts", "datasets", "dry_run", "cases", "kills", "signals", "only",
+                  "steps", "warmup", "sizes"}
+
+
+def test_every_flag_the_readme_names_exists():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    named = {m.replace("-", "_") for m in re.findall(r"(?<![\w-])--(?:no-)?([a-z][a-z0-9_-]+)", text)}
+    missing = sorted(named - flags() - OTHER_PROGRAMS)
+    assert not missing, f"README names flags that train_optimized.py does not have: {missing}"
+
+
+def test_help_has_groups_and_defaults(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for group in ("optimizer:", "data loading:", "robustness:", "era5 task:", "reid task:", "measurement tools:"):
+        assert group in out
+    assert "--min_lr_ratio MIN_LR_RATIO" in out and "(default: 0.05)" in out
+    assert "--save_best, --no-save_best" in out and "--d_model D_MODEL" in out and "from --preset" in out
+
+
+def test_config_file_is_read_and_flags_win(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('[train]\nbatch_size = 12\nlr = 0.01\n[task]\nlon = [170.0, -120.0]\n', encoding="utf-8")
+    explicit = vars(cli.build_parser().parse_args(["--config", str(f), "--lr", "0.5"]))
+    _, task_kw, train_kw = cli.split_settings(cli.resolve_settings(explicit, []))
+    assert train_kw["batch_size"] == 12 and train_kw["lr"] == 0.5 and task_kw["lon"] == (170.0, -120.0)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("batch_sise = 12\n", "'batch_sise' (did you mean batch_size"),
+    ("[train]\nepochs = 'ten'\n", "epochs='ten' is not a valid int"),
+    ("[train]\nepochs = 2.5\n", "epochs=2.5 is not a valid int"),
+    ("[runner]\nmax_iter = 10\n", "unknown setting runner.max_iter"),
+    ("epochs = \n", "not valid TOML"),
+])
+def test_bad_config_files_are_clear_errors(tmp_path, capsys, text, message):
+    f = tmp_path / "bad.toml"
+    f.write_text(text, encoding="utf-8")
+    try:
+        code = cli.main(["--config", str(f)])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and str(f) in err, err
+
+
+def test_seed002_mmseg_names_are_aliases(capsys):
+    notes: list[str] = []
+    vals = load_config_file(ROOT / "configs" / "seed002_mmseg.toml", notes)
+    assert vals["batch_size"] == 16 and vals["num_workers"] == 1 and vals["max_batches"] == 400
+    assert vals["val_check_batches"] == 200 and vals["accumulate_grad_batches"] == 2
+    assert (vals["precision"], vals["loss_scale"]) == ("16-mixed", "512.0")
+    assert len(notes) == 6 and all(n.startswith("config: mmseg") for n in notes)
+    eff = TrainConfig(**vals).effective()  # mmseg iterations are batches: 400 batches / 2 = 200 steps
+    assert eff.max_steps == 200 and eff.val_check_steps == 100
+
+
+def test_example_configs_load_for_their_task():
+    for path in sorted((ROOT / "configs").glob("*.toml")):
+        explicit = vars(cli.build_parser().parse_args(["--config", str(path)]))
+        opts, task_kw, train_kw = cli.split_settings(cli.resolve_settings(explicit, []))
+        TrainConfig(**train_kw)
+        assert opts.task in TASK_BUILDERS
+
+
+def test_unknown_keys_in_trainer_config_name_the_nearest():
+    with pytest.raises(ConfigError, match="did you mean min_lr_ratio"):
+        TrainConfig.from_dict({"min_lr_ratoi": 0.1})
+
+
+def test_min_lr_ratio_flag_exists_and_reaches_the_schedule(tmp_path, era5_cache):
+    assert cli.main(["--min_lr_ratio", "0.5", "--max_steps", "3", "--warmup_steps", "0", "--output_dir",
+                     str(tmp_path), "--run_name", "m", *SMALL]) == 0
+    eff = json.loads((tmp_path / "m" / "config.json").read_text())["effective"]
+    assert eff["min_lr_ratio"] == 0.5
+
+
+def test_rerun_from_the_written_config_is_bit_identical(tmp_path, era5_cache):
+    """Every run writes config.toml; --config with it re-runs the same job, bit for bit on a CPU."""
+    assert cli.main(["--max_steps", "4", "--seq_len", "3", "--output_dir", str(tmp_path), "--run_name", "a",
+                     *SMALL]) == 0
+    assert cli.main(["--config", str(tmp_path / "a" / "config.toml")]) == 0
+    again = tmp_path / "a-2"  # the same name again: a new suffixed directory, the first run untouched
+    a = torch.load(tmp_path / "a" / "checkpoints" / "last.pt", weights_only=True)["model"]
+    b = torch.load(again / "checkpoints" / "last.pt", weights_only=True)["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    cfg = json.loads((again / "config.json").read_text())["requested"]
+    assert cfg["max_steps"] == 4
