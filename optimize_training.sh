@@ -44,17 +44,18 @@ boolean() {
   esac
 }
 
-TASK="${TASK:-era5}"                        # era5 (SST forecasting) or reid
+# Each empty variable leaves train_optimized.py its default (and a resumed run its saved setting).
+TASK="${TASK:-}"                            # era5 (SST forecasting, the default) or reid
 BATCH_SIZE="${BATCH_SIZE:-}"                # per GPU; empty = train_optimized.py's default
 NUM_WORKERS="${NUM_WORKERS:-}"              # empty = chosen from the CPU count
-PRECISION="${PRECISION:-auto}"              # auto, 32, 16-mixed, bf16-mixed
+PRECISION="${PRECISION:-}"                  # auto (default), 32, 16-mixed, bf16-mixed
 COMPILE="${COMPILE:-0}"                     # 1/true/yes = torch.compile
-COMPILE_MODE="${COMPILE_MODE:-default}"     # default, reduce-overhead, max-autotune
+COMPILE_MODE="${COMPILE_MODE:-}"            # default, reduce-overhead, max-autotune (with COMPILE=1)
 EPOCHS="${EPOCHS:-}"                        # empty = train_optimized.py's default
 DATA_PATH="${DATA_PATH:-${ERA5_DATA_PATH:-}}"  # empty = built-in sample data
-OUTPUT_DIR="${OUTPUT_DIR:-runs}"
+OUTPUT_DIR="${OUTPUT_DIR:-}"                # default runs
 RUN_NAME="${RUN_NAME:-}"                    # empty = a new unique name (fixed once per launch with MAX_RESTARTS)
-SEED="${SEED:-42}"
+SEED="${SEED:-}"                            # default 42
 NPROC_PER_NODE="${NPROC_PER_NODE:-1}"       # processes (GPUs) per node
 NNODES="${NNODES:-1}"
 NODE_RANK="${NODE_RANK:-0}"
@@ -101,11 +102,11 @@ fi
 if [ "$MAX_RESTARTS" -gt 0 ] && [ -z "$RUN_NAME" ]; then
   if [ "$NNODES" -gt 1 ]; then
     [ -n "${SLURM_JOB_ID:-}" ] || die "MAX_RESTARTS=$MAX_RESTARTS with NNODES=$NNODES needs RUN_NAME set to the same name on every node (or SLURM_JOB_ID)"
-    RUN_NAME="$TASK-slurm$SLURM_JOB_ID"
+    RUN_NAME="${TASK:-era5}-slurm$SLURM_JOB_ID"
   else
-    RUN_NAME="$TASK-$(date +%Y%m%d-%H%M%S)-$$"
+    RUN_NAME="${TASK:-era5}-$(date +%Y%m%d-%H%M%S)-$$"
   fi
-  note "MAX_RESTARTS=$MAX_RESTARTS: run name $RUN_NAME (restarted workers resume $OUTPUT_DIR/$RUN_NAME)"
+  note "MAX_RESTARTS=$MAX_RESTARTS: run name $RUN_NAME (restarted workers resume ${OUTPUT_DIR:-runs}/$RUN_NAME)"
 fi
 if [ "$MAX_RESTARTS" -gt 0 ]; then
   # Restarted workers sharing torchrun's rendezvous store read the dead workers' stale addresses and fail to
@@ -114,14 +115,19 @@ if [ "$MAX_RESTARTS" -gt 0 ]; then
   exported+=(TORCH_DISABLE_SHARE_RDZV_TCP_STORE)
 fi
 
-args=(--task "$TASK" --precision "$PRECISION" --output_dir "$OUTPUT_DIR" --seed "$SEED")
+args=()
+[ -n "$TASK" ] && args+=(--task "$TASK")
+[ -n "$PRECISION" ] && args+=(--precision "$PRECISION")
+[ -n "$OUTPUT_DIR" ] && args+=(--output_dir "$OUTPUT_DIR")
+[ -n "$SEED" ] && args+=(--seed "$SEED")
 [ -n "$RUN_NAME" ] && args+=(--run_name "$RUN_NAME")
 [ "$MAX_RESTARTS" -gt 0 ] && args+=(--resume auto)
 [ -n "$BATCH_SIZE" ] && args+=(--batch_size "$BATCH_SIZE")
 [ -n "$NUM_WORKERS" ] && args+=(--num_workers "$NUM_WORKERS")
 [ -n "$EPOCHS" ] && args+=(--epochs "$EPOCHS")
 [ -n "$DATA_PATH" ] && args+=(--data_path "$DATA_PATH")
-[ "$COMPILE" = "1" ] && args+=(--compile_model --compile_mode "$COMPILE_MODE")
+[ "$COMPILE" = "1" ] && args+=(--compile_model)
+[ "$COMPILE" = "1" ] && [ -n "$COMPILE_MODE" ] && args+=(--compile_mode "$COMPILE_MODE")
 
 if [ "$SKIP_SETUP" = "1" ]; then
   PY=python
@@ -147,7 +153,7 @@ if [ "$NPROC_PER_NODE" -gt 1 ] || [ "$NNODES" -gt 1 ] || [ "$MAX_RESTARTS" -gt 0
     cmd+=(--node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
   fi
 fi
-cmd+=(train_optimized.py "${args[@]}" "$@")
+cmd+=(train_optimized.py ${args[@]+"${args[@]}"} "$@")
 
 if [ "$PLAINLOOP_DRY_RUN" = "1" ]; then
   for name in "${exported[@]}"; do

@@ -208,6 +208,8 @@ class Campaign:
                 "PLAINLOOP_CACHE": cache,
                 "PYTHONPATH": str(ROOT),
                 "PYTHONUNBUFFERED": "1",
+                # the launcher's `python` (SKIP_SETUP=1) must be this interpreter
+                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
             }
         )
         self.env = env
@@ -355,7 +357,8 @@ class Campaign:
         return self._refs[key]
 
     # --------------------------------------------------------------------------------- kill -9
-    def kill_case(self, i: int) -> Case:
+    def kill_case(self, i: int, delay: float | None = None) -> Case:
+        """delay: seconds after training starts (config.json written); None = drawn at random."""
         ref, window = self.reference()
         name = f"kill{i}"
         case = Case("kill", name)
@@ -363,7 +366,8 @@ class Campaign:
         run_dir = self.out / name
         p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *self.train_args(name)], name)
         started = self.wait_for(run_dir / "config.json", p)
-        delay = self.rng.uniform(0.0, 0.9 * window)
+        if delay is None:
+            delay = self.rng.uniform(0.0, 0.9 * window)
         if started is not None:
             time.sleep(max(0.0, started + delay - time.monotonic()))
         killed = p.poll() is None
@@ -402,14 +406,20 @@ class Campaign:
                 True,
             )
             return self.record(case)
-        equal = same_tree(self.final_state(run_dir), ref)
+        used = _run_dir_of(res.text) or run_dir
+        moved = (
+            ""
+            if used == run_dir
+            else f"; restarted in {used.name}, not {name}: a later `--resume auto` would miss it"
+        )
+        equal = same_tree(self.final_state(used), ref)
         tidy = not orphans(run_dir)
-        case.ok, case.lost = equal and tidy, not equal
+        case.ok, case.lost = equal and tidy and not moved, not equal
         case.detail = (
             f"killed {delay:.2f}s in{' mid-write' if left else ''}, "
             f"{'resumed from step ' + str(case.info.get('last_pt_step')) if has_last else 'restarted'}: "
             f"{'bit-identical' if equal else 'DIFFERENT from the uninterrupted run'}"
-            f"{'' if tidy else ', orphan temp files left: ' + ', '.join(orphans(run_dir))}"
+            f"{'' if tidy else ', orphan temp files left: ' + ', '.join(orphans(run_dir))}{moved}"
         )
         return self.record(case)
 
@@ -423,7 +433,7 @@ class Campaign:
         run_dir = self.out / name
         p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *self.train_args(name)], name)
         started = self.wait_for(run_dir / "config.json", p)
-        delay = self.rng.uniform(0.0, 0.8 * window)
+        delay = self.rng.uniform(0.0, 0.7 * window)
         if started is not None:
             time.sleep(max(0.0, started + delay - time.monotonic()))
         sent = p.poll() is None
@@ -442,6 +452,14 @@ class Campaign:
             case.info["counted"] = False
             case.seconds = time.monotonic() - t0
             return self.record(case)
+        last = run_dir / "checkpoints" / "last.pt"
+        ck_step = _step_of(last)
+        if ck_step is not None and ck_step >= ref["step"] and first.rc != 128 + int(sig):
+            # the signal came after training had ended (during the final evaluation): nothing to save or resume
+            case.detail = f"arrived after training ended (exit {first.rc}); not counted"
+            case.info.update(counted=False, after_training=True)
+            case.seconds = time.monotonic() - t0
+            return self.record(case)
         problems = []
         want = 128 + int(sig)
         if first.rc != want and not (twice and first.rc != 0):
@@ -455,7 +473,6 @@ class Campaign:
                 )
             else:
                 problems.append("no resume command printed")
-        last = run_dir / "checkpoints" / "last.pt"
         if last.exists():
             try:
                 ck = load_checkpoint(last)
@@ -474,8 +491,12 @@ class Campaign:
             resume_cmd = [sys.executable, str(ROOT / "train_optimized.py"), *argv]
         elif resume_cmd[1:2] == ["train_optimized.py"]:
             resume_cmd[1] = str(ROOT / "train_optimized.py")
-        rp, rh = self.start(resume_cmd, f"{name}-resume")
-        res = self.finish(rp, rh)
+        if ck_step is not None and ck_step >= ref["step"]:  # stopped at the very last step: nothing to resume
+            res = Proc(0, "", "", 0.0)
+            case.info["stopped_at_last_step"] = True
+        else:
+            rp, rh = self.start(resume_cmd, f"{name}-resume")
+            res = self.finish(rp, rh)
         case.info["resume_rc"] = res.rc
         case.info["resume_command"] = " ".join(shlex.quote(a) for a in resume_cmd)
         case.seconds = time.monotonic() - t0
@@ -628,8 +649,8 @@ class Campaign:
             "locked",
         )
         problems = []
-        if self.wait_for(run_dir / "config.json", p) is None:
-            problems.append("the first run ended before it started")
+        if self.wait_for(run_dir / "checkpoints" / "last.pt", p) is None:  # resumable, and running
+            problems.append("the first run ended before its first checkpoint")
         second = self.cli("--resume", str(run_dir), tag="locked-2", inproc_ok=True)
         still_running = p.poll() is None
         if still_running:
@@ -645,6 +666,8 @@ class Campaign:
             case.lost = second.rc == 0
         if "Traceback" in second.text or not 1 <= len(msg) <= 2:
             problems.append(f"message of {len(msg)} lines")
+        if not re.search(r"another (live )?process|lock", " ".join(msg)):
+            problems.append(f"refused for another reason: {' '.join(msg)[:160]}")
         if first.rc not in (0, 128 + signal.SIGTERM):
             problems.append(f"first run exit {first.rc}")
         case.ok = not problems
@@ -776,8 +799,10 @@ class Campaign:
         res = self.finish(p, h)
         case.seconds = time.monotonic() - t0
         case.info["exit"] = res.rc
-        restarted = bool(re.search(r"restart", res.err, re.I))
-        case.info["torchrun_restarted"] = restarted
+        # the restarted workers say where they resumed ("[plainloop] resume: RUN_DIR at epoch E, step S")
+        resumed = re.findall(r"resume: \S+ at epoch \d+, step (\d+)", res.text)
+        restarted = bool(resumed)
+        case.info["resumed_at_step"] = int(resumed[0]) if resumed else None
         if res.rc != 0:
             problems.append(f"exit {res.rc}")
             case.lost = victim is not None
@@ -787,7 +812,7 @@ class Campaign:
                 problems.append("DIFFERENT from the uninterrupted two-process run")
                 case.lost = True
             if not restarted:
-                problems.append("no restart seen in torchrun's log")
+                problems.append("no resumed worker seen in the log")
         case.ok = not problems
         case.detail = (
             "worker killed, torchrun restarted, resumed: bit-identical to the uninterrupted run"
@@ -859,6 +884,19 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 def _last_skipped(run_dir: Path) -> int | None:
     vals = [r["skipped_steps"] for r in _rows(run_dir / "metrics.jsonl") if "skipped_steps" in r]
     return vals[-1] if vals else None
+
+
+def _run_dir_of(text: str) -> Path | None:
+    """The run directory a CLI run reported ("[plainloop] run directory: DIR ...")."""
+    found = re.findall(r"run directory: (\S+)", text)
+    return Path(found[-1]) if found else None
+
+
+def _step_of(path: Path) -> int | None:
+    try:
+        return int(load_checkpoint(path)["step"])
+    except (CheckpointError, KeyError, TypeError, ValueError):
+        return None
 
 
 def _snapshot(run_dir: Path) -> dict[str, bytes]:
@@ -1023,6 +1061,7 @@ def main(argv: list[str] | None = None) -> int:
         camp.reference()
         for i in range(args.kills):
             camp.kill_case(i)
+        camp.kill_case(args.kills, delay=0.0)  # before the first checkpoint: restarted with --resume auto
         names = list(SIGNALS)
         for i in range(args.signals):
             camp.signal_case(i, names[i % len(names)])

@@ -74,10 +74,13 @@ def test_defaults_run_one_python_process():
     p = launch()
     assert p.returncode == 0, p.stderr
     exports, cmd = parse(p.stdout)
-    assert cmd[:2] == ["python", "train_optimized.py"]
-    assert (flag(cmd, "--task"), flag(cmd, "--seed"), flag(cmd, "--output_dir")) == ("era5", "42", "runs")
-    assert "--resume" not in cmd and "--run_name" not in cmd and "--compile_model" not in cmd
+    # unset variables pass no flag: the CLI's defaults apply, and a resumed run keeps its saved settings
+    assert cmd == ["python", "train_optimized.py"]
     assert exports == {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}
+    _, cmd = parse(
+        launch(TASK="reid", PRECISION="32", OUTPUT_DIR="/o", SEED="0", COMPILE_MODE="max-autotune").stdout
+    )
+    assert cmd[2:] == ["--task", "reid", "--precision", "32", "--output_dir", "/o", "--seed", "0"]
 
 
 @pytest.mark.parametrize(
@@ -144,6 +147,8 @@ def test_compile_accepts_yes_no_true_false(value, on):
     _, cmd = parse(p.stdout)
     assert ("--compile_model" in cmd) is on
     assert (flag(cmd, "--compile_mode") == "max-autotune") is on
+    _, cmd = parse(launch(COMPILE=value).stdout)
+    assert "--compile_mode" not in cmd  # the CLI's default mode
 
 
 def test_values_are_normalised_and_passed_through():
