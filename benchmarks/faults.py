@@ -38,6 +38,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -194,7 +195,7 @@ class Campaign:
         self.out = self.work / "runs"
         self.out.mkdir(parents=True, exist_ok=True)
         self.epochs = epochs
-        self.rng = random.Random(seed)
+        self.seed = seed
         self.log = log
         cache = os.environ.get("PLAINLOOP_CACHE") or str(self.work / "cache")
         env = {
@@ -215,6 +216,11 @@ class Campaign:
         self.env = env
         self.cases: list[Case] = []
         self._refs: dict[str, tuple[dict[str, Any], float]] = {}
+        self._ref_lock = threading.Lock()  # cases may run in threads (the tests): one reference run each
+
+    def rng(self, name: str) -> random.Random:
+        """A generator per case: its random moment depends on (seed, case name) only, not on case order."""
+        return random.Random(f"{self.seed}:{name}")
 
     # ------------------------------------------------------------------------------------ running
     def train_args(self, name: str, *extra: str, epochs: int | None = None) -> list[str]:
@@ -339,7 +345,11 @@ class Campaign:
 
     # ---------------------------------------------------------------------------------- reference
     def reference(self, key: str = "ref") -> tuple[dict[str, Any], float]:
-        """An uninterrupted run's final state and its training window (config.json written -> exit), cached."""
+        """An uninterrupted run's final state and its training window (config.json to the final last.pt)."""
+        with self._ref_lock:
+            return self._reference(key)
+
+    def _reference(self, key: str) -> tuple[dict[str, Any], float]:
         if key not in self._refs:
             run_dir = self.out / key
             p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *self.train_args(key)], key)
@@ -367,7 +377,7 @@ class Campaign:
         p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *self.train_args(name)], name)
         started = self.wait_for(run_dir / "config.json", p)
         if delay is None:
-            delay = self.rng.uniform(0.0, 0.9 * window)
+            delay = self.rng(name).uniform(0.0, 0.9 * window)
         if started is not None:
             time.sleep(max(0.0, started + delay - time.monotonic()))
         killed = p.poll() is None
@@ -424,7 +434,8 @@ class Campaign:
         return self.record(case)
 
     # --------------------------------------------------------------------------------- signals
-    def signal_case(self, i: int, signame: str, twice: bool = False) -> Case:
+    def signal_case(self, i: int, signame: str, twice: bool = False, delay: float | None = None) -> Case:
+        """delay: seconds after training starts; None = drawn at random over the first 70 % of training."""
         ref, window = self.reference()
         sig = SIGNALS[signame]
         name = f"sig{i}-{signame.lower()}{'-x2' if twice else ''}"
@@ -433,7 +444,8 @@ class Campaign:
         run_dir = self.out / name
         p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *self.train_args(name)], name)
         started = self.wait_for(run_dir / "config.json", p)
-        delay = self.rng.uniform(0.0, 0.7 * window)
+        if delay is None:
+            delay = self.rng(name).uniform(0.0, 0.7 * window)
         if started is not None:
             time.sleep(max(0.0, started + delay - time.monotonic()))
         sent = p.poll() is None
@@ -610,7 +622,7 @@ class Campaign:
         case = Case("collision", label)
         t0 = time.monotonic()
         sub = self.out / ("same" if same_name else "default")
-        common = ["--output_dir", str(sub), "--epochs", "2", "--checkpoint_every", "2", *TINY]
+        common = ["--output_dir", str(sub), "--max_steps", "4", "--checkpoint_every", "2", *TINY]
         if same_name:
             common += ["--run_name", "same"]
         procs = [
@@ -778,7 +790,7 @@ class Campaign:
         first_ckpt = self.wait_for(run_dir / "checkpoints" / "last.pt", p)
         victim = None
         if first_ckpt is not None:
-            delay = self.rng.uniform(0.0, 0.6 * window)
+            delay = self.rng(name).uniform(0.0, 0.6 * window)
             time.sleep(delay)
             case.info["delay_after_first_checkpoint_s"] = round(delay, 3)
             for child in psutil.Process(p.pid).children(recursive=True):
