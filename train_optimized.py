@@ -205,12 +205,12 @@ def run(explicit: dict[str, Any]) -> int:
     from trainer.loop import Trainer
 
     callbacks, monitor = plugins(opts, cfg)
-    trainer = Trainer(cfg, task, callbacks=callbacks, monitor=monitor, config_sections=sections)
     try:
+        trainer = Trainer(cfg, task, callbacks=callbacks, monitor=monitor, config_sections=sections)
         summary = trainer.fit()
     except ResumeError as e:
         changed = [n for n in notes if n.startswith("resume:")]
-        raise ResumeError(f"{e}{' Settings changed from the saved run: ' + '; '.join(changed) if changed else ''}"
+        raise ResumeError(f"{e}{' Settings changed from the saved run: ' + '; '.join(c[8:] for c in changed) if changed else ''}"
                           ) from None
     if trainer.rt.is_main:
         report_run(summary, trainer.run_dir, opts)
@@ -249,7 +249,8 @@ def plugins(opts: RunOptions, cfg: TrainConfig) -> tuple[list[Any], Any]:
 
 
 def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions) -> None:
-    verdict = (summary.get("verdict") or {}).get("verdict", "not judged")
+    v = summary.get("verdict") or {}
+    verdict = v.get("headline") or v.get("verdict", "not judged")
     sps = summary["samples_per_s"]
     print(f"[plainloop] done: {summary['steps']} steps in {summary['train_time_s']:.1f} s, "
           f"{f'{sps:.0f}' if sps else '?'} samples/s, {summary.get('skipped_steps', 0)} skipped, verdict: {verdict}")

@@ -264,7 +264,6 @@ def run_plainloop_config(
     notes: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         cfg = TrainConfig(
-            task="era5",
             epochs=W + E,
             batch_size=batch,
             output_dir=tmp,

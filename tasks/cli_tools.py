@@ -16,8 +16,8 @@ import torch
 from trainer import TrainConfig
 from trainer.data import to_device
 from trainer.loop import Trainer
-from trainer.task import clone_task_model
 from trainer.runfiles import claim_run_dir
+from trainer.task import clone_task_model
 
 
 def profile(cfg: TrainConfig, task: Any, sections: dict[str, dict[str, Any]]) -> Path:
@@ -29,6 +29,8 @@ def profile(cfg: TrainConfig, task: Any, sections: dict[str, dict[str, Any]]) ->
     run_dir, _ = claim_run_dir(cfg.output_dir, cfg.run_name, f"{task.name}-profile")
     res = profile_steps(t.step_fn(), run_dir / "profile", steps=5, warmup=2)
     print(f"[plainloop] profiler trace: {res['trace']} (open in https://ui.perfetto.dev); top ops: {res['table']}")
+    for m in res.get("messages") or []:
+        print(f"[plainloop] profiler: {m}")
     return run_dir
 
 
@@ -42,7 +44,7 @@ def autotune(cfg: TrainConfig, task: Any, opts: Any) -> TrainConfig:
 
         def try_batch(bs: int) -> None:
             idx = torch.randint(0, len(ds), (bs,))
-            batch = (ds.gather(idx) if probe.on_device
+            batch = (probe.resident[id(ds)].gather(idx) if probe.on_device
                      else torch.utils.data.default_collate([ds[i] for i in idx.tolist()]))
             probe.forward_backward(to_device(batch, probe.rt.device), 1)
             for p in probe.opt.params:

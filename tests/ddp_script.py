@@ -1,5 +1,7 @@
 """Run by tests/test_ddp.py under torchrun: one epoch of a toy task with DDP on CPU (gloo)."""
 
+import os
+import signal
 import sys
 
 import torch
@@ -18,4 +20,26 @@ torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 1))
 cfg = TrainConfig(epochs=1, batch_size=16, accumulate_grad_batches=2, num_workers=0, output_dir=out, run_name="ddp",
                   progress_bar=False, log_every=2, validation_interval=1)
-Trainer(cfg, Task("toy", model, TensorDataset(x, y), TensorDataset(x[:64], y[:64]))).fit()
+
+
+class SignalRank1:
+    """A monitor that sends rank 1 (only) a SIGTERM during its 5th batch: the ranks must agree to stop."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def start_monitoring(self) -> None: ...
+
+    def stop_monitoring(self) -> None: ...
+
+    def get_summary(self) -> dict:
+        return {}
+
+    def log_iteration(self, *a) -> None:
+        self.n += 1
+        if self.n == 5 and os.environ.get("RANK") == "1":
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+monitor = SignalRank1() if len(sys.argv) > 2 and sys.argv[2] == "signal" else None
+Trainer(cfg, Task("toy", model, TensorDataset(x, y), TensorDataset(x[:64], y[:64])), monitor=monitor).fit()

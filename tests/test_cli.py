@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import train_optimized as cli
 from trainer import TrainConfig
@@ -103,6 +104,14 @@ def test_profile_and_auto_batch_size(tmp_path, era5_cache, capsys):
     trace = tmp_path / "p" / "profile" / "trace.json"
     assert json.loads(trace.read_text())["traceEvents"]  # a Chrome trace with events
     assert "|" in (tmp_path / "p" / "profile" / "profile_top_ops.md").read_text()
+    assert not (tmp_path / "p" / "checkpoints").exists()  # profiled, then stopped: no training
+    assert "USDT" not in out
+
+
+def test_tensorboard_logger_writes_events_into_the_run_dir(tmp_path, era5_cache):
+    assert cli.main(["--logger", "tensorboard", "--max_steps", "2", "--output_dir", str(tmp_path), "--run_name", "tb",
+                     *SMALL]) == 0
+    assert list((tmp_path / "tb").rglob("events.out.tfevents.*"))
 
 
 def test_system_report_writes_markdown(tmp_path, era5_cache, capsys):
@@ -127,3 +136,57 @@ def test_shell_launcher_reid_task(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["task"] == "reid"
+
+
+def test_resume_run_dir_alone_restores_the_runs_settings(tmp_path, era5_cache, capsys):
+    """Non-default model sizes and schedule: `--resume RUN_DIR` with no other flag continues the same job."""
+    assert cli.main(["--epochs", "2", "--max_steps", "6", "--batch_size", "16", "--output_dir", str(tmp_path),
+                     "--run_name", "sizes", *SMALL]) == 0
+    first = torch.load(tmp_path / "sizes" / "checkpoints" / "last.pt", weights_only=True)
+    assert first["step"] == 6
+    capsys.readouterr()
+    assert exit_code(["--resume", str(tmp_path / "sizes"), "--max_steps", "9"]) == 0
+    out = capsys.readouterr().out
+    assert "resume: max_steps 6 -> 9 (given now)" in out and "now has 9 optimizer steps (was 6)" in out
+    s = json.loads((tmp_path / "sizes" / "summary.json").read_text())
+    assert s["steps"] == 9 and json.loads((tmp_path / "sizes" / "config.json").read_text())["effective"][
+        "batch_size"] == 16
+    # a change the weights cannot follow is a clear error naming the settings
+    assert exit_code(["--resume", str(tmp_path / "sizes"), "--max_steps", "12", "--d_model", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "do not fit this model" in err and "d_model 32 -> 64" in err and "Traceback" not in err
+
+
+def test_resume_auto_continues_the_named_run_or_starts_it(tmp_path, era5_cache):
+    common = ["--output_dir", str(tmp_path), "--run_name", "auto", "--resume", "auto", *SMALL]
+    assert cli.main(["--max_steps", "3", *common]) == 0  # nothing to resume: starts it
+    assert cli.main(["--max_steps", "5", *common]) == 0  # continues it
+    s = json.loads((tmp_path / "auto" / "summary.json").read_text())
+    assert s["steps"] == 5 and any("resume:" in n for n in s["notes"])
+    assert not (tmp_path / "auto-2").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--data_path", "/nonexistent/sst.nc"], "/nonexistent/sst.nc"),
+    (["--resume", "/nonexistent/run"], "--resume /nonexistent/run: no such checkpoint or run directory"),
+    (["--config", "/nonexistent.toml"], "--config /nonexistent.toml: no such file"),
+])
+def test_known_errors_are_one_line_with_exit_2(argv, message, capsys, tmp_path, era5_cache):
+    assert exit_code([*argv, "--output_dir", str(tmp_path), *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) <= 3
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path, era5_cache, capsys):
+    assert cli.main(["--max_steps", "2", "--output_dir", str(tmp_path), "--run_name", "c", *SMALL]) == 0
+    (tmp_path / "c" / "checkpoints" / "last.pt").write_bytes(os.urandom(4096))
+    assert exit_code(["--resume", str(tmp_path / "c"), "--max_steps", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "corrupt" in err and "last.pt" in err and "Traceback" not in err
+
+
+def test_console_names_the_data_and_config_json_has_resolved_values(tmp_path, era5_cache, capsys):
+    assert cli.main(["--max_steps", "2", "--output_dir", str(tmp_path), "--run_name", "d", *SMALL]) == 0
+    assert "data: the built-in SYNTHETIC sample" in capsys.readouterr().out
+    eff = json.loads((tmp_path / "d" / "config.json").read_text())["effective"]
+    assert eff["num_workers"] == 0 and eff["warmup_steps"] == 0 and eff["precision"] == "32"

@@ -38,7 +38,7 @@ def test_every_setting_has_a_flag():
 
 
 # flags of other programs that the README quotes (pytest, pip, torchrun, benchmarks, the sample maker)
-OTHER_PROGRAMS = {"help", "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "max_restarts", "standalone",
+OTHER_PROGRAMS = {"help", "logdir", "signal", "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "max_restarts", "standalone",
                   "reps", "threads", "out", "preset", "layout", "years", "grid", "file_grid", "rerender", "loops",
                   "quick", "seeds", "leads", "contexts", "datasets", "dry_run", "cases", "kills", "signals", "only",
                   "steps", "warmup", "sizes"}
@@ -49,6 +49,15 @@ def test_every_flag_the_readme_names_exists():
     named = {m.replace("-", "_") for m in re.findall(r"(?<![\w-])--(?:no-)?([a-z][a-z0-9_-]+)", text)}
     missing = sorted(named - flags() - OTHER_PROGRAMS)
     assert not missing, f"README names flags that train_optimized.py does not have: {missing}"
+
+
+def test_readme_flag_tables_are_generated_from_the_source():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "scripts/readme_flags.py", "--check"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_help_has_groups_and_defaults(capsys):

@@ -27,3 +27,20 @@ def test_torchrun_two_processes_gloo(tmp_path):
     assert len([r for r in rows if r["kind"] == "val"]) == 1
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.pt", "last.pt"]
     assert proc.stdout.count("[plainloop] toy:") == 1  # only rank 0 prints the run line
+
+
+def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(ROOT / "tests" / "ddp_script.py"), str(tmp_path), "signal"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0  # the workers exit with 143: stopped, resumable
+    run = tmp_path / "ddp"
+    import torch
+
+    ck = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    # rank 1's 5th batch is in step 3; the ranks agree at the next log point (log_every 2): step 4
+    assert ck["step"] == 4 and ck["batches_done"] == 8
+    rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["signal"] for r in rows if r["kind"] == "event"] == ["SIGTERM"]  # rank 0 wrote once
+    assert "Resume with" in proc.stdout + proc.stderr

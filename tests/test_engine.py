@@ -263,12 +263,16 @@ def test_guard_reads_the_flag_on_the_host_only_for_a_non_fused_optimizer_on_cpu(
 @pytest.mark.parametrize("workers", [0, 1])
 def test_resume_is_exact(tmp_path, workers):
     """4 epochs straight == 2 epochs + resume + 2 epochs, bit for bit (dropout RNG included)."""
-    straight = Trainer(cfg(tmp_path, run_name="straight", epochs=4, num_workers=workers), make_task(dropout=0.2))
+    # workers=1 keeps the data in a DataLoader (device_cache off): both data paths must resume exactly
+    dc = False if workers else None
+    straight = Trainer(cfg(tmp_path, run_name="straight", epochs=4, num_workers=workers, device_cache=dc),
+                       make_task(dropout=0.2))
     straight.fit()
-    first = Trainer(cfg(tmp_path, run_name="split", epochs=4, num_workers=workers), make_task(dropout=0.2))
+    first = Trainer(cfg(tmp_path, run_name="split", epochs=4, num_workers=workers, device_cache=dc),
+                    make_task(dropout=0.2))
     first.max_epochs = 2  # the job is interrupted after epoch 2
     first.fit()
-    second = Trainer(cfg(tmp_path, run_name="split", epochs=4, num_workers=workers,
+    second = Trainer(cfg(tmp_path, run_name="split", epochs=4, num_workers=workers, device_cache=dc,
                          resume=str(tmp_path / "split")), make_task(dropout=0.2, seed=123))
     second.fit()
     assert second.step == straight.step
@@ -321,3 +325,35 @@ def test_atomic_save_leaves_no_partial_file(tmp_path, monkeypatch):
         atomic_save({"model": {}}, target)
     assert torch.equal(load_checkpoint(target)["model"]["w"], torch.ones(2))  # old file intact
     assert [p.name for p in tmp_path.iterdir()] == ["ck.pt"]
+
+
+def test_progress_bar_moves_every_epoch_even_when_epochs_are_short(tmp_path, monkeypatch, capsys):
+    """8 batches per epoch with progress_every 10: one run-level bar still advances at every epoch end."""
+    import trainer.progress as progress
+
+    seen: list[tuple[int, dict]] = []
+
+    class FakeBar:
+        def __init__(self, total, initial=0, **kw):
+            self.total, self.n, self.postfix = total, initial, {}
+
+        def update(self, k):
+            self.n += k
+            seen.append((self.n, dict(self.postfix)))
+
+        def set_postfix(self, refresh=False, **kw):
+            self.postfix = kw
+
+        def write(self, s):
+            print(s)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(progress, "tqdm", FakeBar)
+    t = Trainer(cfg(tmp_path, epochs=3, progress_bar=True, progress_every=10, log_every=100), make_task())
+    t.fit()
+    assert [n for n, _ in seen] == [8, 16, 24]  # once per 8-batch epoch, never stuck at 0
+    assert all("loss" in post and "sps" in post for _, post in seen)  # the last logged figures stay on it
+    out = capsys.readouterr().out
+    assert out.count("[epoch ") == 3 and "ETA" in out and out.count("[val]") == 3  # validation_interval 1

@@ -250,3 +250,12 @@ def test_optimizer_step_state_round_trips():
     o2 = OptimizerStep(torch.optim.SGD([p], lr=0.1), None, torch.device("cpu"), fp16=False)
     o2.load_state_dict(o.state_dict())
     assert o2.skip_counts() == (1, 1)
+
+
+def test_a_run_dir_left_without_checkpoint_is_reused(tmp_path):
+    """An earlier start killed before its first checkpoint left nothing to lose: the name is reused."""
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "metrics.jsonl").write_text("")
+    t = Trainer(cfg(tmp_path, epochs=1), Task("toy", toy(), TensorDataset(*data())))
+    t.fit()
+    assert t.run_dir == tmp_path / "run" and any("reusing" in n for n in t.notes)

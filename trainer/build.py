@@ -41,13 +41,15 @@ def build_run(t: Any) -> None:
     t.run_dir, t._last_val_step, t.last_row = None, -1, {}
 
     # data: on the device when the dataset speaks the residency protocol and fits, else a DataLoader
-    t.on_device = place_on_device(task.train_set, cfg, rt.device)
-    t.resident = {id(task.train_set)} if t.on_device else set()
+    gatherer = place_on_device(task.train_set, cfg, rt.device)
+    t.on_device = gatherer is not None
+    t.resident = {id(task.train_set): gatherer} if t.on_device else {}  # dataset id -> what serves its batches
     t.loader_kw = {}
     if t.on_device:
         for ds in (task.val_set, task.test_set):
-            if place_on_device(ds, cfg, rt.device):
-                t.resident.add(id(ds))
+            g = place_on_device(ds, cfg, rt.device)
+            if g is not None:
+                t.resident[id(ds)] = g
         t.notes.append(f"data: held on {rt.device.type}, batches gathered there (no loader workers)")
         if cfg.num_workers:
             t.notes.append(f"num_workers={cfg.num_workers}, prefetch_factor and persistent_workers are not used: "
@@ -62,7 +64,7 @@ def build_run(t: Any) -> None:
         t.sampler = ShardedBatchSampler(len(task.train_set), cfg.batch_size, seed=cfg.seed, rank=rt.rank,
                                         world_size=rt.world_size, drop_last=cfg.drop_last)
     kw = {} if t.on_device else dict(t.loader_kw, generator=torch.Generator().manual_seed(cfg.seed + rt.rank))
-    t.loader = build_loader(task.train_set, t.sampler, rt.device, kw, task.collate_fn, t.on_device)
+    t.loader = build_loader(task.train_set, t.sampler, rt.device, kw, task.collate_fn, gatherer)
     t.batches_per_epoch = len(t.sampler)
     t.steps_per_epoch = math.ceil(t.batches_per_epoch / cfg.accumulate_grad_batches)
     t.total_steps = cfg.max_steps or cfg.epochs * t.steps_per_epoch

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from .config import TrainConfig, default_num_workers, usable_cpus
 
@@ -149,22 +149,52 @@ def split_batch(batch: Any, k: int) -> list[Any]:
 
 
 def build_loader(dataset: Dataset, batch_sampler: Any, device: torch.device, loader_kw: dict[str, Any],
-                 collate_fn: Any = None, on_device: bool = False) -> Any:
-    """A DataLoader over `dataset`, or device-resident batches when the dataset is held on the device."""
-    if on_device:
-        return DeviceBatches(dataset, batch_sampler, device)
+                 collate_fn: Any = None, gatherer: Any = None) -> Any:
+    """Device-resident batches when the data is held on the device (`gatherer`), else a DataLoader."""
+    if gatherer is not None:
+        return DeviceBatches(gatherer, batch_sampler, device)
     return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=collate_fn, **loader_kw)
 
 
-def is_resident_capable(dataset: Any) -> bool:
-    """The device-resident protocol: `maybe_to_device(device) -> bool` and `gather(index_tensor) -> batch`."""
-    return dataset is not None and hasattr(dataset, "gather") and hasattr(dataset, "maybe_to_device")
+class TensorGather:
+    """A TensorDataset held on the device: a batch is one indexed slice of each tensor, no per-sample work."""
+
+    def __init__(self, tensors: tuple[torch.Tensor, ...], device: torch.device) -> None:
+        self.tensors = [t.to(device) for t in tensors]
+
+    def gather(self, idx: torch.Tensor) -> list[torch.Tensor]:  # a list, as DataLoader's collate gives
+        return [t[idx] for t in self.tensors]
 
 
-def place_on_device(dataset: Dataset | None, cfg: TrainConfig, device: torch.device) -> bool:
-    """Ask a dataset that speaks the protocol to hold itself on the device; True if it now serves from there."""
-    if not is_resident_capable(dataset) or cfg.device_cache is False:
-        return False
+def _fits(nbytes: int, device: torch.device) -> bool:
+    """Auto placement: within 25 % of free GPU memory, or of available RAM on a CPU."""
+    if device.type == "cuda":
+        return nbytes <= 0.25 * torch.cuda.mem_get_info(device)[0]
+    if device.type == "cpu":
+        try:
+            import psutil
+
+            return nbytes <= 0.25 * psutil.virtual_memory().available
+        except ImportError:
+            return nbytes <= 2**30
+    return False
+
+
+def place_on_device(dataset: Dataset | None, cfg: TrainConfig, device: torch.device) -> Any:
+    """Hold the dataset on the device if it can be and fits; returns what serves batches there, or None.
+
+    Two kinds qualify: a torch TensorDataset (its tensors are moved; the user's object is untouched), and a
+    dataset that speaks the residency protocol, `maybe_to_device(device) -> bool` + `gather(index_tensor)`.
+    """
+    if dataset is None or cfg.device_cache is False:
+        return None
+    if isinstance(dataset, TensorDataset):
+        nbytes = sum(t.numel() * t.element_size() for t in dataset.tensors)
+        if cfg.device_cache or _fits(nbytes, device):
+            return TensorGather(dataset.tensors, device)
+        return None
+    if not (hasattr(dataset, "gather") and hasattr(dataset, "maybe_to_device")):
+        return None
     if cfg.device_cache is not None and hasattr(dataset, "device_cache"):
         dataset.device_cache = cfg.device_cache  # the run's setting wins over the dataset's own (public) knob
-    return bool(dataset.maybe_to_device(device))
+    return dataset if dataset.maybe_to_device(device) else None

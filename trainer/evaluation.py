@@ -23,7 +23,7 @@ def batch_size_of(batch: Any) -> int:
 
 
 def evaluate(task: Task, model: nn.Module, split: str, rt: Runtime, loss_fn: Any, batch_size: int,
-             loader_kw: dict[str, Any], resident: set[int], seed: int) -> dict[str, float]:
+             loader_kw: dict[str, Any], resident: dict[int, Any], seed: int) -> dict[str, float]:
     """The task's scores on `split` ("val" or "test") in eval mode, without gradients; {} without that split."""
     ds = task.val_set if split == "val" else task.test_set
     if ds is None:
@@ -43,17 +43,17 @@ def evaluate(task: Task, model: nn.Module, split: str, rt: Runtime, loss_fn: Any
 
 
 def mean_loss(ds: Any, model: nn.Module, rt: Runtime, loss_fn: Any, batch_size: int, loader_kw: dict[str, Any],
-              resident: set[int], seed: int, collate_fn: Any = None) -> float:
-    on_device = id(ds) in resident
+              resident: dict[int, Any], seed: int, collate_fn: Any = None) -> float:
+    gatherer = resident.get(id(ds))
     sampler = ShardedBatchSampler(len(ds), min(batch_size, len(ds)), shuffle=False, drop_last=False)
     # a private generator: evaluation must not advance the global RNG (exact resume)
     kw = {k: v for k, v in loader_kw.items() if k != "persistent_workers"}
     if kw:
         kw["generator"] = torch.Generator().manual_seed(seed)
-    loader = build_loader(ds, sampler, rt.device, kw, collate_fn, on_device)
+    loader = build_loader(ds, sampler, rt.device, kw, collate_fn, gatherer)
     total, count = torch.zeros((), device=rt.device), 0
     for batch in loader:
-        if not on_device:
+        if gatherer is None:
             batch = to_device(batch, rt.device)
         n = batch_size_of(batch)
         total += loss_fn(model, batch).float() * n

@@ -161,11 +161,13 @@ class Trainer:
         pending: list[torch.Tensor] = []  # per-batch losses, kept on the device until the next log point
         # locals: this loop runs once per batch, and on small models its Python cost is measurable
         perf, fb, opt_step, log_iter = time.perf_counter, self.forward_backward, self.opt.step, self.monitor.log_iteration
-        log_every, norm_every, total, stats = cfg.log_every, cfg.norm_every, self.total_steps, self.stats
+        log_every, norm_every, total = cfg.log_every, cfg.norm_every, self.total_steps
         val_steps, ckpt_steps, bar, bar_every = cfg.val_check_steps, cfg.checkpoint_every, self.bar, cfg.progress_every
         move, stop, ddp = (None if self.on_device else self.rt.device), self.stop, self.rt.distributed
-        interval = {"samples": 0, "data_s": 0.0, "t": perf()}
-        it, window_start, t0 = iter(self.loader), start, perf()
+        n_samples = n_iters = 0  # this epoch's totals, and since the last log point (i_*)
+        data_s = iter_s = i_data = 0.0
+        it, window_start, t0, agreed = iter(self.loader), start, perf(), False
+        i_samples, i_t = 0, t0
         for i in range(start, nb):
             batch = next(it)
             if move is not None:
@@ -175,19 +177,21 @@ class Trainer:
             boundary = i + 1 - window_start == window
             pending.append(fb(batch, window, boundary))
             bs = batch_size_of(batch)
-            interval["samples"] += bs
-            interval["data_s"] += t_data
+            i_samples += bs
+            i_data += t_data
             if boundary:
                 self.step += 1
                 window_start = self.batches_done = i + 1
                 want_norm = self.step % norm_every == 0
                 norm, _ = opt_step(want_norm)
                 if self.step % log_every == 0 or self.step >= total or i + 1 == nb:
-                    self._log_point(pending, interval, norm if want_norm else None)
+                    i_t = self._log_point(pending, i_samples, i_data, i_t, norm if want_norm else None)
+                    i_samples, i_data = 0, 0.0
                     if ddp:  # every rank must stop at the same step: agree at the log point (already a sync)
                         flag = torch.tensor(float(stop.signum or 0), device=self.rt.device)
                         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
                         stop.signum = stop.signum or int(flag.item()) or None  # note: sync point (log point)
+                        agreed = stop.signum is not None
                 elif want_norm:
                     self._log_norm(norm)
                 if val_steps is not None and self.step % val_steps == 0:
@@ -197,42 +201,45 @@ class Trainer:
                     self._save("last.pt")
             t1 = perf()
             log_iter(t1 - t0, t_data, bs)
-            stats["samples"] += bs
-            stats["data_s"] += t_data
-            stats["iter_s"] += t1 - t0
-            stats["iters"] += 1
+            n_samples += bs
+            n_iters += 1
+            data_s += t_data
+            iter_s += t1 - t0
             if bar is not None and ((i + 1) % bar_every == 0 or i + 1 == nb):
                 bar.update(self.batches_total_done() - bar.n)
             t0 = t1
-            if self.step >= total or (boundary and stop.signum and not ddp):
+            if self.step >= total or agreed or (boundary and stop.signum and not ddp):
                 break
+        for k, v in (("samples", n_samples), ("iters", n_iters), ("data_s", data_s), ("iter_s", iter_s)):
+            self.stats[k] += v
         if self.batches_done >= nb:  # the epoch ran to its end (not stopped by max_steps or a signal)
             self.epoch += 1
             self.batches_done = 0
         del it
 
-    def _log_point(self, pending: list[torch.Tensor], interval: dict[str, Any], norm: torch.Tensor | None) -> None:
+    def _log_point(self, pending: list[torch.Tensor], samples: int, data_s: float, t_last: float,
+                   norm: torch.Tensor | None) -> float:
         # note: sync point (LOG_EVERY): the only read of the loss in the hot path; the skip counters ride along
         vals = torch.cat([torch.stack(pending).float().mean().reshape(1), self.opt.device_counts()]).tolist()
         pending.clear()
         loss = vals[0]
         skipped, run = self.opt.skip_counts(vals[1:])
         now = time.perf_counter()
-        elapsed = max(now - interval["t"], 1e-9)
+        elapsed = max(now - t_last, 1e-9)
         row = {"kind": "train", "step": self.step, "epoch": self.epoch + 1, "loss": loss,
-               "lr": self.scheduler.current_lr(), "samples_per_s": interval["samples"] * self.rt.world_size / elapsed,
-               "data_wait_frac": interval["data_s"] / elapsed, "skipped_steps": skipped}
+               "lr": self.scheduler.current_lr(), "samples_per_s": samples * self.rt.world_size / elapsed,
+               "data_wait_frac": data_s / elapsed, "skipped_steps": skipped}
         if norm is not None:
             row["grad_norm"] = norm.item()  # note: sync point (NORM_EVERY)
             row.update(self._step_metrics())
         self._row(row)
-        interval.update(samples=0, data_s=0.0, t=now)
         self.last_row = row
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{loss:.4g}", sps=f"{row['samples_per_s']:.0f}",
                                  wait=f"{100 * row['data_wait_frac']:.0f}%", refresh=False)
         if run >= self.cfg.max_consecutive_skips:
             diverged(self, run)
+        return now
 
     def _log_norm(self, norm: torch.Tensor | None) -> None:
         row = {"kind": "norm", "step": self.step, **self._step_metrics()}

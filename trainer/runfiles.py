@@ -34,6 +34,8 @@ def claim_run_dir(output_dir: str | Path, name: str | None, prefix: str) -> tupl
         try:
             cand.mkdir()  # atomic: of two simultaneous launches exactly one gets each name
         except FileExistsError:
+            if i == 1 and name is not None and _unused(cand):
+                return cand, f"run dir: reusing {cand} (an earlier start left no checkpoint and no summary there)"
             continue
         note = None
         if name is not None and i > 1:
@@ -41,6 +43,17 @@ def claim_run_dir(output_dir: str | Path, name: str | None, prefix: str) -> tupl
                     f"{root / base} to continue that run)")
         return cand, note
     raise RunDirError(f"no free run directory name under {root} for {base!r}")
+
+
+def _unused(run_dir: Path) -> bool:
+    """A directory a run started in but left nothing to lose in: no checkpoint, no summary, no live writer."""
+    if (run_dir / "summary.json").exists() or any((run_dir / "checkpoints").glob("*.pt")):
+        return False
+    try:
+        RunLock(run_dir).release()
+    except (RunDirError, OSError):
+        return False
+    return True
 
 
 def find_resumable(output_dir: str | Path, prefix: str) -> Path | None:

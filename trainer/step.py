@@ -14,14 +14,15 @@ from typing import Any
 import torch
 
 
-def nonfinite_flag(grads: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+def nonfinite_flag(grads: list[torch.Tensor], out: torch.Tensor, one: torch.Tensor | None = None) -> torch.Tensor:
     """Set `out` (a 0-dim float tensor) to 1.0 if any gradient holds a NaN or inf, else leave it.
 
     Private torch op, deliberately: it is the single fused kernel GradScaler.unscale_ uses for the same check
     (about 1.5 us on a CPU), where the public `get_total_norm(...).isfinite()` costs ten times more per step.
     """
     if grads:
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, out, torch.ones((), device=out.device))
+        one = torch.ones((), device=out.device) if one is None else one  # the "unscale" factor: gradients unchanged
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, out, one)
     return out
 
 
@@ -57,6 +58,8 @@ class OptimizerStep:
         self.clip_val, self.clip_algorithm = clip_val, clip_algorithm
         self.scaler = torch.amp.GradScaler(device.type, enabled=fp16, init_scale=static_scale or 2.0**16)
         self.found_inf = torch.zeros((), device=device)
+        self._one = torch.ones((), device=device)
+        self._fused = bool(optimizer.defaults.get("fused"))
         # skipped steps: counted on the host when the host learned of them, else on the device (read at log points)
         self.skips, self.skip_run = 0, 0
         self._dev_skips = torch.zeros((), device=device)
@@ -74,7 +77,7 @@ class OptimizerStep:
         grads = [p.grad for p in params if p.grad is not None]
         if self.guard or self.fp16:
             found.zero_()
-            nonfinite_flag(grads, found)
+            nonfinite_flag(grads, found, self._one)
         norm = None
         if self.clip_val is not None and self.clip_algorithm == "value":
             torch.nn.utils.clip_grad_value_(params, self.clip_val)
