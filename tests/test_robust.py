@@ -259,3 +259,13 @@ def test_a_run_dir_left_without_checkpoint_is_reused(tmp_path):
     t = Trainer(cfg(tmp_path, epochs=1), Task("toy", toy(), TensorDataset(*data())))
     t.fit()
     assert t.run_dir == tmp_path / "run" and any("reusing" in n for n in t.notes)
+
+
+def test_nan_targets_get_the_masked_loss_and_others_the_plain_one(tmp_path):
+    x, y = data()
+    y[::7] = float("nan")  # missing labels, as land cells are
+    t = Trainer(cfg(tmp_path, epochs=1), Task("toy", toy(), TensorDataset(x, y)))
+    s = t.fit()
+    assert any("finite targets only" in n for n in s["notes"]) and s["skipped_steps"] == 0
+    plain = Trainer(cfg(tmp_path, run_name="plain", epochs=1), Task("toy", toy(), TensorDataset(*data())))
+    assert plain.loss_fn.__name__ == "plain_mse_loss" and t.loss_fn.__name__ == "masked_mse_loss"

@@ -74,7 +74,7 @@ def build_run(t: Any) -> None:
     t.model = t.raw_model = task.model.to(rt.device)
     t.loss_fn = task.loss_fn
     if t.loss_fn is None:
-        t.loss_fn, note = pick_default_loss(_first_sample(task.train_set))
+        t.loss_fn, note = pick_default_loss(t.raw_model, _first_sample(task.train_set))
         if note:
             t.notes.append(note)
     fp16 = rt.amp_dtype == torch.float16

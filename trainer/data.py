@@ -85,9 +85,10 @@ class DeviceBatches:
         return len(self.batch_sampler)
 
     def __iter__(self) -> Iterator[Any]:
+        gather, dev = self.dataset.gather, (None if self.device.type == "cpu" else self.device)
         for idx in self.batch_sampler:
             idx = torch.from_numpy(idx) if isinstance(idx, np.ndarray) else torch.as_tensor(idx, dtype=torch.long)
-            yield self.dataset.gather(idx.to(self.device, non_blocking=True))
+            yield gather(idx if dev is None else idx.to(dev, non_blocking=True))
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

@@ -62,6 +62,11 @@ def mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     return inner.loss(pred, batch[1]) if hasattr(inner, "loss") else F.mse_loss(pred, batch[1])
 
 
+def plain_mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    """MSE on (x, y) batches, for a model without a `loss` method (decided once, not per step)."""
+    return F.mse_loss(model(batch[0]), batch[1])
+
+
 def masked_mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     """MSE over the finite targets only (land cells, missing labels); no host sync to learn how many."""
     x, y = batch[0], batch[1]
@@ -74,12 +79,15 @@ def masked_mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     return (diff**2).sum() / finite.sum().clamp_min(1)
 
 
-def pick_default_loss(first_batch: Any) -> tuple[LossFn, str | None]:
-    """Plain MSE, or the masked one when the first batch's targets hold NaN (one look, at start-up)."""
+def pick_default_loss(model: nn.Module, first_batch: Any) -> tuple[LossFn, str | None]:
+    """The model's own loss; else plain MSE, or MSE over finite targets when the first sample's target holds
+    NaN (one look, at start-up)."""
+    if hasattr(_inner(model), "loss"):
+        return mse_loss, None
     y = first_batch[1] if isinstance(first_batch, list | tuple) and len(first_batch) > 1 else None
     if isinstance(y, torch.Tensor) and y.is_floating_point() and not bool(torch.isfinite(y).all()):
         return masked_mse_loss, "loss: targets hold NaN/inf, so the default MSE is taken over finite targets only"
-    return mse_loss, None
+    return plain_mse_loss, None
 
 
 def clone_task_model(task: Task) -> Task:
