@@ -367,8 +367,9 @@ class Campaign:
         return self._refs[key]
 
     # --------------------------------------------------------------------------------- kill -9
-    def kill_case(self, i: int, delay: float | None = None) -> Case:
-        """delay: seconds after training starts (config.json written); None = drawn at random."""
+    def kill_case(self, i: int, delay: float | None = None, mid_write: bool = False) -> Case:
+        """delay: seconds after training starts (config.json written); None = drawn at random.
+        mid_write: after the delay, wait for a checkpoint temp file to appear and kill while it is written."""
         ref, window = self.reference()
         name = f"kill{i}"
         case = Case("kill", name)
@@ -380,6 +381,10 @@ class Campaign:
             delay = self.rng(name).uniform(0.0, 0.9 * window)
         if started is not None:
             time.sleep(max(0.0, started + delay - time.monotonic()))
+        if mid_write:
+            ckdir, t_end = run_dir / "checkpoints", time.monotonic() + 5.0
+            while p.poll() is None and time.monotonic() < t_end and not list(ckdir.glob(".*.tmp")):
+                pass  # spin: a small checkpoint is written in milliseconds
         killed = p.poll() is None
         if killed:
             os.killpg(p.pid, signal.SIGKILL)
@@ -749,7 +754,7 @@ class Campaign:
         if names not in " ".join(msg):
             problems.append(f"message does not name {names}")
         case.ok = not problems
-        case.detail = (msg[-1][:140] if msg else "") + ("; " + "; ".join(problems) if problems else "")
+        case.detail = (msg[0][:160] if msg else "") + ("; " + "; ".join(problems) if problems else "")
         return self.record(case)
 
     # ---------------------------------------------------------------------------------- elastic
@@ -1072,7 +1077,7 @@ def main(argv: list[str] | None = None) -> int:
         camp = Campaign(work, epochs=args.epochs, seed=args.seed)
         camp.reference()
         for i in range(args.kills):
-            camp.kill_case(i)
+            camp.kill_case(i, mid_write=i % 2 == 1)  # every other kill aimed at a checkpoint being written
         camp.kill_case(args.kills, delay=0.0)  # before the first checkpoint: restarted with --resume auto
         names = list(SIGNALS)
         for i in range(args.signals):
