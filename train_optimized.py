@@ -68,6 +68,13 @@ class RunOptions:
     report_steps: int = knob(30, "steps per trial of --system_report", TOOLS, min=1)
     report_repeats: int = knob(3, "interleaved repetitions of each --system_report trial (medians reported)", TOOLS,
                                min=1)
+    price_per_kwh: float | None = knob(None, "--system_report: electricity price, to project the job's cost", TOOLS,
+                                       gt=0)
+    price_per_gpu_hour: float | None = knob(None, "--system_report: price of one GPU hour (cloud), for the "
+                                            "projection", TOOLS, gt=0)
+    currency: str = knob("", "--system_report: currency label of the prices, e.g. EUR", TOOLS)
+    power_w: float | None = knob(None, "--system_report: the machine's power draw in watts when NVML/RAPL cannot "
+                                 "measure it", TOOLS, gt=0)
     auto_batch_size: bool = knob(False, "largest batch that fits; keeps the effective batch with accumulation", TOOLS)
     auto_num_workers: bool = knob(False, "measure loader throughput and pick num_workers", TOOLS)
 
@@ -207,6 +214,9 @@ def run(explicit: dict[str, Any]) -> int:
     callbacks, monitor = plugins(opts, cfg)
     try:
         trainer = Trainer(cfg, task, callbacks=callbacks, monitor=monitor, config_sections=sections)
+        for line in ([task.info["sampler"]] if isinstance(task.info.get("sampler"), str) else
+                     task.info.get("sampler") or []):
+            print(f"[plainloop] sampler: {line}")  # the P x K sampler's cache summary, once
         summary = trainer.fit()
     except ResumeError as e:
         changed = [n for n in notes if n.startswith("resume:")]

@@ -16,10 +16,10 @@ is timed between step `--warmup` and the last step; the table reports medians. T
 from __future__ import annotations
 
 import argparse
-import math
 import cProfile
 import io
 import json
+import math
 import pstats
 import tempfile
 import time

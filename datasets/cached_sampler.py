@@ -5,11 +5,19 @@ of every batch was inferred again (`infer_modalities_of_sample()`, 59,616 calls 
 reads identity, camera and modality once at construction, vectorised, and draws every batch of an epoch
 with a handful of numpy operations.
 
-    sampler = CachedModalAwarePKSampler(train_set, batch_size=32, num_instances=4)
-    loader = DataLoader(train_set, batch_sampler=sampler, num_workers=2)
+    sampler = CachedModalAwarePKSampler(train_set, batch_size=32, num_instances=4, epoch_length="seed")
+    print(sampler.describe())                # the cache summary (also as data: sampler.cache_summary)
+    loader = sampler.loader(train_set, num_workers=2, pin_memory=True, drop_last=True)
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         for batch in loader: ...
+
+`sampler.loader(dataset, **DataLoader_kwargs)` is `DataLoader(dataset, batch_sampler=sampler, ...)`. PyTorch
+refuses `DataLoader(batch_sampler=..., drop_last=True)` (seed 004's loader does exactly that) with
+"batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last": a batch
+sampler decides the batches, so `drop_last` belongs to the sampler (`CachedModalAwarePKSampler(...,
+drop_last=True)`). `loader()` accepts `drop_last` when it agrees with the sampler's and otherwise says
+which setting to change instead; `batch_size`, `shuffle` and `sampler` get the same explanation.
 
 Definitions (what the invariants in tests/test_cached_sampler.py check):
 - P = batch_size // num_instances distinct identities per batch, K = num_instances samples each.
@@ -29,12 +37,18 @@ Definitions (what the invariants in tests/test_cached_sampler.py check):
   where a pass boundary falls inside a step). num_passes=None picks round(eligible samples / (ids * K)),
   so an epoch shows about as many samples as the dataset holds; num_passes=1 is the seed's
   "batches = ids / P" epoch.
+- `epoch_length` sets the epoch instead: "auto" (= num_passes as above), "seed" (one pass: eligible
+  ids // (P * world_size) batches per rank, seed 004's epoch; its log showed 35 batches for 285 pairable of
+  320 ids at P = 8, i.e. it counted pairable ids, which equals eligible ids when every identity has both
+  modalities, as in SYSU-MM01 and the synthetic set), or an integer n: exactly n batches per rank per
+  epoch, drawn from as many passes as needed (the last one cut short).
 - drop_last=True drops the last incomplete step; drop_last=False pads it with identities not already in
   it. Either way every batch is exactly P x K and `len(sampler)` is what the next `__iter__` yields.
 - Randomness comes from a private numpy Generator seeded with (seed, epoch): the same seed and epoch give
   the same batches on every rank and in every run; global random / numpy / torch RNG states are untouched.
 
-Only numpy (and torch.distributed, optionally, to read rank/world size) is imported.
+Only numpy is imported at module level; torch only where it is used (torch.distributed to read rank /
+world size when a process group exists, torch.utils.data in `loader()`), so the file copies alone.
 """
 
 from __future__ import annotations
@@ -157,6 +171,33 @@ def read_metadata(dataset: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, lis
     return pids_a, cam_a, masks, mod_names
 
 
+def parse_epoch_length(value: Any) -> int | str | None:
+    """ "auto" -> None, "seed" -> "seed", a positive integer (or its string) -> int; anything else raises."""
+    if isinstance(value, str) and value.strip().lower() in ("auto", "seed"):
+        v = value.strip().lower()
+        return None if v == "auto" else v
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = 0
+    if isinstance(value, bool) or n < 1 or (not isinstance(value, str) and n != value):
+        raise ValueError(
+            f"epoch_length={value!r}: use 'auto' (about one look per sample), 'seed' (one pass over the "
+            f"identities: ids / P batches, seed 004's epoch) or a positive number of batches per epoch"
+        )
+    return n
+
+
+def _batch_sampler_rule(given: str, fix: str, sampler: Any) -> str:
+    return (
+        f"DataLoader {given} cannot be combined with batch_sampler=CachedModalAwarePKSampler: PyTorch raises "
+        f"'batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last', "
+        f"because a batch sampler decides every batch itself. Set {fix} on the sampler instead "
+        f"(CachedModalAwarePKSampler(..., batch_size={sampler.batch_size}, drop_last={sampler.drop_last})) "
+        f"and leave it out of the DataLoader."
+    )
+
+
 def _dist_rank_world() -> tuple[int, int]:
     # a process group can only exist if torch is already imported: do not pay torch's import for nothing
     if "torch" not in sys.modules:
@@ -189,6 +230,7 @@ class CachedModalAwarePKSampler:
         rank: int | None = None,
         world_size: int | None = None,
         num_passes: int | None = None,
+        epoch_length: int | str = "auto",
     ) -> None:
         t0 = time.perf_counter()
         if not isinstance(num_instances, int | np.integer) or num_instances < 1:
@@ -207,6 +249,11 @@ class CachedModalAwarePKSampler:
             raise ValueError(f"seed={seed!r}: must be a non-negative integer")
         if num_passes is not None and (not isinstance(num_passes, int | np.integer) or num_passes < 1):
             raise ValueError(f"num_passes={num_passes!r}: must be None (auto) or an integer >= 1")
+        fixed_len = parse_epoch_length(epoch_length)
+        if fixed_len is not None and num_passes is not None:
+            raise ValueError(
+                f"epoch_length={epoch_length!r} and num_passes={num_passes} both set the epoch; give one of them"
+            )
         if (rank is None) != (world_size is None):
             raise ValueError(f"rank={rank} and world_size={world_size}: give both or neither")
         if rank is None:
@@ -241,12 +288,22 @@ class CachedModalAwarePKSampler:
                 f"lower batch_size (P = batch_size / num_instances), raise num_instances, use fewer "
                 f"processes{' or set ensure_rgb=False' if self.ensure_rgb else ''}"
             )
+        self.epoch_length = epoch_length
+        self._fixed_batches: int | None = None
+        if fixed_len == "seed":
+            num_passes = 1
+        elif isinstance(fixed_len, int):
+            self._fixed_batches = fixed_len
+            num_passes = -(-fixed_len * pw // n_ids)  # passes needed; the last one is cut short
         if num_passes is None:
             per_id = self._eligible_samples / max(n_ids, 1)
             num_passes = max(1, int(round(per_id / self.num_instances)))
         self.num_passes = int(num_passes)
         total = self.num_passes * n_ids
-        self.num_batches = total // pw if self.drop_last else -(-total // pw)  # per rank, per epoch
+        if self._fixed_batches is not None:
+            self.num_batches = self._fixed_batches
+        else:
+            self.num_batches = total // pw if self.drop_last else -(-total // pw)  # per rank, per epoch
         self.setup_seconds = time.perf_counter() - t0
         self.summary = {
             "samples": self.num_samples,
@@ -257,17 +314,50 @@ class CachedModalAwarePKSampler:
             "P": self.num_ids_per_batch,
             "K": self.num_instances,
             "num_passes": self.num_passes,
+            "epoch_length": epoch_length,
             "batches_per_epoch": self.num_batches,
             "world_size": self.world_size,
+            "drop_last": self.drop_last,
             "setup_seconds": self.setup_seconds,
         }
-        logger.info(
-            "CachedModalAwarePKSampler: %d samples, %d ids (%d eligible, %d pairable = %.1f%% with RGB and non-RGB), "
-            "P x K = %d x %d, %d passes, %d batches per epoch per rank (world_size %d); metadata cached in %.4f s",
-            self.num_samples, self.num_ids, n_ids, self.num_pairable_ids,
-            100.0 * self.num_pairable_ids / max(self.num_ids, 1), self.num_ids_per_batch, self.num_instances,
-            self.num_passes, self.num_batches, self.world_size, self.setup_seconds,
-        )  # fmt: skip
+        if logger.isEnabledFor(logging.INFO):  # for users who configure logging; describe() is the data
+            logger.info("%s", self.describe())
+
+    @property
+    def cache_summary(self) -> dict[str, Any]:
+        """What was cached and what an epoch looks like, as data (a copy of `summary`)."""
+        return dict(self.summary)
+
+    def describe(self) -> str:
+        """The cache summary as lines for a log, in the spirit of seed 004's "元信息缓存完成" block."""
+        s = self.summary
+        pct = 100.0 * s["pairable_ids"] / max(s["ids"], 1)
+        how = {"auto": "auto: about one look per sample", "seed": "seed: one pass over the identities"}.get(
+            str(s["epoch_length"]), f"fixed at {s['epoch_length']}"
+        )
+        return (
+            f"CachedModalAwarePKSampler: metadata of {s['samples']} samples cached in {s['setup_seconds']:.4f} s\n"
+            f"  ids: {s['ids']} ({s['eligible_ids']} eligible, {s['pairable_ids']} pairable = {pct:.1f}% with "
+            f"RGB and non-RGB samples); modalities: {', '.join(s['modalities'])}\n"
+            f"  P x K = {s['P']} x {s['K']}; {s['batches_per_epoch']} batches per epoch per rank "
+            f"({s['num_passes']} pass(es) over the identities, epoch_length {how}; world_size {s['world_size']})"
+        )
+
+    def loader(self, dataset: Any, **kwargs: Any) -> Any:
+        """`torch.utils.data.DataLoader(dataset, batch_sampler=self, **kwargs)`, with the batch_sampler rule
+        explained: batch_size, shuffle, sampler and drop_last belong to this sampler, not to the loader."""
+        from torch.utils.data import DataLoader  # torch only where a loader is wanted
+
+        if "drop_last" in kwargs:
+            dl = kwargs.pop("drop_last")
+            if bool(dl) != self.drop_last:
+                raise ValueError(_batch_sampler_rule(f"drop_last={dl!r}", f"drop_last={bool(dl)}", self))
+        for key, fix in (("batch_size", "batch_size="), ("shuffle", "seed=/set_epoch() (it always shuffles)"),
+                         ("sampler", "the sampler itself")):  # fmt: skip
+            if key in kwargs and not (key == "batch_size" and kwargs[key] == self.batch_size):
+                raise ValueError(_batch_sampler_rule(f"{key}={kwargs[key]!r}", fix, self))
+            kwargs.pop(key, None)
+        return DataLoader(dataset, batch_sampler=self, **kwargs)
 
     # ---------------------------------------------------------------------------------- construction
     def _build_index(self, pids: np.ndarray, masks: np.ndarray) -> None:
@@ -357,7 +447,7 @@ class CachedModalAwarePKSampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next `__iter__` yields batches `batches_done ..` of epoch `state["epoch"]`."""
-        for k in ("batch_size", "num_instances", "num_passes", "world_size"):
+        for k in ("batch_size", "num_instances", "num_passes", "num_batches", "world_size"):
             if k in state and int(state[k]) != getattr(self, k):
                 raise ValueError(
                     f"CachedModalAwarePKSampler.load_state_dict: the checkpoint has {k}={state[k]} but this "
@@ -381,7 +471,7 @@ class CachedModalAwarePKSampler:
         n, pw = self.num_eligible_ids, self.num_ids_per_batch * self.world_size
         parts: list[np.ndarray] = []
         filled = 0
-        for _ in range(self.num_passes):
+        for _ in range(self.num_passes):  # (a fixed epoch_length cuts the last pass short below)
             perm = rng.permutation(n)
             t = filled % pw  # identities already in the step that this pass's head completes
             if t:
@@ -392,6 +482,8 @@ class CachedModalAwarePKSampler:
             parts.append(perm)
             filled += n
         seq = np.concatenate(parts)
+        if self._fixed_batches is not None:
+            return seq[: self._fixed_batches * pw]
         rem = len(seq) % pw
         if rem:
             if self.drop_last:

@@ -5,8 +5,14 @@ Every dataset here exposes, besides `__getitem__`, the metadata arrays the sampl
 "ir"), and `labels` (pids mapped to 0..num_classes-1 for the classifier; -1 outside the training set).
 A sample is a dict {"image": float32 (3, H, W) normalised, "label", "pid", "camid", "is_ir": int64}.
 
-Evaluation sets are `ReIDEvalSet`: one dataset of all test images, plus named protocols, each a pair
-(query indices, gallery indices), e.g. {"rgb2ir": (rgb_idx, ir_idx), "ir2rgb": (ir_idx, rgb_idx)}.
+Evaluation sets are `ReIDEvalSet`: one dataset of all its images, plus named protocols, each a pair
+(query indices, gallery indices), e.g. {"rgb2ir": (rgb_idx, ir_idx), "ir2rgb": (ir_idx, rgb_idx)}; a gallery
+may also be a list of index arrays, one per random trial (SYSU-MM01's 10 single-shot galleries), scored as
+mean and std over the trials.
+
+Every reader returns (train, val, test): val is an evaluation set over identities held out from training
+(it chooses best.pt), test is the benchmark's own test identities, never seen in training or model
+selection. val is None when no identities are held out (val_fraction=0).
 
 Only numpy, torch and (for image files) Pillow are imported.
 """
@@ -138,19 +144,70 @@ def _scan_market(folder: Path) -> tuple[list[str], list[int], list[int]]:
     return paths, pids, cams
 
 
+def _check_fraction(val_fraction: float, what: str) -> None:
+    if isinstance(val_fraction, bool) or not 0.0 <= float(val_fraction) < 1.0:
+        raise ValueError(
+            f"val_fraction={val_fraction!r} ({what}): must be in [0, 1); 0 = no validation identities"
+        )
+
+
+def _holdout_ids(pids: np.ndarray, val_fraction: float, seed: int, where: str) -> np.ndarray:
+    """A seeded random round(val_fraction * ids) (at least 1) of the identities in `pids`."""
+    ids = np.unique(pids)
+    if val_fraction <= 0:
+        return ids[:0]
+    n_val = max(1, int(round(val_fraction * len(ids))))
+    if len(ids) - n_val < 2:
+        raise ValueError(
+            f"{where}: val_fraction={val_fraction} holds out {n_val} of {len(ids)} training identities, "
+            f"leaving fewer than 2 to train on; lower val_fraction (0 = no validation set)"
+        )
+    return np.sort(np.random.default_rng([seed, 0x7A1]).choice(ids, n_val, replace=False))
+
+
+def single_query_protocol(ds: _MetaMixin, seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Market-style protocol on one set of images: one random query per (identity, camera), the rest is
+    the gallery (same-identity same-camera matches are excluded by the metric, so a query is matched
+    only across cameras)."""
+    n = len(ds.pids)
+    order = np.random.default_rng([seed, 0x9E7]).permutation(n)
+    _, first = np.unique(ds.pids[order] * 1000 + ds.camids[order], return_index=True)
+    q = np.sort(order[first])
+    return {"": (q, np.setdiff1d(np.arange(n), q))}
+
+
 def read_market1501(
-    root: str | os.PathLike, image_size: tuple[int, int] = (128, 64)
-) -> tuple[ImageFileReID, ReIDEvalSet]:
-    """(train set, eval set with protocol "" = query -> gallery). All images are RGB."""
+    root: str | os.PathLike, image_size: tuple[int, int] = (128, 64), val_fraction: float = 0.1, seed: int = 0
+) -> tuple[ImageFileReID, ReIDEvalSet | None, ReIDEvalSet]:
+    """(train, val, test). All images are RGB. test = query -> bounding_box_test (protocol "").
+
+    val: a seeded `val_fraction` of the bounding_box_train identities, held out from training, scored
+    with one random query per (identity, camera) against the rest of their images; 0 = no val set.
+    """
+    _check_fraction(val_fraction, "Market-1501: share of the training identities held out for validation")
     root = Path(root)
     tr = _scan_market(root / "bounding_box_train")
     q = _scan_market(root / "query")
     g = _scan_market(root / "bounding_box_test")
-    train = ImageFileReID(tr[0], tr[1], tr[2], ["rgb"] * len(tr[0]), image_size, train=True)
+    tr_pids = np.asarray(tr[1])
+    val_ids = _holdout_ids(tr_pids, val_fraction, seed, f"Market-1501 {root}")
+    is_val = np.isin(tr_pids, val_ids)
+    pick = [np.flatnonzero(~is_val), np.flatnonzero(is_val)]
+    train, val_ds = (
+        ImageFileReID(
+            [tr[0][i] for i in ix],
+            tr_pids[ix],
+            np.asarray(tr[2])[ix],
+            ["rgb"] * len(ix),
+            image_size,
+            train=k == 0,
+        )  # fmt: skip
+        for k, ix in enumerate(pick)
+    )
     test = ImageFileReID(q[0] + g[0], q[1] + g[1], q[2] + g[2], ["rgb"] * (len(q[0]) + len(g[0])), image_size)
     nq = len(q[0])
-    protocols = {"": (np.arange(nq), np.arange(nq, len(test)))}
-    return train, ReIDEvalSet(test, protocols)
+    val = ReIDEvalSet(val_ds, single_query_protocol(val_ds, seed)) if len(val_ids) else None
+    return train, val, ReIDEvalSet(test, {"": (np.arange(nq), np.arange(nq, len(test)))})
 
 
 def _read_id_list(path: Path) -> list[int]:
@@ -184,38 +241,80 @@ def _scan_sysu(root: Path, ids: Sequence[int]) -> tuple[list[str], list[int], li
 
 
 def read_sysu_mm01(
-    root: str | os.PathLike, image_size: tuple[int, int] = (128, 64), single_shot: bool = True, seed: int = 0
-) -> tuple[ImageFileReID, ReIDEvalSet]:
-    """(train set = train_id + val_id identities, eval set over test_id identities).
+    root: str | os.PathLike,
+    image_size: tuple[int, int] = (128, 64),
+    trials: int = 10,
+    seed: int = 0,
+    hold_out_val_ids: bool = True,
+) -> tuple[ImageFileReID, ReIDEvalSet | None, ReIDEvalSet]:
+    """(train, val, test) with the standard SYSU-MM01 protocol (`sysu_protocols`) on val and test.
 
-    All-search protocols: "ir2rgb" = IR queries (cams 3, 6) against an RGB gallery (cams 1, 2, 4, 5);
-    "rgb2ir" the reverse. With single_shot the gallery keeps one random image per (identity, camera)
-    (seeded), as in the SYSU-MM01 evaluation.
+    train = exp/train_id.txt identities; val = exp/val_id.txt identities (held out, they choose best.pt);
+    test = exp/test_id.txt identities. hold_out_val_ids=False trains on train + val ids (395, as most
+    papers do) and returns val None.
     """
     root = Path(root)
-    train_ids = _read_id_list(root / "exp" / "train_id.txt") + _read_id_list(root / "exp" / "val_id.txt")
+    train_ids = _read_id_list(root / "exp" / "train_id.txt")
+    val_ids = _read_id_list(root / "exp" / "val_id.txt")
     test_ids = _read_id_list(root / "exp" / "test_id.txt")
+    if not hold_out_val_ids:
+        train_ids, val_ids = train_ids + val_ids, []
     tr = _scan_sysu(root, train_ids)
     te = _scan_sysu(root, test_ids)
     if not tr[0] or not te[0]:
         raise ValueError(f"{root}: no SYSU-MM01 images found under cam1..cam6/<pid>/ for the listed ids")
     train = ImageFileReID(*tr, image_size=image_size, train=True)
     test = ImageFileReID(*te, image_size=image_size)
-    return train, ReIDEvalSet(
-        test,
-        cross_modality_protocols(test, single_shot=single_shot, seed=seed),
-        excluded_camera_pairs=SYSU_EXCLUDED_CAMERA_PAIRS,
+    ranks = (1, 10, 20)  # what SYSU-MM01 papers report, beside mAP
+    val = None
+    if val_ids:
+        va = _scan_sysu(root, val_ids)
+        if va[0]:
+            val_ds = ImageFileReID(*va, image_size=image_size)
+            val = ReIDEvalSet(val_ds, sysu_protocols(val_ds, trials, seed), SYSU_EXCLUDED_CAMERA_PAIRS, ranks)
+    return (
+        train,
+        val,
+        ReIDEvalSet(test, sysu_protocols(test, trials, seed), SYSU_EXCLUDED_CAMERA_PAIRS, ranks),
     )
+
+
+def sysu_protocols(
+    ds: _MetaMixin, trials: int = 10, seed: int = 0
+) -> dict[str, tuple[np.ndarray, list[np.ndarray]]]:
+    """SYSU-MM01's evaluation (Wu et al., ICCV 2017): IR queries (cams 3, 6) against a single-shot RGB
+    gallery of one random image per (identity, camera), drawn `trials` times (trial t seeded by seed + t);
+    "allsearch" draws from RGB cams 1, 2, 4, 5 (outdoor and indoor), "indoor" from cams 1, 2. Together with
+    SYSU_EXCLUDED_CAMERA_PAIRS (cam2 gallery images are not matched against cam3 queries) and mean/std over
+    the trials in utils/reid_eval.py, this is the standard protocol, comparable with published figures.
+    """
+    if trials < 1:
+        raise ValueError(f"trials={trials}: SYSU-MM01 needs at least 1 gallery draw (the standard is 10)")
+    q = np.flatnonzero(np.isin(ds.camids, SYSU_IR_CAMS))
+    out: dict[str, tuple[np.ndarray, list[np.ndarray]]] = {}
+    for name, cams in (("allsearch", SYSU_RGB_CAMS), ("indoor", (1, 2))):
+        pool = np.flatnonzero(np.isin(ds.camids, cams))
+        out[name] = (q, [_single_shot(ds, pool, seed + t) for t in range(trials)])
+    return out
+
+
+def _single_shot(ds: _MetaMixin, idx: np.ndarray, seed: int) -> np.ndarray:
+    """One random sample of `idx` per (identity, camera)."""
+    shuffled = idx[np.random.default_rng(seed).permutation(len(idx))]
+    _, first = np.unique(ds.pids[shuffled] * 1000 + ds.camids[shuffled], return_index=True)
+    return np.sort(shuffled[first])
 
 
 # ----------------------------------------------------------------------------------------- evaluation set
 @dataclass
 class ReIDEvalSet:
-    """All test images in one dataset + named (query indices, gallery indices) protocols."""
+    """All images of an evaluation split in one dataset + named (query indices, gallery indices) protocols;
+    a gallery may be a list of index arrays (random trials, scored as mean and std)."""
 
     dataset: Dataset
-    protocols: dict[str, tuple[np.ndarray, np.ndarray]]
+    protocols: dict[str, tuple[np.ndarray, np.ndarray | list[np.ndarray]]]
     excluded_camera_pairs: Sequence[tuple[int, int]] = field(default_factory=tuple)
+    ranks: tuple[int, ...] = (1, 5, 10)
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
@@ -229,13 +328,7 @@ def cross_modality_protocols(
     ir = np.flatnonzero(ds.modalities != "rgb")
 
     def gallery(idx: np.ndarray) -> np.ndarray:
-        if not single_shot:
-            return idx
-        rng = np.random.default_rng(seed)
-        shuffled = idx[rng.permutation(len(idx))]
-        key = ds.pids[shuffled] * 1000 + ds.camids[shuffled]
-        _, first = np.unique(key, return_index=True)
-        return np.sort(shuffled[first])
+        return _single_shot(ds, idx, seed) if single_shot else idx
 
     return {"rgb2ir": (rgb, gallery(ir)), "ir2rgb": (ir, gallery(rgb))}
 
@@ -430,11 +523,18 @@ def synthetic_reid(
     samples_per_id: int = 16,
     image_size: tuple[int, int] = (64, 32),
     seed: int = 0,
-) -> tuple[SyntheticCrossModalReID, ReIDEvalSet]:
-    """(train set, eval set over disjoint test identities with "rgb2ir" and "ir2rgb" protocols)."""
+    num_val_identities: int = 0,
+) -> tuple[SyntheticCrossModalReID, ReIDEvalSet | None, ReIDEvalSet]:
+    """(train, val, test) over three disjoint identity ranges, each eval set with "rgb2ir" and "ir2rgb"
+    protocols (multi-shot: every image of the other modality is in the gallery). val is None when
+    num_val_identities is 0. Test identities default to half the training ones, between 8 and 64."""
     n_test = num_test_identities if num_test_identities is not None else max(8, min(64, num_identities // 2))
     train = SyntheticCrossModalReID(num_identities, samples_per_id, image_size=image_size, seed=seed)
-    test = SyntheticCrossModalReID(
-        n_test, samples_per_id, image_size=image_size, seed=seed, id_offset=10_000, relabel=False
-    )
-    return train, ReIDEvalSet(test, cross_modality_protocols(test))
+
+    def held_out(n: int, offset: int) -> ReIDEvalSet:
+        ds = SyntheticCrossModalReID(n, samples_per_id, image_size=image_size, seed=seed, id_offset=offset,
+                                     relabel=False)  # fmt: skip
+        return ReIDEvalSet(ds, cross_modality_protocols(ds))
+
+    val = held_out(num_val_identities, 20_000) if num_val_identities > 0 else None
+    return train, val, held_out(n_test, 10_000)

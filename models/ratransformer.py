@@ -12,16 +12,21 @@ Shape of the model (the name and arguments follow the seed guide 000):
 
 Attention goes through `F.scaled_dot_product_attention`, so on a GPU PyTorch picks the Flash or
 memory-efficient kernel (bf16/fp16 under autocast) and never materialises the N x N score matrix.
+`use_gradient_checkpointing=True` keeps only each layer's input during the forward pass and recomputes
+the layer in the backward pass (torch.utils.checkpoint, non-reentrant): less activation memory for about
+one more forward pass of compute.
 Only torch and the sibling `spherical_harmonics.py` are imported.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from models.spherical_harmonics import num_harmonics, real_spherical_harmonics
 
@@ -69,19 +74,48 @@ def _check_int(name: str, value: object, minimum: int) -> int:
     return value
 
 
-def _check_range(name: str, value: object, lo: float, hi: float) -> tuple[float, float]:
+def _pair(name: str, value: object) -> tuple[float, float]:
     try:
         a, b = (float(v) for v in value)  # type: ignore[union-attr]
     except (TypeError, ValueError):
         raise ValueError(
-            f"RecursiveAttentionTransformer: {name} must be a pair (min, max) of degrees, got {value!r}"
+            f"RecursiveAttentionTransformer: {name} must be a pair of degrees, got {value!r}"
         ) from None
-    if not (lo <= a < b <= hi):
-        raise ValueError(
-            f"RecursiveAttentionTransformer: {name}={value!r} must satisfy {lo} <= min < max <= {hi} "
-            "(pass the area bounds, e.g. lat_range=(-80, 80), lon_range=(-180, 180))"
-        )
+    if not (math.isfinite(a) and math.isfinite(b)):
+        raise ValueError(f"RecursiveAttentionTransformer: {name}={value!r} must be finite degrees")
     return a, b
+
+
+def _check_lat(value: object) -> tuple[float, float]:
+    south, north = _pair("lat_range", value)
+    if not -90.0 <= south < north <= 90.0:
+        raise ValueError(
+            f"RecursiveAttentionTransformer: lat_range={value!r} must be (south, north) with "
+            "-90 <= south < north <= 90 (pass the area bounds, e.g. lat_range=(-80, 80))"
+        )
+    return south, north
+
+
+def _check_lon(value: object) -> tuple[float, float, float]:
+    """(west, east) in any convention, read eastward as datasets/area.py does -> (west, east, width).
+
+    (-180, 180) and (0, 360) are full circles (width 360); (170, -120) crosses the dateline (width 70).
+    """
+    west, east = _pair("lon_range", value)
+    for edge in (west, east):
+        if not -180.0 <= edge <= 360.0:
+            raise ValueError(
+                f"RecursiveAttentionTransformer: lon_range={value!r}: {edge:g} is outside [-180, 360]; "
+                "give (west, east) in degrees east, e.g. (-180, 180), (0, 360) or (170, -120) for Nino 3.4"
+            )
+    if west == east:
+        raise ValueError(
+            f"RecursiveAttentionTransformer: lon_range={value!r} has zero width; use (-180, 180) for a "
+            "full circle"
+        )
+    span = east - west
+    width = 360.0 if span >= 360.0 else (span if span > 0 else span + 360.0)
+    return west, east, width
 
 
 class RecursiveAttentionTransformer(nn.Module):
@@ -95,13 +129,24 @@ class RecursiveAttentionTransformer(nn.Module):
         learning_rate: stored only, for the trainer's optimizer (seed-guide compatibility).
         patch_size: p; each p x p block of cells is one token. H, W need not be multiples of p: the input
             is padded by replicating the last row/column and the output is cropped back.
-        lon_range, lat_range: area bounds in degrees, used only for the patch-centre coordinates.
-            Row 0 is taken as lat_range[0] and column 0 as lon_range[0]. A grid stored the other way
-            round (latitude descending) only mirrors the positions: Y_l^m(-lat) = (-1)^(l+m) Y_l^m(lat)
+        lon_range, lat_range: area bounds in degrees, used only for the patch-centre coordinates:
+            lon_range = (west, east) read eastward in the dataset's own convention, so (170, -120) is the
+            dateline-crossing Nino 3.4 box (170E -> 120W, 70 degrees wide) and (-180, 180) or (0, 360) the
+            full circle; lat_range = (south, north). Default: (-180, 180) and (-80, 80), the seed's global
+            area. Cell (i, j) is centred at lat_range[0] + (i + 1/2) * cell height and lon_range[0] +
+            (j + 1/2) * cell width, wrapped like the dataset's `lons` (to [-180, 180) when both edges are
+            <= 180, else [0, 360)): exactly `ERA5SSTMonthlyDataset.lats/lons` when the area's width and
+            height are whole multiples of the resolution (every seed example is). A grid stored the other
+            way round (latitude descending) only mirrors the positions: Y_l^m(-lat) = (-1)^(l+m) Y_l^m(lat)
             and a rotation in longitude mixes only the cos/sin pair of each m, so the learned Linear on
             the features absorbs either exactly.
+        area: instead of lon_range/lat_range, an object with `.lon = [west, east]` and
+            `.lat = [south, north]` (datasets.area.Area), as BaseTrainer and the CLI hand it over.
         sh_degree: highest spherical-harmonic degree L of the positional encoding ((L+1)^2 features).
         residual: predict x[:, -1] + delta instead of the field itself.
+        use_gradient_checkpointing: in training, recompute each transformer layer in the backward pass
+            instead of keeping its activations (torch.utils.checkpoint, non-reentrant; dropout masks are
+            replayed, so results equal those without it). Seed 000's out-of-memory remedy.
     """
 
     def __init__(
@@ -117,16 +162,19 @@ class RecursiveAttentionTransformer(nn.Module):
         recursion_depth: int,
         learning_rate: float | None = None,
         patch_size: int = DEFAULT_PATCH_SIZE,
-        lon_range: tuple[float, float] = (-180.0, 180.0),
-        lat_range: tuple[float, float] = (-80.0, 80.0),
+        lon_range: tuple[float, float] | None = None,
+        lat_range: tuple[float, float] | None = None,
         sh_degree: int = 8,
         residual: bool = True,
+        area: Any = None,
+        use_gradient_checkpointing: bool = False,
         **unknown: object,
     ) -> None:
         if unknown:
             valid = (
                 "width, height, seq_len, d_model, num_heads, num_layers, dim_feedforward, dropout, "
-                "recursion_depth, learning_rate, patch_size, lon_range, lat_range, sh_degree, residual"
+                "recursion_depth, learning_rate, patch_size, lon_range, lat_range, sh_degree, residual, "
+                "area, use_gradient_checkpointing"
             )
             raise TypeError(
                 f"RecursiveAttentionTransformer got unknown argument(s) {sorted(unknown)}; "
@@ -162,8 +210,16 @@ class RecursiveAttentionTransformer(nn.Module):
         self.dropout = float(dropout)
         self.learning_rate = learning_rate
         self.residual = bool(residual)
-        self.lon_range = _check_range("lon_range", lon_range, -360.0, 720.0)
-        self.lat_range = _check_range("lat_range", lat_range, -90.0, 90.0)
+        if not isinstance(use_gradient_checkpointing, bool):
+            raise ValueError(
+                "RecursiveAttentionTransformer: use_gradient_checkpointing must be True or False, "
+                f"got {use_gradient_checkpointing!r}"
+            )
+        self.use_gradient_checkpointing = use_gradient_checkpointing
+        lon_range, lat_range = self._resolve_area(area, lon_range, lat_range)
+        self.lon_west, self.lon_east, self.lon_width = _check_lon(lon_range)
+        self.lon_range = (self.lon_west, self.lon_east)
+        self.lat_range = _check_lat(lat_range)
 
         p = self.patch_size
         self.in_channels = self.seq_len - 1
@@ -194,17 +250,50 @@ class RecursiveAttentionTransformer(nn.Module):
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
 
+    @staticmethod
+    def _resolve_area(area: Any, lon_range: Any, lat_range: Any) -> tuple[Any, Any]:
+        if area is None:
+            return (
+                (-180.0, 180.0) if lon_range is None else lon_range,
+                (-80.0, 80.0) if lat_range is None else lat_range,
+            )
+        if not (hasattr(area, "lon") and hasattr(area, "lat")):
+            raise TypeError(
+                f"RecursiveAttentionTransformer: area={area!r} has no .lon/.lat; pass a datasets.area.Area "
+                "(or lon_range=(west, east), lat_range=(south, north))"
+            )
+        for name, given, own in (("lon_range", lon_range, area.lon), ("lat_range", lat_range, area.lat)):
+            if given is not None and [float(v) for v in given] != [float(v) for v in own]:
+                raise ValueError(
+                    f"RecursiveAttentionTransformer: {name}={tuple(given)} contradicts area {name[:3]}="
+                    f"{list(own)}; pass one of them"
+                )
+        return tuple(area.lon), tuple(area.lat)
+
+    def cell_centres(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(lats (H,), lons (W,)) of the grid cells in degrees (float64), in the dataset's convention."""
+        dlat = (self.lat_range[1] - self.lat_range[0]) / self.height
+        lats = self.lat_range[0] + (torch.arange(self.height, dtype=torch.float64) + 0.5) * dlat
+        return lats, self._wrap_lon(self.lon_west + (torch.arange(self.width, dtype=torch.float64) + 0.5)
+                                    * (self.lon_width / self.width))  # fmt: skip
+
+    def _wrap_lon(self, lon: torch.Tensor) -> torch.Tensor:
+        # the same wrap as datasets/era5.py make_plan: the area's own convention
+        if max(self.lon_west, self.lon_east) <= 180.0:
+            return torch.remainder(lon + 180.0, 360.0) - 180.0
+        return torch.remainder(lon, 360.0)
+
     def _patch_centre_harmonics(self) -> torch.Tensor:
         """(num_tokens, (L+1)^2) real Y_l^m at the patch centres, row-major over the patch grid."""
         p = self.patch_size
-        lat0, lat1 = self.lat_range
-        lon0, lon1 = self.lon_range
-        dlat = (lat1 - lat0) / self.height  # cell size in degrees
-        dlon = (lon1 - lon0) / self.width
+        dlat = (self.lat_range[1] - self.lat_range[0]) / self.height  # cell size in degrees
+        dlon = self.lon_width / self.width  # eastward, across the dateline if the area crosses it
         # Centre of patch i spans cells i*p .. i*p+p-1, i.e. the middle is at (i*p + p/2) cells. Patches
         # that reach into the padding get a centre past the area edge: clamp latitude onto the sphere.
-        lat_c = (lat0 + (torch.arange(self.grid_h, dtype=torch.float64) * p + p / 2) * dlat).clamp(-90, 90)
-        lon_c = lon0 + (torch.arange(self.grid_w, dtype=torch.float64) * p + p / 2) * dlon
+        steps_h = torch.arange(self.grid_h, dtype=torch.float64) * p + p / 2
+        steps_w = torch.arange(self.grid_w, dtype=torch.float64) * p + p / 2
+        lat_c = (self.lat_range[0] + steps_h * dlat).clamp(-90, 90)
+        lon_c = self._wrap_lon(self.lon_west + steps_w * dlon)
         lat_g, lon_g = torch.meshgrid(lat_c, lon_c, indexing="ij")
         return real_spherical_harmonics(lat_g.reshape(-1), lon_g.reshape(-1), self.sh_degree, torch.float32)
 
@@ -238,9 +327,11 @@ class RecursiveAttentionTransformer(nn.Module):
         tokens = xp.reshape(B, C, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, C * p * p)
         h = self.patch_embed(tokens) + self.pos_proj(self.sh_features)
         h = self.emb_drop(h)
+        ckpt = self.use_gradient_checkpointing and self.training and torch.is_grad_enabled()
         for _ in range(self.recursion_depth):
             for layer in self.layers:
-                h = layer(h)
+                # non-reentrant: works with torch.compile and DDP, and replays the dropout RNG state
+                h = checkpoint(layer, h, use_reentrant=False) if ckpt else layer(h)
         out = self.head(self.norm(h))  # (B, N, p*p)
         out = out.reshape(B, gh, gw, p, p).permute(0, 1, 3, 2, 4).reshape(B, gh * p, gw * p)
         out = out[:, :H, :W]
@@ -275,3 +366,71 @@ class RecursiveAttentionTransformer(nn.Module):
         # The positional projection (N x (L+1)^2 x D) is shared by the whole batch: not a per-sample cost.
         fwd = embed + per_layer * self.num_layers * self.recursion_depth + head
         return float(3 * fwd if training else fwd)
+
+
+def _memory_probe(argv: list[str] | None = None) -> None:
+    """`python -m models.ratransformer [--batch 4]`: activation memory of one training step of the seed
+    configuration with and without gradient checkpointing, each in a fresh process (peak RSS is per process)."""
+    import argparse
+    import json
+    import resource
+    import subprocess
+    import sys
+
+    ap = argparse.ArgumentParser(description=_memory_probe.__doc__)
+    ap.add_argument("--batch", type=int, default=4, help="samples per step (default: 4)")
+    ap.add_argument("--checkpointing", choices=("on", "off"), help="measure one setting in this process")
+    args = ap.parse_args(argv)
+    if args.checkpointing is None:
+        rows = {}
+        for mode in ("off", "on"):
+            cmd = [
+                sys.executable,
+                "-m",
+                "models.ratransformer",
+                "--batch",
+                str(args.batch),
+                "--checkpointing",
+                mode,
+            ]
+            rows[mode] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+        print(json.dumps(rows, indent=2))
+        off, on = rows["off"], rows["on"]
+        print(
+            f"saved activations: {off['saved_mb']:.0f} MB -> {on['saved_mb']:.0f} MB; peak RSS above the "
+            f"no-grad forward: {off['step_peak_mb']:.0f} MB -> {on['step_peak_mb']:.0f} MB; step "
+            f"{off['step_s']:.2f} s -> {on['step_s']:.2f} s"
+        )
+        return
+    import time
+
+    def peak_mb() -> float:  # ru_maxrss is KiB on Linux, bytes on macOS
+        r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return r / 2**20 if sys.platform == "darwin" else r / 1024
+
+    torch.manual_seed(0)
+    m = RecursiveAttentionTransformer(width=180, height=80, seq_len=2, d_model=512, num_heads=8, num_layers=3,
+                                      dim_feedforward=1024, dropout=0.1, recursion_depth=2,
+                                      use_gradient_checkpointing=args.checkpointing == "on")  # fmt: skip
+    x, y = torch.randn(args.batch, 1, 80, 180), torch.randn(args.batch, 80, 180)
+    with torch.no_grad():
+        m(x)  # the forward's own temporaries, so the baseline below holds them
+    base = peak_mb()
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    t0 = time.perf_counter()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = m.loss(m(x), y)
+    loss.backward()
+    step_s = time.perf_counter() - t0
+    print(json.dumps({"batch": args.batch, "saved_mb": sum(seen.values()) / 2**20, "baseline_peak_mb": base,
+                      "peak_mb": peak_mb(), "step_peak_mb": peak_mb() - base, "step_s": step_s,
+                      "torch": torch.__version__}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    _memory_probe()

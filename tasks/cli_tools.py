@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,26 @@ from trainer.runfiles import claim_run_dir
 from trainer.task import clone_task_model
 
 
+def step_fn(t: Trainer) -> Callable[[], None]:
+    """One full training step of trainer `t` on its next batch, for the profiler and the system report."""
+    it = iter(t.loader)
+    t.model.train()
+
+    def run() -> None:
+        nonlocal it
+        try:
+            batch = next(it)
+        except StopIteration:
+            it = iter(t.loader)
+            batch = next(it)
+        if not t.on_device:
+            batch = to_device(batch, t.rt.device)
+        t.forward_backward(batch, 1)
+        t.opt.step(False)
+
+    return run
+
+
 def profile(cfg: TrainConfig, task: Any, sections: dict[str, dict[str, Any]]) -> Path:
     """A torch.profiler trace of 5 steps (after 2 warm-up steps, on a copy of the model) into RUN_DIR/profile."""
     from utils.profiling import profile_steps
@@ -27,7 +47,7 @@ def profile(cfg: TrainConfig, task: Any, sections: dict[str, dict[str, Any]]) ->
     t = Trainer(dataclasses.replace(cfg, resume=None, progress_bar=False), clone_task_model(task),
                 log=lambda _s: None)
     run_dir, _ = claim_run_dir(cfg.output_dir, cfg.run_name, f"{task.name}-profile")
-    res = profile_steps(t.step_fn(), run_dir / "profile", steps=5, warmup=2)
+    res = profile_steps(step_fn(t), run_dir / "profile", steps=5, warmup=2)
     print(f"[plainloop] profiler trace: {res['trace']} (open in https://ui.perfetto.dev); top ops: {res['table']}")
     for m in res.get("messages") or []:
         print(f"[plainloop] profiler: {m}")
@@ -35,38 +55,13 @@ def profile(cfg: TrainConfig, task: Any, sections: dict[str, dict[str, Any]]) ->
 
 
 def autotune(cfg: TrainConfig, task: Any, opts: Any) -> TrainConfig:
-    from utils.autotune import find_max_batch_size, tune_num_workers
+    from utils.autotune import tune_num_workers
 
-    if opts.auto_batch_size:
-        probe = Trainer(dataclasses.replace(cfg, max_steps=1, progress_bar=False, resume=None),
-                        clone_task_model(task), log=lambda s: None)
-        ds = task.train_set
+    if opts.auto_batch_size:  # the search is the engine's own (trainer/autobatch.py), shared with BaseTrainer
+        from trainer.autobatch import auto_batch_size
 
-        def try_batch(bs: int) -> None:
-            idx = torch.randint(0, len(ds), (bs,))
-            batch = (probe.resident[id(ds)].gather(idx) if probe.on_device
-                     else torch.utils.data.default_collate([ds[i] for i in idx.tolist()]))
-            probe.forward_backward(to_device(batch, probe.rt.device), 1)
-            for p in probe.opt.params:
-                p.grad = None
-
-        # Memory is the limit on a GPU; on a CPU nothing runs out before the machine does, so the search
-        # stops at a size that still leaves 8 optimizer steps per epoch.
-        cap = 4096 if probe.rt.device.type == "cuda" else max(1, len(ds) // 8)
-        target = cfg.batch_size * cfg.accumulate_grad_batches
-        keep_effective = cfg.accumulate_grad_batches > 1
-        res = find_max_batch_size(try_batch, start=2, max_batch=cap, target=target if keep_effective else None)
-        if keep_effective:  # back-off: keep the effective batch, split into as few micro-batches as fit
-            accum, bs = res["accumulate_grad_batches"], res["balanced_batch_size"]
-            cfg = dataclasses.replace(cfg, batch_size=bs, accumulate_grad_batches=accum)
-            print(f"[plainloop] auto_batch_size: largest that fits {res['batch_size']}; using {bs} x {accum} "
-                  f"accumulation to keep the effective batch {target}")
-        else:  # a larger batch: the learning rate follows it by --lr_scaling
-            bs = res["batch_size"]
-            cfg = dataclasses.replace(cfg, batch_size=bs, ref_batch_size=cfg.ref_batch_size or cfg.batch_size)
-            print(f"[plainloop] auto_batch_size: {bs}{' (search cap)' if res['hit_max'] else ''}; lr follows "
-                  f"by {cfg.lr_scaling} scaling from batch {cfg.ref_batch_size}")
-        del probe
+        cfg, note = auto_batch_size(cfg, task)
+        print(f"[plainloop] {note}")
     if opts.auto_num_workers:
         from torch.utils.data import DataLoader
 
@@ -100,7 +95,7 @@ def system_report(cfg: TrainConfig, opts: Any, task_kw: dict[str, Any]) -> int:
                                 run_name=f"trial{trial_no}")
         t = Trainer(c, task, log=lambda m: None, monitor=TrainingMonitor(batch_size=c.batch_size),
                     callbacks=[VerdictCallback()])
-        warm = t.step_fn()
+        warm = step_fn(t)
         for _ in range(2):  # warm-up outside the timing: worker start-up, compilation, allocator
             warm()
         s = t.fit()
@@ -113,12 +108,16 @@ def system_report(cfg: TrainConfig, opts: Any, task_kw: dict[str, Any]) -> int:
 
     base = {k: getattr(cfg, k) for k in ("batch_size", "num_workers", "precision", "pin_memory", "compile_model",
                                          "device_cache")}
-    try:
-        path = run_system_report(run_trial, base, candidates=_report_candidates(cfg), steps=opts.report_steps,
-                                 out_path=out / "report.md", config={"task": opts.task, **cfg.to_dict(), **task_kw},
-                                 repeats=opts.report_repeats)
-    finally:
-        shutil.rmtree(trials, ignore_errors=True)  # trial runs and their checkpoints are scratch
+    probe = Trainer(dataclasses.replace(cfg, resume=None, progress_bar=False), build_task(opts.task, **task_kw),
+                    log=lambda m: None)
+    steps = cfg.max_steps or cfg.epochs * probe.steps_per_epoch  # the configured job, for the projection
+    job_samples = steps * cfg.accumulate_grad_batches * cfg.batch_size * probe.rt.world_size
+    del probe
+    path = run_system_report(run_trial, base, candidates=_report_candidates(cfg), steps=opts.report_steps,
+                             out_path=out / "report.md", config={"task": opts.task, **cfg.to_dict(), **task_kw},
+                             repeats=opts.report_repeats, job_samples=job_samples, price_per_kwh=opts.price_per_kwh,
+                             price_per_gpu_hour=opts.price_per_gpu_hour, currency=opts.currency,
+                             power_w=opts.power_w, gpus=1, trial_dir=trials)  # removes the trial runs
     print(Path(path).read_text(encoding="utf-8"))
     print(f"[plainloop] report written to {path}")
     return 0

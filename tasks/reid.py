@@ -5,12 +5,17 @@
     python train_optimized.py --task reid --data_path /data/Market-1501 --reid_format market1501
 
 The loop sees only the `Task`: a loss that stays on the device, an evaluation that extracts features in
-eval mode and scores the query/gallery protocols, and a batch-sampler factory that builds the cached
-P x K sampler (datasets/cached_sampler.py) with the loop's batch size, seed and DDP rank.
+eval mode and scores the query/gallery protocols, a batch-sampler factory that builds the cached
+P x K sampler (datasets/cached_sampler.py) with the loop's batch size, seed and DDP rank, and
+`step_metrics` (seed 004's feature-norm monitoring, read by the loop at NORM_EVERY).
+
+Protocol: validation identities are held out from the training identities and choose best.pt; the test
+identities are used only for the final test scores. Metrics are "val_..." and "test_...".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -19,8 +24,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from datasets.cached_sampler import CachedModalAwarePKSampler
-from datasets.reid import ReIDEvalSet, read_market1501, read_sysu_mm01, synthetic_reid
+from datasets.cached_sampler import CachedModalAwarePKSampler, parse_epoch_length
+from datasets.reid import read_market1501, read_sysu_mm01, synthetic_reid
 from models.reid_net import ReIDLoss, ReIDNet
 from trainer import Task
 from utils.reid_eval import retrieval_metrics
@@ -28,6 +33,33 @@ from utils.reid_eval import retrieval_metrics
 logger = logging.getLogger(__name__)
 
 FORMATS = ("synthetic", "market1501", "sysu")
+
+# One entry per build_reid_task parameter: the CLI makes a --flag of each (help text; the default is
+# taken from the signature).
+ARGS_HELP: dict[str, str] = {
+    "data_path": "re-ID dataset root (default: the built-in synthetic set)",
+    "reid_format": "synthetic | market1501 | sysu (SYSU-MM01)",
+    "num_instances": "K, images per identity in a P x K batch (P = batch_size / K)",
+    "image_size": "H W of the network input (default: 48 24 for the synthetic set, 128 64 for image folders)",
+    "seed": "seeds the data (synthetic set, held-out identities, SYSU gallery draws) and the model's "
+    "initial weights; the loop seeds the rest from the same --seed",
+    "num_identities": "training identities of the synthetic set (default: 256)",
+    "width": "ReIDNet base width (default: 16 for the synthetic set, 32 for image folders)",
+    "label_smoothing": "label smoothing of the identity cross-entropy",
+    "ce_weight": "weight of the identity cross-entropy beside the triplet loss (default: 0.3 for the "
+    "synthetic set, 1.0 for image folders)",
+    "margin": "batch-hard triplet margin",
+    "eval_workers": "DataLoader workers for feature extraction at evaluation (image folders)",
+    "channel_aug": "probability that a training RGB image is replaced by one of its channels x3 (channel "
+    "augmentation for visible-infrared re-ID; 0 = off)",
+    "num_passes": "passes over the identities per epoch, instead of --epoch_length (default: none)",
+    "epoch_length": "auto (about one look per sample) | seed (one pass: identities / P batches, seed "
+    "004's epoch) | N batches per epoch (default: seed for the synthetic set, auto for image folders)",
+    "val_fraction": "share of identities held out for validation, which chooses best.pt (default: 0.125 "
+    "extra identities for the synthetic set, 0.1 of the training ids for Market-1501, exp/val_id.txt "
+    "for SYSU-MM01; 0 = no validation set, for SYSU: train on train + val ids as papers do)",
+    "sysu_trials": "SYSU-MM01: random single-shot gallery draws, scored as mean and std (standard: 10)",
+}
 
 
 def random_channel_gray(x: torch.Tensor, is_ir: torch.Tensor, p: float) -> torch.Tensor:
@@ -76,18 +108,15 @@ def build_reid_task(
     eval_workers: int = 0,
     channel_aug: float = 0.0,
     num_passes: int | None = None,
+    epoch_length: str | None = None,
+    val_fraction: float | None = None,
+    sysu_trials: int = 10,
     **unused: Any,
 ) -> Task:
-    """The re-ID Task. image_size None: (48, 24) for the synthetic set, (128, 64) for image folders;
-    width None (ReIDNet base width): 16 for the synthetic set (the CPU demo), 32 for image folders.
-    channel_aug: probability that a training RGB image is replaced by one of its channels (x3); off by
-    default because it lowered RGB->IR mAP on the synthetic set (32x16 images, 1,200 steps of a hand
-    loop: 0.36 without, 0.28 with p=0.5).
-    num_passes: passes over the identities per epoch (sampler); None: 1 for the synthetic set (an epoch =
-    every identity once, 32 steps at batch 32), the sampler's auto (about one look per sample) otherwise.
+    """The re-ID Task (ARGS_HELP describes every option).
 
-    num_identities: training identities of the synthetic set (default 256, 8 images each; test identities
-    = half, between 8 and 64).
+    channel_aug is off by default because it lowered RGB->IR mAP on the synthetic set (32x16 images,
+    1,200 steps of a hand loop: 0.36 without, 0.28 with p=0.5).
     Unknown keyword arguments are ignored (the CLI passes one set of flags to every task).
     """
     if reid_format not in FORMATS:
@@ -102,53 +131,118 @@ def build_reid_task(
         raise ValueError(
             f"--data_path {data_path} given with --reid_format synthetic: add --reid_format market1501 or sysu"
         )
+    if not 0.0 <= channel_aug <= 1.0:
+        raise ValueError(f"--channel_aug {channel_aug}: a probability in [0, 1]")
+    if margin < 0:
+        raise ValueError(f"--margin {margin}: the triplet margin must be >= 0")
+    if ce_weight is not None and ce_weight < 0:
+        raise ValueError(f"--ce_weight {ce_weight}: must be >= 0 (0 = triplet loss only)")
+    if val_fraction is not None and (isinstance(val_fraction, bool) or not 0.0 <= val_fraction < 1.0):
+        raise ValueError(f"--val_fraction {val_fraction}: must be in [0, 1); 0 = no validation set")
+    if epoch_length is not None:
+        if num_passes is not None:
+            raise ValueError(f"--epoch_length {epoch_length} and --num_passes {num_passes} both set the epoch; "
+                             "give one of them")  # fmt: skip
+        try:
+            parse_epoch_length(epoch_length)
+        except ValueError as e:
+            raise ValueError(f"--{e}") from None
     if reid_format == "synthetic":
         size = tuple(image_size) if image_size else (48, 24)
+        n_ids = num_identities or 256
+        frac = 0.125 if val_fraction is None else val_fraction
         # many identities with few images each: re-ID generalises to unseen people through the number of
         # identities seen (measured: 128 ids x 8 images overfit within 300 steps, 256 x 8 did not)
-        train, eval_set = synthetic_reid(
-            num_identities or 256,
+        train, val, test = synthetic_reid(
+            n_ids,
             samples_per_id=8,
             image_size=size,  # type: ignore[arg-type]
             seed=seed,
+            num_val_identities=int(round(frac * n_ids)) if frac > 0 else 0,
         )
         monitor = "rgb2ir_mAP"
     elif reid_format == "sysu":
+        if val_fraction not in (None, 0, 0.0):
+            raise ValueError(
+                f"--val_fraction {val_fraction} with --reid_format sysu: SYSU-MM01 has its own validation "
+                "identities (exp/val_id.txt); leave --val_fraction unset to use them, or 0 to train on them"
+            )
         size = tuple(image_size) if image_size else (128, 64)
-        train, eval_set = read_sysu_mm01(data_path, size, seed=seed)  # type: ignore[arg-type]
-        monitor = "rgb2ir_mAP"
+        train, val, test = read_sysu_mm01(data_path, size, trials=sysu_trials, seed=seed,  # type: ignore[arg-type]
+                                          hold_out_val_ids=val_fraction is None)  # fmt: skip
+        monitor = "allsearch_mAP"  # the standard SYSU-MM01 figure: IR queries, all-search RGB gallery
     else:
         size = tuple(image_size) if image_size else (128, 64)
-        train, eval_set = read_market1501(data_path, size)  # type: ignore[arg-type]
+        frac = 0.1 if val_fraction is None else val_fraction
+        train, val, test = read_market1501(data_path, size, val_fraction=frac, seed=seed)  # type: ignore[arg-type]
         monitor = "mAP"  # single-modality: one query -> gallery protocol
 
     width = width or (16 if reid_format == "synthetic" else 32)
+    torch.manual_seed(seed)  # the initial weights follow --seed (two runs with one seed are identical)
     model = ReIDNet(train.num_classes, width=width)
-    passes = num_passes if num_passes is not None else (1 if reid_format == "synthetic" else None)
+    if epoch_length is None and num_passes is None:
+        epoch_length = "seed" if reid_format == "synthetic" else "auto"
     # the identity cross-entropy is what overfits the synthetic set's 256 identities: at weight 0.3 the
     # RGB->IR mAP on unseen identities after 1,920 steps of a hand loop (AdamW 1e-3, one-cycle) was 0.44
     # against 0.26 at weight 1.0 (same seed and data)
     ce_weight = ce_weight if ce_weight is not None else (0.3 if reid_format == "synthetic" else 1.0)
     criterion = ReIDLoss(label_smoothing=label_smoothing, margin=margin, ce_weight=ce_weight)
+    last: dict[str, torch.Tensor] = {}  # the last batch's features, detached, on the device
 
     def loss_fn(m: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         x = batch["image"]
         if channel_aug > 0:
             x = random_channel_gray(x, batch["is_ir"], channel_aug)
-        return criterion(m(x), batch["label"])  # on the device, no host sync
+        out = m(x)
+        # kept by reference (no copy, no sync); step_metrics turns them into norms only when asked
+        last["features"], last["bn_features"] = out["features"].detach(), out["bn_features"].detach()
+        return criterion(out, batch["label"])  # on the device, no host sync
+
+    def step_metrics() -> dict[str, torch.Tensor]:
+        """Seed 004's feature monitoring: mean L2 norm of the last batch's features before and after the
+        BNNeck, as 0-dim device tensors (the loop reads them back at NORM_EVERY with the grad norm)."""
+        if not last:
+            return {}
+        return {
+            "feat_norm": last["features"].float().norm(dim=1).mean(),
+            "bn_feat_norm": last["bn_features"].float().norm(dim=1).mean(),
+        }
 
     def evaluate_fn(m: nn.Module, split: str, device: torch.device) -> dict[str, float]:
-        # "val" and "test" score the same held-out identities: re-ID datasets have no separate val split
-        assert isinstance(eval_set, ReIDEvalSet)
-        ds = eval_set.dataset
+        ev = val if split == "val" else test
+        if ev is None:
+            return {}
+        ds = ev.dataset
         feats = extract_features(m, ds, device, num_workers=eval_workers)
         return retrieval_metrics(
-            feats,
-            ds.pids,
-            ds.camids,
-            eval_set.protocols,  # type: ignore[attr-defined]
-            eval_set.excluded_camera_pairs,
+            feats, ds.pids, ds.camids, ev.protocols, ev.excluded_camera_pairs, ev.ranks, prefix=f"{split}_"
         )
+
+    info: dict[str, Any] = {
+        "format": reid_format,
+        "data_path": data_path,
+        "image_size": list(size),
+        "train_samples": len(train),
+        "train_identities": int(train.num_classes),
+        "val_samples": len(val) if val is not None else 0,
+        "val_identities": len(np.unique(val.dataset.pids)) if val is not None else 0,
+        "test_samples": len(test),
+        "test_identities": len(np.unique(test.dataset.pids)),
+        "protocols": {
+            k: [len(q), len(g) if isinstance(g, np.ndarray) else f"{len(g)} trials"]
+            for k, (q, g) in test.protocols.items()
+        },  # fmt: skip
+        "num_instances": num_instances,
+        "epoch_length": epoch_length,
+        "num_passes": num_passes,
+        "model": {"name": "ReIDNet", "width": width, "embed_dim": model.embed_dim},
+        "loss": {
+            "label_smoothing": label_smoothing,
+            "triplet_margin": margin,
+            "ce_weight": ce_weight,
+            "channel_aug": channel_aug,
+        },
+    }
 
     def batch_sampler_fn(
         dataset: Any,
@@ -158,7 +252,7 @@ def build_reid_task(
         world_size: int = 1,
         drop_last: bool = True,
     ) -> CachedModalAwarePKSampler:
-        return CachedModalAwarePKSampler(
+        sampler = CachedModalAwarePKSampler(
             dataset,
             batch_size,
             num_instances,
@@ -168,37 +262,30 @@ def build_reid_task(
             drop_last=drop_last,
             rank=rank,
             world_size=world_size,
-            num_passes=passes,
+            num_passes=num_passes,
+            epoch_length=epoch_length if epoch_length is not None else "auto",
         )
+        info["sampler"] = sampler.describe()  # printed once by the CLI
+        info["sampler_cache"] = sampler.cache_summary
+        return sampler
 
-    info = {
-        "format": reid_format,
-        "data_path": data_path,
-        "image_size": list(size),
-        "train_samples": len(train),
-        "train_identities": int(train.num_classes),
-        "test_samples": len(eval_set),
-        "protocols": {k: [len(q), len(g)] for k, (q, g) in eval_set.protocols.items()},
-        "num_instances": num_instances,
-        "num_passes": passes,
-        "model": {"name": "ReIDNet", "width": width, "embed_dim": model.embed_dim},
-        "loss": {
-            "label_smoothing": label_smoothing,
-            "triplet_margin": margin,
-            "ce_weight": ce_weight,
-            "channel_aug": channel_aug,
-        },
-    }
-    return Task(
+    extra: dict[str, Any] = {}
+    if "step_metrics" in {f.name for f in dataclasses.fields(Task)}:
+        extra["step_metrics"] = step_metrics
+    task = Task(
         "reid",
         model,
         train,
-        val_set=eval_set,
-        test_set=eval_set,
+        val_set=val,
+        test_set=test,
         loss_fn=loss_fn,
         evaluate_fn=evaluate_fn,
         batch_sampler_fn=batch_sampler_fn,
-        monitor_metric=monitor,
+        monitor_metric=f"val_{monitor}",
         monitor_mode="max",
         info=info,
+        **extra,
     )
+    if not extra:  # until the engine's Task has the field: the loop looks it up by name
+        task.step_metrics = step_metrics  # type: ignore[attr-defined]
+    return task

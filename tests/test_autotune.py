@@ -1,4 +1,4 @@
-"""utils.autotune: batch-size search under a fake memory limit, LR scaling, num_workers tuning."""
+"""trainer.autobatch (batch-size search under a fake memory limit) and utils.autotune (LR scaling, num_workers)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from utils.autotune import (
-    default_worker_candidates,
-    find_max_batch_size,
-    is_oom_error,
-    scale_lr,
-    tune_num_workers,
-)
+from trainer.autobatch import find_max_batch_size, is_oom_error
+from utils.autotune import default_worker_candidates, scale_lr, tune_num_workers
 
 
 class MemoryLimitedModel(nn.Module):

@@ -362,3 +362,84 @@ def test_resume_with_other_settings_is_refused() -> None:
     state = CachedModalAwarePKSampler(ds, 16, 4).state_dict()
     with pytest.raises(ValueError, match="num_instances=4"):
         CachedModalAwarePKSampler(ds, 16, 2).load_state_dict(state)
+
+
+# ------------------------------------------------------------------ seed 004: summary, loader rule, epoch length
+def test_cache_summary_is_data_and_describe_names_the_figures() -> None:
+    ds = make_meta(2, n_ids=40)
+    s = CachedModalAwarePKSampler(ds, 32, 4, epoch_length="seed")
+    summ = s.cache_summary
+    assert summ["samples"] == len(ds) and summ["ids"] == 40 and summ["P"] == 8 and summ["K"] == 4
+    assert summ["eligible_ids"] == s.num_eligible_ids and summ["batches_per_epoch"] == len(s)
+    summ["ids"] = -1  # a copy: the sampler's own record is untouched
+    assert s.cache_summary["ids"] == 40
+    text = s.describe()
+    for part in (f"{len(ds)} samples", "ids: 40", f"{s.num_pairable_ids} pairable", f"{len(s)} batches per epoch",
+                 "P x K = 8 x 4", "epoch_length seed"):  # fmt: skip
+        assert part in text, (part, text)
+
+
+def test_dataloader_drop_last_rule_is_explained() -> None:
+    ds = make_meta(3)
+    s = CachedModalAwarePKSampler(ds, 16, 4, seed=1, drop_last=True)
+    # what PyTorch itself does with the seed's DataLoader(batch_sampler=..., drop_last=True)
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        DataLoader(ds, batch_sampler=s, drop_last=True)
+    loader = s.loader(ds, num_workers=0, drop_last=True, batch_size=16)  # agrees with the sampler: fine
+    assert [idx.tolist() for idx, _ in loader] == s.epoch_batches(0).tolist()
+    with pytest.raises(ValueError, match=r"Set drop_last=False on the sampler instead") as e:
+        s.loader(ds, drop_last=False)
+    assert "CachedModalAwarePKSampler(..., batch_size=16, drop_last=True)" in str(e.value)
+    assert "mutually exclusive" in str(e.value)
+    with pytest.raises(ValueError, match="shuffle=True cannot be combined"):
+        s.loader(ds, shuffle=True)
+    with pytest.raises(ValueError, match="batch_size=32 cannot be combined"):
+        s.loader(ds, batch_size=32)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_epoch_length_seed_and_fixed(world_size: int) -> None:
+    ds = make_meta(4, n_ids=45)
+    S = CachedModalAwarePKSampler
+    seed_len = S(ds, 16, 4, epoch_length="seed", rank=0, world_size=world_size)
+    assert len(seed_len) == seed_len.num_eligible_ids // (4 * world_size)
+    assert len(seed_len) == len(S(ds, 16, 4, num_passes=1, rank=0, world_size=world_size))
+    auto = S(ds, 16, 4, rank=0, world_size=world_size)
+    assert len(auto) == len(S(ds, 16, 4, epoch_length="auto", rank=0, world_size=world_size))
+    for n in (1, 7, 40):  # shorter than one pass, and several passes
+        ranks = [
+            S(ds, 16, 4, epoch_length=n, seed=3, rank=r, world_size=world_size) for r in range(world_size)
+        ]
+        per_rank = [list(r) for r in ranks]
+        assert all(len(b) == len(r) == n for b, r in zip(per_rank, ranks))
+        for r, b in zip(ranks, per_rank):
+            check_epoch(ds, r, b)
+        for step in zip(*per_rank):  # still no identity twice in a step, across ranks too
+            pids = np.concatenate([np.asarray(ds.pids)[b][::4] for b in step])
+            assert len(set(pids.tolist())) == len(pids)
+    assert len(S(ds, 16, 4, epoch_length="12")) == 12  # as a CLI string
+    for bad in ("long", 0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="epoch_length"):
+            S(ds, 16, 4, epoch_length=bad)
+    with pytest.raises(ValueError, match="give one of them"):
+        S(ds, 16, 4, epoch_length="seed", num_passes=2)
+
+
+def test_file_copies_alone_without_torch(tmp_path) -> None:
+    """datasets/cached_sampler.py must work copied into another repo: stdlib + numpy, torch only when used."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shutil.copy(Path(__file__).resolve().parents[1] / "datasets" / "cached_sampler.py", tmp_path / "pk.py")
+    code = (
+        "import sys, numpy as np, pk\n"
+        "class D:\n"
+        "    pids = np.repeat(np.arange(12), 4); modalities = np.array(['rgb', 'ir'] * 24)\n"
+        "    def __len__(self): return 48\n"
+        "s = pk.CachedModalAwarePKSampler(D(), 8, 4, epoch_length='seed')\n"
+        "assert len(list(s)) == 6 and 'torch' not in sys.modules, sys.modules.keys()\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr

@@ -125,7 +125,7 @@ def test_reid_task_runs(tmp_path, capsys):
     assert cli.main(["--task", "reid", "--num_identities", "24", "--max_steps", "4", "--output_dir", str(tmp_path),
                      "--run_name", "reid", "--no-progress_bar", "--no-plots"]) == 0
     summary = json.loads((tmp_path / "reid" / "summary.json").read_text())
-    assert 0 <= summary["final_metrics"]["rgb2ir_mAP"] <= 1 and summary["steps"] == 4
+    assert 0 <= summary["final_metrics"]["test_rgb2ir_mAP"] <= 1 and summary["steps"] == 4
 
 
 def test_shell_launcher_reid_task(tmp_path):

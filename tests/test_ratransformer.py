@@ -245,3 +245,107 @@ def test_cuda_step_has_no_host_sync() -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.isfinite(loss).item()
+
+
+# ------------------------------------------------------------------ dateline areas and the Area door
+@pytest.fixture(scope="module")
+def nino_file(tmp_path_factory):
+    from datasets.era5_sample import write_sample_file
+
+    d = tmp_path_factory.mktemp("nino")
+    return write_sample_file(d / "sample.nc", grid=1.0, months=14, seed=5), d / "cache"
+
+
+@pytest.mark.parametrize(
+    "lon,res",
+    [((170, -120), 1.0), ((170, -120), 5.0), ((-180, 180), 5.0), ((0, 360), 5.0), ((200, 340), 5.0)],
+)
+def test_positions_equal_the_datasets_cell_longitudes(nino_file, lon, res) -> None:
+    from datasets.area import Area
+    from datasets.era5 import ERA5SSTMonthlyDataset
+
+    path, cache = nino_file
+    lat = (-5, 5) if res == 1.0 else (-20, 20)
+    ds = ERA5SSTMonthlyDataset(lon=list(lon), lat=list(lat), resolution=res, data_path=path, cache_dir=cache,
+                               split=None)  # fmt: skip
+    kw = dict(width=ds.width, height=ds.height, seq_len=2, d_model=16, num_heads=2, num_layers=1,
+              dim_feedforward=16, dropout=0.0, recursion_depth=1, sh_degree=4)  # fmt: skip
+    by_range = RecursiveAttentionTransformer(**kw, patch_size=1, lon_range=lon, lat_range=lat)
+    by_area = RecursiveAttentionTransformer(**kw, patch_size=1, area=Area("a", lon=list(lon), lat=list(lat)))
+    lats, lons = by_range.cell_centres()
+    torch.testing.assert_close(lons, torch.from_numpy(ds.lons).double(), rtol=0, atol=1e-9)
+    torch.testing.assert_close(lats, torch.from_numpy(ds.lats).double(), rtol=0, atol=1e-9)
+    lat_g, lon_g = torch.meshgrid(torch.from_numpy(ds.lats), torch.from_numpy(ds.lons), indexing="ij")
+    expect = real_spherical_harmonics(lat_g.reshape(-1), lon_g.reshape(-1), 4)
+    torch.testing.assert_close(by_range.sh_features, expect)
+    torch.testing.assert_close(by_area.sh_features, expect)
+    x, _ = ds[0]
+    assert by_area(x[None]).shape == (1, ds.height, ds.width)
+
+
+def test_nino34_model_builds_with_a_70_degree_width_and_patches_across_the_dateline() -> None:
+    from datasets.area import NINO34
+
+    m = tiny(width=70, height=10, patch_size=2, lat_range=None, area=NINO34)
+    assert m.lon_range == (170.0, -120.0) and m.lon_width == 70.0
+    # patch 5 spans cells 10-11, centred 11 degrees east of 170E -> 181E = -179 (across the dateline)
+    lat = torch.tensor([-4.0]).repeat(35)
+    lon = (170.0 + 1.0 + 2.0 * torch.arange(35, dtype=torch.float64) + 180.0) % 360.0 - 180.0
+    assert lon[5] == -179.0
+    torch.testing.assert_close(m.sh_features[:35], real_spherical_harmonics(lat, lon, 3))
+
+
+def test_area_and_range_errors() -> None:
+    from datasets.area import NINO34
+
+    with pytest.raises(ValueError, match="zero width"):
+        tiny(lon_range=(30.0, 30.0))
+    with pytest.raises(ValueError, match=r"outside \[-180, 360\]"):
+        tiny(lon_range=(-200.0, 10.0))
+    with pytest.raises(ValueError, match="contradicts area"):
+        tiny(area=NINO34, lat_range=None, lon_range=(-180.0, 180.0))
+    with pytest.raises(TypeError, match=r"has no \.lon/\.lat"):
+        tiny(area="Nino3.4", lat_range=None)
+    assert tiny(area=NINO34, lon_range=(170, -120), lat_range=(-5, 5)).lon_width == 70.0
+
+
+# ------------------------------------------------------------------ gradient checkpointing
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_gradient_checkpointing_gives_the_same_results(dropout: float) -> None:
+    x = torch.randn(3, 1, 12, 24, generator=torch.Generator().manual_seed(0))
+    y = torch.randn(3, 12, 24, generator=torch.Generator().manual_seed(1))
+    out = {}
+    for ckpt in (False, True):
+        torch.manual_seed(0)
+        m = tiny(dropout=dropout, use_gradient_checkpointing=ckpt)
+        torch.manual_seed(1)  # same dropout masks in both runs
+        loss = m.loss(m(x), y)
+        loss.backward()
+        out[ckpt] = (loss.detach(), [p.grad.clone() for p in m.parameters()])
+    torch.testing.assert_close(out[True][0], out[False][0])
+    for a, b in zip(out[True][1], out[False][1], strict=True):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="use_gradient_checkpointing"):
+        tiny(use_gradient_checkpointing="yes")
+
+
+def test_gradient_checkpointing_saves_fewer_activations() -> None:
+    def saved_bytes(ckpt: bool) -> int:
+        torch.manual_seed(0)
+        m = tiny(use_gradient_checkpointing=ckpt)
+        seen: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = m.loss(m(torch.randn(4, 1, 12, 24)), torch.randn(4, 12, 24))
+        loss.backward()
+        return sum(seen.values())
+
+    plain, ckpt = saved_bytes(False), saved_bytes(True)
+    assert ckpt < plain / 2, (plain, ckpt)
+    m = tiny(use_gradient_checkpointing=True).eval()  # eval / no_grad: no checkpoint wrapper at all
+    with torch.no_grad():
+        m(torch.randn(1, 1, 12, 24))

@@ -97,9 +97,11 @@ def test_synthetic_set_shapes_modalities_and_determinism() -> None:
     )
 
 
-def test_synthetic_train_test_identities_disjoint() -> None:
-    train, ev = synthetic_reid(8, 4, samples_per_id=6, image_size=(32, 16))
-    assert not set(train.pids.tolist()) & set(ev.dataset.pids.tolist())
+def test_synthetic_train_val_test_identities_disjoint() -> None:
+    train, val, ev = synthetic_reid(8, 4, samples_per_id=6, image_size=(32, 16), num_val_identities=3)
+    tr, va, te = (set(d.pids.tolist()) for d in (train, val.dataset, ev.dataset))
+    assert len(va) == 3 and len(te) == 4 and not (tr & va or tr & te or va & te)
+    assert synthetic_reid(8, 4, samples_per_id=6, image_size=(32, 16))[1] is None
     q, g = ev.protocols["rgb2ir"]
     assert (ev.dataset.modalities[q] == "rgb").all() and (ev.dataset.modalities[g] == "ir").all()
 
@@ -131,7 +133,8 @@ def test_market1501_reader(tmp_path: Path) -> None:
     }.items():
         for n in names:
             _write_img(tmp_path / folder / n, (200, 30, 30))
-    train, ev = read_market1501(tmp_path, image_size=(16, 8))
+    train, val, ev = read_market1501(tmp_path, image_size=(16, 8), val_fraction=0)
+    assert val is None
     assert sorted(train.pids.tolist()) == [2, 2, 7], "junk -1 and distractor 0000 are skipped"
     assert train.camids.tolist() == [1, 2, 3] and train.num_classes == 2
     x = train[0]["image"]
@@ -160,18 +163,23 @@ def test_sysu_reader(tmp_path: Path) -> None:
                     (90, 90, 90),
                     mode="RGB" if cam in (1, 4) else "L",
                 )
-    train, ev = read_sysu_mm01(tmp_path, image_size=(16, 8), single_shot=True, seed=0)
-    assert sorted(set(train.pids.tolist())) == [1, 2, 3] and train.num_classes == 3
+    train, val, ev = read_sysu_mm01(tmp_path, image_size=(16, 8), seed=0)
+    assert sorted(set(train.pids.tolist())) == [1, 2] and train.num_classes == 2, "val ids held out"
+    assert set(val.dataset.pids.tolist()) == {3} and set(ev.dataset.pids.tolist()) == {4, 5}
     assert set(train.modalities[train.camids == 3]) == {"ir"} and set(
         train.modalities[train.camids == 1]
     ) == {"rgb"}
     assert train[len(train) - 1]["image"].shape == (3, 16, 8)  # grey IR file -> 3 channels
-    q, g = ev.protocols["ir2rgb"]
+    q, galleries = ev.protocols["allsearch"]
     assert len(q) == 2 * 2 * 2  # all IR images of the 2 test ids
-    assert len(g) == 2 * 2  # single shot: one per (id, RGB camera)
-    assert ev.excluded_camera_pairs == SYSU_EXCLUDED_CAMERA_PAIRS
+    assert len(galleries) == 10 and all(len(g) == 2 * 2 for g in galleries)  # one per (id, RGB camera)
+    q_in, g_in = ev.protocols["indoor"]
+    assert (q_in == q).all() and all(set(ev.dataset.camids[g].tolist()) == {1} for g in g_in)
+    assert ev.excluded_camera_pairs == SYSU_EXCLUDED_CAMERA_PAIRS and ev.ranks == (1, 10, 20)
+    merged, no_val, _ = read_sysu_mm01(tmp_path, image_size=(16, 8), hold_out_val_ids=False)
+    assert sorted(set(merged.pids.tolist())) == [1, 2, 3] and no_val is None
     # the sampler reads these arrays directly
-    s = CachedModalAwarePKSampler(train, 6, 2, seed=0)
+    s = CachedModalAwarePKSampler(merged, 6, 2, seed=0)
     assert s.num_pairable_ids == 3
 
 
@@ -221,8 +229,8 @@ def test_task_short_training_beats_chance() -> None:
 
     torch.manual_seed(0)
     task = build_reid_task(num_identities=32, image_size=(32, 16), seed=1, width=16)
-    assert task.monitor_metric == "rgb2ir_mAP" and task.monitor_mode == "max"
-    ev = task.val_set
+    assert task.monitor_metric == "val_rgb2ir_mAP" and task.monitor_mode == "max"
+    ev = task.test_set
     ds = ev.dataset
     # chance: the mean over random features of the same protocol
     rng = np.random.default_rng(0)
@@ -250,16 +258,210 @@ def test_task_short_training_beats_chance() -> None:
                 loss.backward()
                 opt.step()
                 steps += 1
-        scores = task.evaluate_fn(task.model, "val", torch.device("cpu"))
+        scores = task.evaluate_fn(task.model, "test", torch.device("cpu"))
+        val_scores = task.evaluate_fn(task.model, "val", torch.device("cpu"))
     finally:
         torch.set_num_threads(threads)
     assert set(scores) >= {
-        "rgb2ir_mAP",
-        "rgb2ir_rank1",
-        "rgb2ir_rank5",
-        "rgb2ir_rank10",
-        "ir2rgb_mAP",
-        "ir2rgb_rank1",
+        "test_rgb2ir_mAP",
+        "test_rgb2ir_rank1",
+        "test_rgb2ir_rank5",
+        "test_rgb2ir_rank10",
+        "test_ir2rgb_mAP",
+        "test_ir2rgb_rank1",
+    }
+    assert "val_rgb2ir_mAP" in val_scores and val_scores != {
+        k.replace("test_", "val_"): v for k, v in scores.items()
     }
     assert task.model.training, "evaluate_fn restores train mode"
-    assert scores["rgb2ir_mAP"] > 2 * chance, (scores, chance, steps)
+    assert scores["test_rgb2ir_mAP"] > 2 * chance, (scores, chance, steps)
+
+
+# ---------------------------------------------------------------------------------------- protocol (issue 11)
+def test_market1501_holds_out_validation_identities(tmp_path: Path) -> None:
+    pytest.importorskip("PIL")
+    for pid in range(1, 11):
+        for cam in (1, 2):
+            for k in range(2):
+                _write_img(
+                    tmp_path / "bounding_box_train" / f"{pid:04d}_c{cam}s1_{k:06d}_00.jpg", (10 * pid, 0, 0)
+                )
+    _write_img(tmp_path / "query" / "0101_c1s1_000001_00.jpg", (0, 0, 0))
+    _write_img(tmp_path / "bounding_box_test" / "0101_c2s1_000001_00.jpg", (0, 0, 0))
+    train, val, test = read_market1501(tmp_path, image_size=(16, 8), val_fraction=0.2, seed=3)
+    va = set(val.dataset.pids.tolist())
+    assert len(va) == 2 and not va & set(train.pids.tolist()) and train.num_classes == 8
+    assert (val.dataset.labels == -1).all(), "validation identities are not classes"
+    assert (
+        read_market1501(tmp_path, image_size=(16, 8), val_fraction=0.2, seed=3)[1].dataset.paths
+        == val.dataset.paths
+    )
+    q, g = val.protocols[""]
+    assert len(q) == 2 * 2 and len(g) == 2 * 2 * 2 - 4  # one query per (id, camera), the rest is gallery
+    feats = np.eye(20)[val.dataset.pids]  # perfect features: every query finds its identity first
+    assert retrieval_metrics(feats, val.dataset.pids, val.dataset.camids, val.protocols)["mAP"] == 1.0
+    with pytest.raises(ValueError, match="fewer than 2 to train on"):
+        read_market1501(tmp_path, image_size=(16, 8), val_fraction=0.9)
+
+
+def test_trial_galleries_give_mean_and_std() -> None:
+    rng = np.random.default_rng(0)
+    n = 60
+    pids, cams = rng.integers(0, 6, n), rng.integers(1, 5, n)
+    feats = rng.standard_normal((n, 8))
+    q = np.arange(12)
+    trials = [np.sort(rng.choice(np.arange(12, n), 20, replace=False)) for _ in range(4)]
+    out = retrieval_metrics(feats, pids, cams, {"p": (q, trials)}, ranks=(1, 10))
+    singles = [retrieval_metrics(feats, pids, cams, {"p": (q, g)}, ranks=(1, 10)) for g in trials]
+    for key in ("p_mAP", "p_rank1", "p_rank10"):
+        vals = [s[key] for s in singles]
+        assert out[key] == pytest.approx(np.mean(vals)) and out[f"{key}_std"] == pytest.approx(np.std(vals))
+    assert out["p_trials"] == 4 and "p_mAP_std" not in singles[0]
+    pre = retrieval_metrics(feats, pids, cams, {"p": (q, trials[0])}, prefix="val_")
+    assert set(pre) == {"val_p_mAP", "val_p_rank1", "val_p_rank5", "val_p_rank10"}
+
+
+def test_sysu_protocol_draws_and_cam2_cam3_exclusion() -> None:
+    from datasets.reid import sysu_protocols
+
+    class Meta:  # 3 ids seen by every camera, 3 images per (id, camera)
+        pids = np.repeat(np.arange(3), 6 * 3)
+        camids = np.tile(np.repeat(np.arange(1, 7), 3), 3)
+
+    prot = sysu_protocols(Meta, trials=10, seed=5)
+    q, all_g = prot["allsearch"]
+    assert set(Meta.camids[q].tolist()) == {3, 6}
+    assert len({tuple(g) for g in all_g}) > 1, "the 10 draws differ"
+    for g in all_g:  # single shot: one image per (id, camera), RGB cameras only
+        assert len(g) == 3 * 4 and set(Meta.camids[g].tolist()) == {1, 2, 4, 5}
+    assert all(set(Meta.camids[g].tolist()) == {1, 2} for g in prot["indoor"][1])
+    assert [tuple(g) for g in sysu_protocols(Meta, trials=10, seed=5)["allsearch"][1]] == [
+        tuple(g) for g in all_g
+    ]
+    # features that match a cam3 query only with its identity's cam2 images: excluded, so not a hit
+    feats = np.zeros((len(Meta.pids), 6))
+    feats[np.arange(len(Meta.pids)), Meta.pids] = 1.0
+    feats[(Meta.camids == 2) | (Meta.camids == 3), 3 + Meta.pids[(Meta.camids == 2) | (Meta.camids == 3)]] = (
+        5.0
+    )
+    cam3 = {"allsearch": (q[Meta.camids[q] == 3], all_g)}
+    with_rule = retrieval_metrics(feats, Meta.pids, Meta.camids, cam3, SYSU_EXCLUDED_CAMERA_PAIRS)
+    without = retrieval_metrics(feats, Meta.pids, Meta.camids, cam3)
+    assert without["allsearch_rank1"] == 1.0 and with_rule["allsearch_rank1"] == 1.0
+    assert with_rule["allsearch_mAP"] == 1.0  # the remaining same-id gallery images rank first
+    with pytest.raises(ValueError, match="trials=0"):
+        sysu_protocols(Meta, trials=0)
+
+
+def test_task_options_help_and_validation() -> None:
+    import inspect
+
+    from tasks.reid import ARGS_HELP, build_reid_task
+
+    params = [
+        p for p in inspect.signature(build_reid_task).parameters.values() if p.kind is not p.VAR_KEYWORD
+    ]
+    assert set(ARGS_HELP) == {p.name for p in params}, "one help entry per option"
+    sig = inspect.signature(build_reid_task).parameters
+    for k, v in ARGS_HELP.items():  # a default in the text only where the signature's is None (per format)
+        assert isinstance(v, str) and v and ("default:" not in v or sig[k].default is None), k
+    task = build_reid_task(num_identities=16, image_size=(32, 16), ce_weight=0.5, margin=0.2, channel_aug=0.25,
+                           val_fraction=0.25, epoch_length="5")  # fmt: skip
+    assert task.info["loss"] == {
+        "label_smoothing": 0.1,
+        "triplet_margin": 0.2,
+        "ce_weight": 0.5,
+        "channel_aug": 0.25,
+    }
+    assert task.info["val_identities"] == 4 and task.info["test_identities"] == 8
+    sampler = task.batch_sampler_fn(task.train_set, 16, seed=0, rank=0, world_size=1, drop_last=True)
+    assert len(sampler) == 5 and "CachedModalAwarePKSampler" in task.info["sampler"]
+    assert task.info["sampler_cache"]["batches_per_epoch"] == 5
+    assert build_reid_task(num_identities=16, image_size=(32, 16), val_fraction=0).val_set is None
+    for kw, match in (({"channel_aug": 1.5}, "--channel_aug"), ({"margin": -1}, "--margin"),
+                      ({"ce_weight": -0.1}, "--ce_weight"), ({"val_fraction": 1.0}, "--val_fraction"),
+                      ({"epoch_length": "often"}, "--epoch_length"),
+                      ({"epoch_length": "seed", "num_passes": 2}, "give one of them")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            build_reid_task(num_identities=16, image_size=(32, 16), **kw)
+
+
+def test_step_metrics_are_feature_norms_on_the_device_without_sync(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tasks.reid import build_reid_task
+
+    task = build_reid_task(num_identities=16, image_size=(32, 16))
+    assert task.step_metrics() == {}, "nothing before the first step"
+    batch = task.train_set.gather(torch.arange(16))
+    calls = []
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: calls.append(1))
+    loss = task.loss_fn(task.model, batch)
+    metrics = task.step_metrics()
+    monkeypatch.undo()
+    assert not calls, "no host read-back in loss_fn or step_metrics"
+    assert set(metrics) == {"feat_norm", "bn_feat_norm"}
+    assert all(v.ndim == 0 and v.device == loss.device for v in metrics.values())
+    with torch.no_grad():
+        out = task.model(batch["image"])
+    torch.testing.assert_close(metrics["feat_norm"], out["features"].norm(dim=1).mean())
+
+
+def _tiny_run(tmp_path: Path, seed: int, name: str) -> dict[str, torch.Tensor]:
+    from tasks.reid import build_reid_task
+    from trainer import TrainConfig, Trainer
+
+    task = build_reid_task(num_identities=16, image_size=(32, 16), width=8, seed=seed, channel_aug=0.5)
+    cfg = TrainConfig(seed=seed, batch_size=16, max_steps=3, output_dir=str(tmp_path), run_name=name,
+                      progress_bar=False, validation_interval=10**6, save_best=False, log_every=2)  # fmt: skip
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # other test processes share the CPU; oversubscribed threads run ~3x slower
+    try:
+        trainer = Trainer(cfg, task, log=lambda m: None)
+        trainer.fit()
+    finally:
+        torch.set_num_threads(threads)
+    return {k: v.clone() for k, v in trainer.raw_model.state_dict().items()}
+
+
+def test_seed_makes_two_runs_identical(tmp_path: Path) -> None:
+    """--seed seeds everything: data, held-out ids, initial weights, sampler, channel augmentation."""
+    torch.manual_seed(123)  # a different global state before each build must not matter
+    a = _tiny_run(tmp_path, 7, "a")
+    torch.manual_seed(456)
+    b = _tiny_run(tmp_path, 7, "b")
+    c = _tiny_run(tmp_path, 8, "c")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a if a[k].is_floating_point())
+
+
+def test_sysu_task_scores_the_standard_protocol(tmp_path: Path) -> None:
+    pytest.importorskip("PIL")
+    from tasks.reid import build_reid_task
+
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "train_id.txt").write_text("1,2,3")
+    (tmp_path / "exp" / "val_id.txt").write_text("4,5")
+    (tmp_path / "exp" / "test_id.txt").write_text("6,7")
+    for pid in range(1, 8):
+        for cam in range(1, 7):
+            for k in range(2):
+                _write_img(tmp_path / f"cam{cam}" / f"{pid:04d}" / f"{k:04d}.jpg", (30 * pid, 20 * cam, 9 * k),
+                           mode="RGB" if cam in (1, 2, 4, 5) else "L")  # fmt: skip
+    task = build_reid_task(
+        data_path=str(tmp_path), reid_format="sysu", image_size=(16, 8), width=4, num_instances=2
+    )
+    assert task.monitor_metric == "val_allsearch_mAP"
+    assert task.info["train_identities"] == 3 and task.info["val_identities"] == 2
+    assert task.info["protocols"]["allsearch"] == [2 * 2 * 2, "10 trials"]
+    scores = task.evaluate_fn(task.model, "test", torch.device("cpu"))
+    for name in ("allsearch", "indoor"):
+        for key in ("mAP", "rank1", "rank10", "rank20"):
+            assert 0 <= scores[f"test_{name}_{key}"] <= 1 and f"test_{name}_{key}_std" in scores
+        assert scores[f"test_{name}_trials"] == 10
+    assert set(task.evaluate_fn(task.model, "val", torch.device("cpu"))) == {
+        k.replace("test_", "val_") for k in scores
+    }
+    with pytest.raises(ValueError, match="exp/val_id.txt"):
+        build_reid_task(data_path=str(tmp_path), reid_format="sysu", val_fraction=0.2)
+    assert (
+        build_reid_task(data_path=str(tmp_path), reid_format="sysu", val_fraction=0, width=4).val_set is None
+    )

@@ -53,7 +53,7 @@ def build_run(t: Any) -> None:
         t.notes.append(f"data: held on {rt.device.type}, batches gathered there (no loader workers)")
         if cfg.num_workers:
             t.notes.append(f"num_workers={cfg.num_workers}, prefetch_factor and persistent_workers are not used: "
-                           f"the data is held on {rt.device.type}; --device_cache off brings the loader back")
+                           f"the data is held on {rt.device.type}; device_cache off (--device_cache off) brings the loader back")
     else:
         t.loader_kw, notes = loader_settings(cfg, rt.device, rt.world_size)
         t.notes += notes

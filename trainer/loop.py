@@ -249,8 +249,11 @@ class Trainer:
 
     def _step_metrics(self) -> dict[str, float]:
         fn = self.task.step_metrics
-        # note: sync point (NORM_EVERY): the task's device scalars, read together
-        return {k: float(v) for k, v in fn().items()} if fn is not None else {}
+        if fn is None:
+            return {}
+        m = fn()
+        # note: sync point (NORM_EVERY): the task's device scalars, read back together
+        return dict(zip(m, torch.stack([v.float().reshape(()) for v in m.values()]).tolist())) if m else {}
 
     # ------------------------------------------------------------------ validation, stopping, files
     def _validate(self) -> dict[str, float]:
@@ -285,23 +288,3 @@ class Trainer:
     def _save(self, name: str) -> None:
         if self.rt.is_main:
             save_checkpoint(self, name)
-
-    # ------------------------------------------------------------------ tools
-    def step_fn(self) -> Callable[[], None]:
-        """One full training step on the next batch, for the profiler and the system report."""
-        it = iter(self.loader)
-        self.model.train()
-
-        def run() -> None:
-            nonlocal it
-            try:
-                batch = next(it)
-            except StopIteration:
-                it = iter(self.loader)
-                batch = next(it)
-            if not self.on_device:
-                batch = to_device(batch, self.rt.device)
-            self.forward_backward(batch, 1)
-            self.opt.step(False)
-
-        return run

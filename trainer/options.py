@@ -177,6 +177,10 @@ def check_keys(d: dict[str, Any], known: Iterable[str], where: str) -> None:
 _MMSEG: dict[tuple[str, str], tuple[str, Callable[[Any], Any]]] = {
     ("data", "samples_per_gpu"): ("batch_size", int),
     ("data", "workers_per_gpu"): ("num_workers", int),
+    ("data", "pin_memory"): ("pin_memory", bool),
+    ("data", "persistent_workers"): ("persistent_workers", bool),
+    ("data", "prefetch_factor"): ("prefetch_factor", int),
+    ("runner", "accumulative_counts"): ("accumulate_grad_batches", int),
     ("", "samples_per_gpu"): ("batch_size", int),
     ("", "workers_per_gpu"): ("num_workers", int),
     ("runner", "max_iters"): ("max_batches", int),  # mmseg iterations are batches, not optimizer steps
@@ -189,7 +193,8 @@ _MMSEG: dict[tuple[str, str], tuple[str, Callable[[Any], Any]]] = {
     ("checkpoint_config", "interval"): ("checkpoint_every", int),
 }
 _IGNORED_MMSEG = {("runner", "type"), ("optimizer", "type"), ("evaluation", "metric"), ("optimizer", "momentum"),
-                  ("checkpoint_config", "by_epoch"), ("evaluation", "pre_eval"), ("checkpoint_config", "max_keep_ckpts")}
+                  ("checkpoint_config", "by_epoch"), ("evaluation", "pre_eval"), ("checkpoint_config", "max_keep_ckpts"),
+                  ("evaluation", "efficient_test")}
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -39,8 +39,8 @@ def claim_run_dir(output_dir: str | Path, name: str | None, prefix: str) -> tupl
             continue
         note = None
         if name is not None and i > 1:
-            note = (f"run dir: {root / base} already holds a run; writing to {cand} instead (use --resume "
-                    f"{root / base} to continue that run)")
+            note = (f"run dir: {root / base} already holds a run; writing to {cand} instead (to continue that run, "
+                    f"resume from it: --resume {root / base}, or BaseTrainer(checkpoint_path=...))")
         return cand, note
     raise RunDirError(f"no free run directory name under {root} for {base!r}")
 

@@ -1,9 +1,9 @@
-"""Measure instead of guessing: the largest batch size that fits and the fastest `num_workers`.
+"""Measure instead of guessing: the fastest `num_workers`, and the learning rate for a new batch size.
 
 Ground floor: nothing here imports the trainer. The trainer hands in callables:
-- `find_max_batch_size(try_batch)`: `try_batch(bs)` runs one forward+backward at batch size `bs` and
-  raises an out-of-memory error when it does not fit.
 - `tune_num_workers(make_loader)`: `make_loader(n)` returns a fresh DataLoader with `num_workers=n`.
+The largest batch size that fits is searched by the engine itself: `trainer/autobatch.py`
+(`find_max_batch_size`, `auto_batch_size`), so a copied `trainer/` folder has it too.
 
 Seed 003's learning-rate rule of thumb (`new_lr = old_lr * sqrt(new_bs / old_bs)`) is `scale_lr(..., "sqrt")`;
 "linear" is Goyal et al.'s rule for SGD; the right one is the one your validation loss agrees with.
@@ -20,115 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["find_max_batch_size", "scale_lr", "tune_num_workers", "is_oom_error"]
-
-_OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")
-
-
-def is_oom_error(err: BaseException) -> bool:
-    """True for torch.OutOfMemoryError and RuntimeErrors that report an allocation failure (CUDA, CPU, MPS)."""
-    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
-    if oom_type is not None and isinstance(err, oom_type):
-        return True
-    return isinstance(err, (RuntimeError, MemoryError)) and (
-        isinstance(err, MemoryError) or any(m in str(err).lower() for m in _OOM_MARKERS)
-    )
-
-
-def _release_memory() -> None:
-    # The failed attempt's tensors are referenced by the traceback until it is dropped; collect them,
-    # then hand cached blocks back so the next (smaller) try starts from a clean allocator.
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def find_max_batch_size(
-    try_batch: Callable[[int], None],
-    start: int = 2,
-    max_batch: int = 4096,
-    target: int | None = None,
-) -> dict[str, Any]:
-    """Largest batch size for which `try_batch(bs)` succeeds: doubling from `start`, then binary search.
-
-    With `target` (the effective batch you want), the search stops at `target` and the result says how
-    many gradient-accumulation steps keep the effective batch: ceil(target / batch_size). Because
-    batch_size * accumulate may overshoot target, `balanced_batch_size` = ceil(target / accumulate) is
-    also returned: the smallest micro-batch with the same accumulation (effective batch closest to target).
-
-    Returns {"batch_size", "accumulate_grad_batches", "effective_batch_size", "balanced_batch_size",
-    "hit_max": bool, "tried": [(bs, ok), ...]}. Errors other than out-of-memory propagate.
-    """
-    if start < 1 or max_batch < 1:
-        raise ValueError(f"find_max_batch_size(start={start}, max_batch={max_batch}): both must be >= 1")
-    if target is not None and target < 1:
-        raise ValueError(f"find_max_batch_size(target={target}): the effective batch must be >= 1 or None")
-    upper = min(max_batch, target) if target is not None else max_batch
-    start = min(start, upper)
-    tried: list[tuple[int, bool]] = []
-    cache: dict[int, bool] = {}
-
-    def fits(bs: int) -> bool:
-        if bs in cache:
-            return cache[bs]
-        try:
-            try_batch(bs)
-            ok = True
-        except Exception as err:
-            if not is_oom_error(err):
-                raise
-            ok = False
-        if not ok:
-            _release_memory()  # outside the except block so the traceback (and its tensors) is gone
-        cache[bs] = ok
-        tried.append((bs, ok))
-        return ok
-
-    # Phase 1: find a size that fits (halve on failure) and one that does not (double on success).
-    good, bad = 0, None
-    bs = start
-    if not fits(bs):
-        bad = bs
-        while bs > 1:
-            bs //= 2
-            if fits(bs):
-                good = bs
-                break
-            bad = bs
-        if good == 0:
-            raise RuntimeError(
-                f"find_max_batch_size: even batch size {bs} runs out of memory; the model itself does not fit. "
-                "Use bf16, activation checkpointing or a smaller model."
-            )
-    else:
-        good = bs
-        while good < upper:
-            nxt = min(good * 2, upper)
-            if fits(nxt):
-                good = nxt
-            else:
-                bad = nxt
-                break
-    # Phase 2: binary search in (good, bad).
-    if bad is not None:
-        lo, hi = good, bad
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid
-        good = lo
-    accum = math.ceil(target / good) if target is not None else 1
-    balanced = math.ceil(target / accum) if target is not None else good
-    return {
-        "batch_size": good,
-        "accumulate_grad_batches": accum,
-        "balanced_batch_size": balanced,
-        "effective_batch_size": good * accum,
-        "hit_max": bad is None,
-        "tried": tried,
-    }
+__all__ = ["scale_lr", "tune_num_workers", "default_worker_candidates"]
 
 
 def scale_lr(lr: float, new_bs: int, ref_bs: int, rule: str) -> float:

@@ -96,20 +96,38 @@ def retrieval_metrics(
     features: np.ndarray,
     pids: np.ndarray,
     camids: np.ndarray,
-    protocols: dict[str, tuple[np.ndarray, np.ndarray]],
+    protocols: dict[str, tuple[np.ndarray, np.ndarray | Sequence[np.ndarray]]],
     excluded_camera_pairs: Sequence[tuple[int, int]] = (),
     ranks: Sequence[int] = (1, 5, 10),
+    prefix: str = "",
 ) -> dict[str, float]:
-    """{"<protocol>_mAP", "<protocol>_rank1", ...} for each named (query idx, gallery idx) protocol;
-    the empty name gives plain "mAP", "rank1"."""
+    """{"<prefix><protocol>_mAP", "<prefix><protocol>_rank1", ...} for each named (query idx, gallery idx)
+    protocol; the empty name gives plain "mAP", "rank1". A gallery given as a list of index arrays is a
+    set of random trials (SYSU-MM01: 10 single-shot gallery draws): each figure is the mean over the
+    trials, with "<...>_std" beside it (population std over the trials) and "<...>_trials" = their number.
+    """
     out: dict[str, float] = {}
     for name, (qi, gi) in protocols.items():
-        dist = cosine_distance(features[qi], features[gi])
-        cmc, mAP, _ = evaluate_rank(
-            dist, pids[qi], pids[gi], camids[qi], camids[gi], max(ranks), excluded_camera_pairs
-        )
-        pre = f"{name}_" if name else ""
-        out[f"{pre}mAP"] = mAP
-        for k in ranks:
-            out[f"{pre}rank{k}"] = float(cmc[min(k, len(cmc)) - 1])
+        qi = np.asarray(qi)
+        trials = [np.asarray(gi)] if isinstance(gi, np.ndarray) else [np.asarray(g) for g in gi]
+        if not trials:
+            raise ValueError(f"retrieval_metrics: protocol {name!r} has no gallery")
+        pool = np.unique(np.concatenate(trials))
+        dist_all = cosine_distance(features[qi], features[pool])  # once; each trial takes its columns
+        per_trial = []
+        for g in trials:
+            dist = dist_all[:, np.searchsorted(pool, g)]
+            cmc, mAP, _ = evaluate_rank(
+                dist, pids[qi], pids[g], camids[qi], camids[g], max(ranks), excluded_camera_pairs
+            )
+            per_trial.append([mAP] + [float(cmc[min(k, len(cmc)) - 1]) for k in ranks])
+        vals = np.asarray(per_trial)
+        pre = prefix + (f"{name}_" if name else "")
+        keys = [f"{pre}mAP"] + [f"{pre}rank{k}" for k in ranks]
+        for j, key in enumerate(keys):
+            out[key] = float(vals[:, j].mean())
+            if len(trials) > 1:
+                out[f"{key}_std"] = float(vals[:, j].std())
+        if len(trials) > 1:
+            out[f"{pre}trials"] = float(len(trials))
     return out

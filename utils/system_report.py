@@ -6,19 +6,29 @@
 
 The full report (`run_system_report`) runs the user's configuration for a few steps, diagnoses the
 bottleneck (utils/bottleneck.py), measures the candidate settings relevant to that verdict in the same
-process, and writes a Markdown page with a before/after table. Ground floor: the trainer hands in
-`run_trial(overrides, steps) -> dict`; nothing here imports it.
+process, interleaved `repeats` times, and writes a Markdown page: verdict, a priority list of what to
+change first with the measured gain of each, the configured job projected in hours, kWh and cost, the
+before/after table, utilisation (NVML kernel-busy and memory-controller %, where a GPU is present) and
+hardware with base and current clocks. A difference counts only when it is larger than the spread of the
+repetitions (the ranges of the two settings' samples/s do not overlap); anything else is reported as "no
+difference", and with one repetition nothing is judged. Ground floor: the trainer hands in
+`run_trial(overrides, steps) -> dict`; nothing here imports it. Trial folders (`trial_dir`) are removed
+when the report is written.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import math
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +41,8 @@ try:
 except ImportError:  # copied next to bottleneck.py in another repo
     from bottleneck import THRESHOLDS, diagnose  # type: ignore[no-redef]
 
-__all__ = ["hardware_info", "render_hardware", "render_report", "run_system_report", "RELEVANT_KEYS"]
+__all__ = ["hardware_info", "render_hardware", "render_report", "run_system_report", "RELEVANT_KEYS", "judge",
+           "project_job", "remove_trial_dir"]  # fmt: skip
 
 _GB = 1024.0**3
 
@@ -46,7 +57,7 @@ RELEVANT_KEYS: dict[str, set[str]] = {
     },
     "compute bound": {"precision", "amp", "bf16", "tf32", "compile", "compile_model", "compile_mode", "channels_last", "fused_optimizer"},
     "memory bound": {
-        "precision", "amp", "bf16", "activation_checkpointing", "batch_size", "accumulate_grad_batches", "compile",
+        "precision", "amp", "bf16", "activation_checkpointing", "use_gradient_checkpointing", "batch_size", "accumulate_grad_batches", "compile",
         "compile_model",
     },
 }  # fmt: skip
@@ -100,25 +111,85 @@ def _driver_version() -> str | None:
     return None
 
 
+def cpu_frequencies(model: str | None = None) -> dict[str, float | None]:
+    """{"cpu_base_mhz", "cpu_current_mhz", "cpu_max_mhz"}: psutil's cpu_freq (current, max) and the base
+    (nominal) frequency from cpufreq's base_frequency, else the "@ 2.50GHz" of the model name."""
+    out: dict[str, float | None] = {"cpu_base_mhz": None, "cpu_current_mhz": None, "cpu_max_mhz": None}
+    try:
+        f = psutil.cpu_freq()
+        if f:
+            out["cpu_current_mhz"] = round(f.current, 1) if f.current else None
+            out["cpu_max_mhz"] = round(f.max, 1) if f.max else None
+    except Exception:  # not every platform has a frequency interface
+        pass
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cpufreq/base_frequency", encoding="utf-8") as fh:
+            out["cpu_base_mhz"] = int(fh.read().strip()) / 1000.0  # kHz
+    except (OSError, ValueError):
+        m = re.search(r"@\s*([0-9.]+)\s*GHz", model or "")
+        if m:
+            out["cpu_base_mhz"] = float(m.group(1)) * 1000.0
+    return out
+
+
+def _nvml() -> Any:
+    """The pynvml module, initialised, or None (not installed, no driver, no GPU)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:
+        return None
+
+
+def nvml_clocks() -> list[dict[str, Any]]:
+    """Per GPU (NVML index order): SM and memory clocks now, their maxima and the default application
+    (base) SM clock, in MHz; [] without NVML."""
+    nv = _nvml()
+    if nv is None:
+        return []
+    out = []
+    try:
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            row: dict[str, Any] = {"index": i}
+            for key, fn, clk in (
+                ("sm_clock_mhz", "nvmlDeviceGetClockInfo", "NVML_CLOCK_SM"),
+                ("sm_clock_max_mhz", "nvmlDeviceGetMaxClockInfo", "NVML_CLOCK_SM"),
+                ("sm_clock_base_mhz", "nvmlDeviceGetDefaultApplicationsClock", "NVML_CLOCK_SM"),
+                ("mem_clock_mhz", "nvmlDeviceGetClockInfo", "NVML_CLOCK_MEM"),
+                ("mem_clock_max_mhz", "nvmlDeviceGetMaxClockInfo", "NVML_CLOCK_MEM"),
+            ):
+                try:
+                    row[key] = int(getattr(nv, fn)(h, getattr(nv, clk)))
+                except Exception:  # not supported on this board / driver
+                    row[key] = None
+            out.append(row)
+    except Exception:
+        pass
+    finally:
+        try:
+            nv.nvmlShutdown()
+        except Exception:
+            pass
+    return out
+
+
 def hardware_info() -> dict[str, Any]:
-    """CPU, RAM, GPUs, driver, CUDA/cuDNN and library versions, OS. Cheap (well under a second)."""
+    """CPU, RAM, GPUs, driver, CUDA/cuDNN and library versions, OS, clocks. Cheap (well under a second)."""
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
         usable = os.cpu_count()
     vm = psutil.virtual_memory()
-    freq = None
-    try:
-        f = psutil.cpu_freq()
-        freq = f.max or f.current if f else None
-    except Exception:
-        pass
+    model = _cpu_model()
     info: dict[str, Any] = {
-        "cpu_model": _cpu_model(),
+        "cpu_model": model,
         "cpu_physical_cores": psutil.cpu_count(logical=False),
         "cpu_logical_cores": psutil.cpu_count(logical=True),
         "cpu_usable_cores": usable,
-        "cpu_max_mhz": freq or None,
+        **cpu_frequencies(model),
         "ram_total_gb": round(vm.total / _GB, 1),
         "ram_available_gb": round(vm.available / _GB, 1),
         "os": platform.platform(),
@@ -157,6 +228,10 @@ def hardware_info() -> dict[str, Any]:
                 }
             )
         info["gpu_driver"] = _driver_version()
+        clocks = nvml_clocks()
+        for g in info["gpus"]:  # NVML order can differ from CUDA's; equal counts make the pairing safe enough
+            if len(clocks) == len(info["gpus"]):
+                g.update({k: v for k, v in clocks[g["index"]].items() if k != "index"})
     elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         info["gpus"].append({"index": 0, "name": "Apple MPS", "memory_gb": None, "capability": None})
     return info
@@ -167,9 +242,12 @@ def render_hardware(hw: dict[str, Any]) -> str:
     cores = f"{hw.get('cpu_physical_cores')} physical / {hw.get('cpu_logical_cores')} logical"
     if hw.get("cpu_usable_cores") not in (None, hw.get("cpu_logical_cores")):
         cores += f" ({hw['cpu_usable_cores']} usable by this process)"
+    freqs = [f"{label} {hw[k]:.0f} MHz" for label, k in (("base", "cpu_base_mhz"), ("now", "cpu_current_mhz"),
+             ("max", "cpu_max_mhz")) if hw.get(k)]  # fmt: skip
     rows = [
         ("CPU", hw.get("cpu_model")),
         ("CPU cores", cores),
+        ("CPU frequency", ", ".join(freqs) or "not reported"),
         ("RAM", f"{hw.get('ram_total_gb')} GB ({hw.get('ram_available_gb')} GB available)"),
     ]
     gpus = hw.get("gpus") or []
@@ -178,6 +256,11 @@ def render_hardware(hw: dict[str, Any]) -> str:
             mem = f", {g['memory_gb']} GB" if g.get("memory_gb") else ""
             cap = f", compute capability {g['capability']}" if g.get("capability") else ""
             rows.append((f"GPU {g.get('index', 0)}", f"{g.get('name')}{mem}{cap}"))
+            clk = [f"{label} {g[k]} MHz" for label, k in (("SM base", "sm_clock_base_mhz"), ("SM now", "sm_clock_mhz"),
+                   ("SM max", "sm_clock_max_mhz"), ("memory now", "mem_clock_mhz"),
+                   ("memory max", "mem_clock_max_mhz")) if g.get(k)]  # fmt: skip
+            if clk:
+                rows.append((f"GPU {g.get('index', 0)} clocks (NVML)", ", ".join(clk)))
         rows.append(("GPU driver", hw.get("gpu_driver") or "n/a"))
         rows.append(("CUDA (torch build) / cuDNN", f"{hw.get('cuda') or 'n/a'} / {hw.get('cudnn') or 'n/a'}"))
     else:
@@ -188,6 +271,179 @@ def render_hardware(hw: dict[str, Any]) -> str:
     ]
     lines = ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- measuring around a trial
+def _rapl_uj() -> tuple[float, float] | None:
+    """(energy µJ summed over the CPU packages, wrap range µJ) from Linux RAPL, or None where not readable
+    (no powercap, or not permitted: many systems restrict energy_uj to root)."""
+    total = rng = 0.0
+    found = False
+    for d in glob.glob("/sys/class/powercap/intel-rapl:[0-9]*"):
+        if d.count(":") != 1:  # sub-domains (core, uncore, dram) are inside the package figure
+            continue
+        try:
+            with open(os.path.join(d, "energy_uj"), encoding="utf-8") as f:
+                total += float(f.read())
+            with open(os.path.join(d, "max_energy_range_uj"), encoding="utf-8") as f:
+                rng += float(f.read())
+            found = True
+        except (OSError, ValueError):
+            return None
+    return (total, rng) if found else None
+
+
+class _NvmlUtilSampler:
+    """Samples NVML utilisation of the training GPU in a thread: kernel-busy % (utilization.gpu, the "sm"
+    column of `nvidia-smi dmon`), memory-controller % (utilization.memory: time the device memory was
+    read or written) and this process's SM % (nvmlDeviceGetProcessUtilization), where the driver has it."""
+
+    def __init__(self, interval: float = 0.25) -> None:
+        self.interval = interval
+        self.nv = _nvml()
+        self.handle = None
+        if self.nv is not None:
+            try:
+                self.handle = self._handle()
+            except Exception:
+                self.nv = None
+        self.rows: list[tuple[float | None, float | None, float | None]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _handle(self) -> Any:
+        nv = self.nv
+        try:  # match CUDA's device by PCI bus id: CUDA_VISIBLE_DEVICES renumbers devices, NVML does not
+            import torch
+
+            if torch.cuda.is_available():
+                p = torch.cuda.get_device_properties(torch.cuda.current_device())
+                return nv.nvmlDeviceGetHandleByPciBusId(
+                    f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+                )
+        except Exception:
+            pass
+        return nv.nvmlDeviceGetHandleByIndex(0)
+
+    def _sample(self) -> None:
+        nv, h, pid = self.nv, self.handle, os.getpid()
+        last_ts = 0
+        while not self._stop.wait(self.interval):
+            gpu = mem = sm = None
+            try:
+                u = nv.nvmlDeviceGetUtilizationRates(h)
+                gpu, mem = float(u.gpu), float(u.memory)
+            except Exception:
+                pass
+            try:
+                samples = nv.nvmlDeviceGetProcessUtilization(h, last_ts)
+                mine = [x for x in samples if getattr(x, "pid", None) == pid]
+                if mine:
+                    sm = float(max(x.smUtil for x in mine))
+                    last_ts = max(int(x.timeStamp) for x in mine)
+            except Exception:  # no process samples yet, or not supported
+                pass
+            self.rows.append((gpu, mem, sm))
+
+    def start(self) -> _NvmlUtilSampler:
+        if self.nv is not None:
+            self._thread = threading.Thread(target=self._sample, name="report-nvml", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, float | None] | None:
+        if self._thread is None:
+            return None
+        self._stop.set()
+        self._thread.join()
+        try:
+            self.nv.nvmlShutdown()
+        except Exception:
+            pass
+
+        def mean(j: int) -> float | None:
+            vals = [r[j] for r in self.rows if r[j] is not None]
+            return sum(vals) / len(vals) if vals else None
+
+        return {"gpu_busy_pct": mean(0), "mem_ctrl_pct": mean(1), "process_sm_pct": mean(2),
+                "util_samples": len(self.rows)}  # fmt: skip
+
+
+def _measured_trial(run_trial: Callable[[dict, int], dict], overrides: dict, steps: int) -> dict[str, Any]:
+    """run_trial plus what the report measures around it: wall time, CPU package power (RAPL) and NVML
+    utilisation. A trial's own "monitor" summary gives the GPU's board power."""
+    e0, t0 = _rapl_uj(), time.perf_counter()
+    util = _NvmlUtilSampler().start()
+    try:
+        m = run_trial(overrides, steps)
+    finally:
+        nv = util.stop()
+    if not isinstance(m, dict):
+        raise TypeError(f"run_trial must return a dict of measurements, got {type(m)}")
+    m = dict(m)
+    wall = time.perf_counter() - t0
+    e1 = _rapl_uj()
+    if e0 is not None and e1 is not None and wall > 0:
+        d = e1[0] - e0[0]
+        if d < 0:  # the counter wrapped
+            d += e1[1]
+        m.setdefault("cpu_package_w", d / 1e6 / wall)
+    if nv:
+        m.setdefault("nvml", nv)
+    m.setdefault("trial_wall_s", wall)
+    return m
+
+
+# --------------------------------------------------------------------------- judging and projecting
+def judge(base_reps: list[float | None], cand_reps: list[float | None]) -> str:
+    """ "faster", "slower", "no difference" (the two settings' samples/s ranges overlap: the difference
+    is inside the measured noise), or "not judged" (fewer than 2 repetitions of either: no noise estimate)."""
+    b = [v for v in base_reps if v is not None]
+    c = [v for v in cand_reps if v is not None]
+    if len(b) < 2 or len(c) < 2:
+        return "not judged"
+    if min(c) > max(b):
+        return "faster"
+    if max(c) < min(b):
+        return "slower"
+    return "no difference"
+
+
+def project_job(
+    samples_per_s: float | None,
+    job_samples: float | None,
+    power_w: float | None = None,
+    price_per_kwh: float | None = None,
+    price_per_gpu_hour: float | None = None,
+    gpus: int = 1,
+) -> dict[str, float | None]:
+    """Hours, kWh and cost of a job of `job_samples` training samples at `samples_per_s`.
+
+    kWh = power_w x hours (None without a power figure); cost = hours x gpus x price_per_gpu_hour +
+    kWh x price_per_kwh, each part only when its price is given (None when neither can be computed).
+    """
+    if not samples_per_s or not job_samples:
+        return {"hours": None, "kwh": None, "cost": None}
+    hours = job_samples / samples_per_s / 3600.0
+    kwh = power_w * hours / 1000.0 if power_w else None
+    parts = []
+    if price_per_gpu_hour is not None:
+        parts.append(hours * max(gpus, 1) * price_per_gpu_hour)
+    if price_per_kwh is not None and kwh is not None:
+        parts.append(kwh * price_per_kwh)
+    return {"hours": hours, "kwh": kwh, "cost": sum(parts) if parts else None}
+
+
+def remove_trial_dir(trial_dir: str | os.PathLike | None) -> bool:
+    """Delete the report's trial folder (run directories, checkpoints, metrics of the trials). True if
+    something was removed."""
+    if trial_dir is None:
+        return False
+    p = Path(trial_dir)
+    if not p.exists():
+        return False
+    shutil.rmtree(p)
+    return True
 
 
 # --------------------------------------------------------------------------- report
@@ -204,6 +460,26 @@ def _settings_str(d: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in d.items()) if d else "(as given)"
 
 
+def _judged(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row with "ratio" (median samples/s vs yours) and "judgement" against trials[0]."""
+    base = trials[0]
+    b_sps = base.get("samples_per_s")
+    b_reps = base.get("samples_per_s_reps") or [b_sps]
+    out = [dict(base, ratio=1.0)]
+    for t in trials[1:]:
+        t = dict(t)
+        sps = t.get("samples_per_s")
+        if not t.get("error"):
+            t["ratio"] = sps / b_sps if sps and b_sps else None
+            t.setdefault("judgement", judge(b_reps, t.get("samples_per_s_reps") or [sps]))
+        out.append(t)
+    return out
+
+
+def _money(v: float | None, currency: str) -> str:
+    return "n/a" if v is None else f"{v:,.2f} {currency}".strip()
+
+
 def render_report(
     hardware: dict[str, Any],
     config: dict[str, Any],
@@ -211,10 +487,13 @@ def render_report(
     verdict: dict[str, Any],
     trials: list[dict[str, Any]],
 ) -> str:
-    """Markdown: verdict first, then the measured before/after table, the run's measurements, hardware, config.
+    """Markdown: verdict, what to change first (measured), the job projected, the before/after table, the
+    run's measurements, hardware, config.
 
     `profile` is the monitor summary of the user's configuration (TrainingMonitor.get_summary()), optionally
-    with "step_stats". `trials[0]` is the user's configuration; the others are compared with it.
+    with "step_stats" and "nvml". `trials[0]` is the user's configuration; the others are compared with it
+    (rows may carry "samples_per_s_reps", "power_w", "projection"). Projection settings come from `config`:
+    job_samples, price_per_kwh, price_per_gpu_hour, currency.
     """
     title = config.get("title") or "plainloop system report: resources and training speed"
     out = [f"# {title}", ""]
@@ -227,57 +506,114 @@ def render_report(
         f"## Verdict: **{verdict.get('verdict')}** (confidence: {verdict.get('confidence', 'n/a')})",
         "",
     ]
-    out += [f"**Do this first:** {verdict.get('advice')}", "", "Evidence:"]
+    out += [f"What usually helps here (a rule of thumb, measured below where possible): {verdict.get('advice')}",
+            "", "Evidence:"]  # fmt: skip
     out += [f"- {e}" for e in verdict.get("evidence", [])]
     for n in verdict.get("notes", []):
         out.append(f"- _Note:_ {n}")
 
+    currency = str(config.get("currency") or "")
     if trials:
-        base = trials[0]
-        b_sps = base.get("samples_per_s")
+        rows = _judged(trials)
+        base = rows[0]
         steps, reps = config.get("steps_per_trial"), config.get("repeats") or 1
+        b_reps = [v for v in (base.get("samples_per_s_reps") or []) if v is not None]
+        noise = (
+            f"yours ranged {min(b_reps):.1f}–{max(b_reps):.1f} samples/s over {len(b_reps)} runs "
+            f"(±{50 * (max(b_reps) - min(b_reps)) / max(_median(b_reps), 1e-9):.0f}%)"
+            if len(b_reps) > 1
+            else "one run each: no noise estimate"
+        )
+        faster = sorted(
+            (t for t in rows[1:] if t.get("judgement") == "faster"), key=lambda t: -(t["ratio"] or 0)
+        )
+        out += ["", "## What to change first, measured in this run", ""]
+        if faster:
+            for i, t in enumerate(faster, 1):
+                pj, pb = t.get("projection") or {}, base.get("projection") or {}
+                saves = ""
+                if pj.get("hours") is not None and pb.get("hours") is not None:
+                    saves = f"; the configured job: {pj['hours']:.2f} h instead of {pb['hours']:.2f} h"
+                    if pj.get("cost") is not None and pb.get("cost") is not None:
+                        saves += f", {_money(pj['cost'], currency)} instead of {_money(pb['cost'], currency)}"
+                out.append(f"{i}. **{_settings_str(t.get('overrides') or {})}** — {t['ratio']:.2f}× your "
+                           f"samples/s, beyond the spread of the repetitions{saves}")  # fmt: skip
+            if any("batch_size" in (t.get("overrides") or {}) for t in faster):
+                out += ["", "A different batch size changes the optimisation: rescale the learning rate "
+                        "(--lr_scaling sqrt|linear) or keep the effective batch with gradient accumulation."]  # fmt: skip
+        else:
+            out.append("Nothing measured here was faster than your settings beyond the noise: keep them.")
+        same = [t for t in rows[1:] if t.get("judgement") == "no difference"]
+        slower = [t for t in rows[1:] if t.get("judgement") == "slower"]
+        unjudged = [t for t in rows[1:] if t.get("judgement") == "not judged"]
+        if same:
+            out.append("- **No difference** (inside the noise: " + noise + "): "
+                       + "; ".join(f"{_settings_str(t.get('overrides') or {})} ({t['ratio']:.2f}×)" for t in same
+                                   if t.get("ratio")))  # fmt: skip
+        if slower:
+            out.append("- Slower: " + "; ".join(f"{_settings_str(t.get('overrides') or {})} ({t['ratio']:.2f}×)"
+                                                for t in slower if t.get("ratio")))  # fmt: skip
+        if unjudged:
+            out.append(f"- **Not judged** ({noise}; run with --report_repeats 3 or more): "
+                       + "; ".join(f"{_settings_str(t.get('overrides') or {})} ({_f(t.get('ratio'), '.2f', '×')})"
+                                   for t in unjudged))  # fmt: skip
+
+        if config.get("job_samples"):
+            out += [
+                "",
+                f"## The configured job, projected ({config['job_samples']:,.0f} training samples)",
+                "",
+            ]
+            out += [
+                "| settings | samples/s | hours | power (W) | energy (kWh) | cost |",
+                "|---|---:|---:|---:|---:|---:|",
+            ]
+            for t in [base, *faster]:
+                pj = t.get("projection") or {}
+                label = "your settings" if t is base else _settings_str(t.get("overrides") or {})
+                out.append(f"| {label} | {_f(t.get('samples_per_s'))} | {_f(pj.get('hours'), '.2f')} | "
+                           f"{_f(t.get('power_w'), '.0f')} | {_f(pj.get('kwh'), '.3f')} | "
+                           f"{_money(pj.get('cost'), currency)} |")  # fmt: skip
+            src = base.get("power_source")
+            cur = f" {currency}" if currency else ""
+            unit = "GPU" if hardware.get("gpus") else "machine"
+            out.append("")
+            out.append(
+                "Hours = samples ÷ measured samples/s (training steps only: add validation and start-up). "
+                f"Power: {src or 'not measured on this machine (no NVML, no readable RAPL): pass power_w to get kWh'}. "
+                f"Prices: {_f(config.get('price_per_kwh'), '.3g')}{cur} per kWh, "
+                f"{_f(config.get('price_per_gpu_hour'), '.3g')}{cur} per {unit} hour."
+            )
+
         how = (
             f" ({steps} steps each" + (f", median of {reps} interleaved runs" if reps > 1 else "") + ")"
             if steps
             else ""
         )
-        out += ["", "## Before / after, measured in this run" + how, ""]
+        out += ["", "## Before / after" + how, ""]
         out += [
-            "| settings | changed | samples/s | vs yours | step (ms) | data wait | peak mem (MB) |",
-            "|---|---|---:|---:|---:|---:|---:|",
+            "| settings | changed | samples/s | vs yours | judged | step (ms) | data wait | peak mem (MB) |",
+            "|---|---|---:|---:|---|---:|---:|---:|",
         ]
-        for t in trials:
+        for t in rows:
             if t.get("error"):
                 out.append(
-                    f"| {t.get('name')} | {_settings_str(t.get('overrides') or {})} | failed: {t['error']} | | | | |"
+                    f"| {t.get('name')} | {_settings_str(t.get('overrides') or {})} | failed: {t['error']} | | | | | |"
                 )
                 continue
             sps = t.get("samples_per_s")
-            ratio = f"{sps / b_sps:.2f}×" if sps and b_sps else "n/a"
             dw = t.get("data_wait_frac")
+            mine = t is base
             out.append(
-                f"| {t.get('name')} | {_settings_str(t.get('overrides') or {}) if t is not base else '—'} | "
-                f"{_f(sps)}{_spread(t.get('samples_per_s_reps'))} | {ratio if t is not base else '1.00×'} | {_f(t.get('step_time_ms'))} | "
+                f"| {t.get('name')} | {'—' if mine else _settings_str(t.get('overrides') or {})} | "
+                f"{_f(sps)}{_spread(t.get('samples_per_s_reps'))} | {_f(t.get('ratio'), '.2f', '×')} | "
+                f"{'—' if mine else t.get('judgement', 'n/a')} | {_f(t.get('step_time_ms'))} | "
                 f"{_f(None if dw is None else 100 * dw, '.0f', '%')} | {_f(t.get('peak_mem_mb'), '.0f')} |"
             )
-        ok = [t for t in trials if not t.get("error") and t.get("samples_per_s")]
-        best = max(ok, key=lambda t: t["samples_per_s"]) if ok else None
         out.append("")
-        if best is not None and best is not base and b_sps and best["samples_per_s"] > b_sps * 1.05:
-            out.append(
-                f"**Recommended:** {_settings_str(best.get('overrides') or {})} — "
-                f"{best['samples_per_s'] / b_sps:.2f}× your samples/s on this machine."
-            )
-            if "batch_size" in (best.get("overrides") or {}):
-                out.append(
-                    "A different batch size changes the optimisation: rescale the learning rate "
-                    "(--lr_scaling sqrt|linear) or keep the effective batch with gradient accumulation."
-                )
-        else:
-            out.append("**Recommended:** keep your settings; no candidate was more than 5% faster here.")
         out.append(
-            "Throughput is samples per second (iterations per second hide the batch size). Short trials are "
-            "noisy: differences under ~10% are within run-to-run variation."
+            "Throughput is samples per second (iterations per second hide the batch size). A setting counts as "
+            "faster or slower only when its samples/s range over the repetitions does not overlap yours."
         )
 
     p = profile or {}
@@ -300,6 +636,17 @@ def render_report(
             f", peak allocated {_f(p.get('peak_gpu_mem_mb'), '.0f')} MB of {_f(p.get('gpu_mem_total_mb'), '.0f')} MB, "
             f"max temperature {_f(p.get('gpu_temp_c_max'), '.0f', ' °C')}, energy {_f(p.get('energy_kwh'), '.5f', ' kWh')}"
         )
+    nv = p.get("nvml") or {}
+    if nv:
+        out.append(
+            f"- NVML over the trial: kernels running {_f(nv.get('gpu_busy_pct'), '.0f', '%')} of the time (the "
+            f"'sm' column of nvidia-smi dmon), memory controller busy {_f(nv.get('mem_ctrl_pct'), '.0f', '%')}, "
+            f"this process's SM share {_f(nv.get('process_sm_pct'), '.0f', '%')} ({nv.get('util_samples', 0)} samples)"
+        )
+    elif not hardware.get("gpus"):
+        out.append("- SM / memory-controller utilisation: no GPU (NVML reads them where one is present)")
+    if p.get("cpu_package_w") is not None:
+        out.append(f"- CPU package power (RAPL): {p['cpu_package_w']:.0f} W")
     ss = p.get("step_stats") or {}
     if ss.get("kernels_per_step") is not None:
         out.append(
@@ -319,9 +666,11 @@ def render_report(
             )
     ovh = p.get("sampler_overhead_frac")
     out.append(f"- the monitor itself used {_f(None if ovh is None else 100 * ovh, '.2f', '%')} of one core")
+    if config.get("trial_dir_removed"):
+        out.append(f"- trial folders removed after measuring ({config['trial_dir_removed']})")
 
     out += ["", "## Hardware", "", render_hardware(hardware)]
-    hidden = ("title", "note", "generated", "command", "steps_per_trial", "repeats")
+    hidden = ("title", "note", "generated", "command", "steps_per_trial", "repeats", "trial_dir_removed")
     shown = {k: v for k, v in config.items() if k not in hidden}
     if shown:
         out += ["", "## Configuration", "", "`" + _settings_str(shown) + "`"]
@@ -379,6 +728,8 @@ def _trial_row(name: str, overrides: dict, base_settings: dict, runs: list[dict]
         "data_wait_frac": med("data_wait_frac", "data_wait_frac"),
         "step_time_ms": med("step_time_ms", "iter_time_s", lambda it: _ms(it.get("p50"))),
         "peak_mem_mb": med("peak_mem_mb", "peak_gpu_mem_mb"),
+        "gpu_power_w": med("gpu_power_w", "gpu_power_w_mean"),
+        "cpu_package_w": med("cpu_package_w", "cpu_package_w"),
         "samples_per_s_reps": [val(m, "samples_per_s", "samples_per_s") for m in runs],
     }
     if runs and "monitor" in runs[0]:
@@ -392,6 +743,22 @@ def _error_row(name: str, overrides: dict, base_settings: dict, err: BaseExcepti
             "error": f"{type(err).__name__}: {first}"}  # fmt: skip
 
 
+def _power(row: dict[str, Any], assumed_w: float | None) -> tuple[float | None, str | None]:
+    if row.get("gpu_power_w") is not None:  # the GPU board, from NVML, measured in the trial
+        extra = row.get("cpu_package_w") or 0.0
+        src = (
+            "NVML GPU board power"
+            + (" + RAPL CPU package power" if extra else "")
+            + ", measured in each trial"
+        )
+        return row["gpu_power_w"] + extra, src
+    if row.get("cpu_package_w") is not None:
+        return row["cpu_package_w"], "RAPL CPU package power, measured in each trial"
+    if assumed_w is not None:
+        return assumed_w, f"assumed {assumed_w:g} W for the whole machine (power_w), not measured"
+    return None, None
+
+
 def run_system_report(
     run_trial: Callable[[dict, int], dict],
     base_settings: dict,
@@ -401,6 +768,13 @@ def run_system_report(
     config: dict,
     max_trials: int = 3,
     repeats: int = 1,
+    job_samples: float | None = None,
+    price_per_kwh: float | None = None,
+    price_per_gpu_hour: float | None = None,
+    currency: str = "",
+    power_w: float | None = None,
+    gpus: int = 1,
+    trial_dir: str | os.PathLike | None = None,
 ) -> Path:
     """Measure the user's settings, diagnose, measure the relevant candidates, write Markdown (+ .json).
 
@@ -410,18 +784,49 @@ def run_system_report(
     start-up) before it starts timing. Each candidate is an overrides dict, or {"name": str, "overrides": dict}.
     Up to `max_trials` candidates relevant to the verdict are measured (all if none is relevant). With
     `repeats` > 1 every configuration runs that many times in interleaved rounds (A B C, A B C, ...) so
-    that drift from other load on the machine hits all of them alike; the table shows medians. Candidates
-    that helped by more than 5% are then measured together as "combined" (interleaved with yours).
+    that drift from other load on the machine hits all of them alike; the table shows medians, and a
+    candidate is "faster"/"slower" only when its range of samples/s does not overlap yours (`judge`).
+    Candidates judged faster are then measured together as "combined" (interleaved with yours).
+
+    Projection: `job_samples` (training samples of the configured job: epochs x samples per epoch, or
+    max_steps x global batch) at each setting's measured samples/s gives hours; power (NVML board power,
+    RAPL CPU package power, else the `power_w` you assume) gives kWh; `price_per_kwh` and
+    `price_per_gpu_hour` (x `gpus`) give the cost; without `job_samples`, a "job_samples" in the first trial's
+    result (your settings) is used. `trial_dir` (where run_trial writes its run folders) is
+    deleted when the report is done, also after an error; it must not contain `out_path`.
     """
     if steps < 2:
         raise ValueError(f"run_system_report(steps={steps}): need at least 2 steps per trial")
     if repeats < 1:
         raise ValueError(f"run_system_report(repeats={repeats}): need at least 1 repetition")
+    for name, v in (("job_samples", job_samples), ("price_per_kwh", price_per_kwh),
+                    ("price_per_gpu_hour", price_per_gpu_hour), ("power_w", power_w)):  # fmt: skip
+        if v is not None and (
+            not isinstance(v, int | float) or isinstance(v, bool) or v < 0 or not math.isfinite(v)
+        ):
+            raise ValueError(f"run_system_report({name}={v!r}): must be a finite number >= 0")
     out_path = Path(out_path)
+    if trial_dir is not None:
+        td = Path(trial_dir).resolve()
+        if td == out_path.resolve().parent or td in out_path.resolve().parents:
+            raise ValueError(
+                f"run_system_report: trial_dir={trial_dir} contains the report {out_path}; give the trials "
+                "their own folder (e.g. RUN_DIR/trials), which is deleted afterwards"
+            )
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    first = run_trial({}, steps)
-    if not isinstance(first, dict):
-        raise TypeError(f"run_trial must return a dict of measurements, got {type(first)}")
+    try:
+        return _run_report(run_trial, base_settings, candidates, steps, out_path, config, max_trials, repeats,
+                           job_samples, price_per_kwh, price_per_gpu_hour, currency, power_w, gpus, trial_dir)  # fmt: skip
+    finally:
+        remove_trial_dir(trial_dir)
+
+
+def _run_report(run_trial, base_settings, candidates, steps, out_path, config, max_trials, repeats,  # noqa: ANN001
+                job_samples, price_per_kwh, price_per_gpu_hour, currency, power_w, gpus, trial_dir) -> Path:  # fmt: skip
+    trial = lambda ov: _measured_trial(run_trial, ov, steps)  # noqa: E731
+    first = trial({})
+    if job_samples is None and first.get("job_samples"):  # run_trial may know the job's size once it is built
+        job_samples = float(first["job_samples"])
     mon = dict(first.get("monitor") or {})
     dev = (
         first.get("device_type") or config.get("device_type") or str(mon.get("device") or "cpu").split(":")[0]
@@ -436,12 +841,12 @@ def run_system_report(
     errors: dict[str, BaseException] = {}
     for r in range(repeats):
         if r > 0:
-            runs["your settings"].append(run_trial({}, steps))
+            runs["your settings"].append(trial({}))
         for name, ov in chosen:
             if name in errors:
                 continue
             try:
-                runs.setdefault(name, []).append(run_trial(ov, steps))
+                runs.setdefault(name, []).append(trial(ov))
             except (
                 Exception
             ) as err:  # one failing candidate (e.g. OOM at a bigger batch) must not sink the report
@@ -451,8 +856,7 @@ def run_system_report(
         trials.append(_error_row(name, ov, base_settings, errors[name]) if name in errors
                       else _trial_row(name, ov, base_settings, runs[name]))  # fmt: skip
 
-    b_sps = trials[0].get("samples_per_s") or 0.0
-    helped = [t for t in trials[1:] if not t.get("error") and (t.get("samples_per_s") or 0) > 1.05 * b_sps]
+    helped = [t for t in _judged(trials)[1:] if t.get("judgement") == "faster"]
     if len(helped) > 1:
         merged: dict[str, Any] = {}
         for t in sorted(helped, key=lambda t: t["samples_per_s"]):  # the best one wins a key conflict
@@ -461,25 +865,43 @@ def run_system_report(
             comb = []
             for r in range(repeats):
                 if r > 0:  # keep the baseline interleaved with the combined runs too
-                    runs["your settings"].append(run_trial({}, steps))
-                comb.append(run_trial(merged, steps))
+                    runs["your settings"].append(trial({}))
+                comb.append(trial(merged))
             trials.append(_trial_row("combined", merged, base_settings, comb))
             trials[0] = _trial_row("your settings", {}, base_settings, runs["your settings"])
         except Exception as err:
             trials.append(_error_row("combined", merged, base_settings, err))
 
+    for t in trials:
+        if t.get("error"):
+            continue
+        t["power_w"], t["power_source"] = _power(t, power_w)
+        t["projection"] = project_job(t.get("samples_per_s"), job_samples, t["power_w"], price_per_kwh,
+                                      price_per_gpu_hour, gpus)  # fmt: skip
     profile = dict(mon)
     if step_stats:
         profile["step_stats"] = step_stats
+    for k in ("nvml", "cpu_package_w"):
+        if first.get(k) is not None:
+            profile[k] = first[k]
     hw = config.get("hardware") or hardware_info()
     cfg = {k: v for k, v in config.items() if k not in ("hardware", "device_type")}
     cfg.setdefault("steps_per_trial", steps)
     cfg.setdefault("repeats", repeats)
+    for k, v in (("job_samples", job_samples), ("price_per_kwh", price_per_kwh),
+                 ("price_per_gpu_hour", price_per_gpu_hour), ("currency", currency), ("power_w", power_w)):  # fmt: skip
+        if v not in (None, ""):
+            cfg.setdefault(k, v)
+    if trial_dir is not None and Path(trial_dir).exists():
+        cfg["trial_dir_removed"] = str(trial_dir)
     text = render_report(
         hw, cfg, profile, verdict, [{k: v for k, v in t.items() if k != "monitor"} for t in trials]
     )
     out_path.write_text(text, encoding="utf-8")
-    raw = {"hardware": hw, "config": cfg, "verdict": verdict, "profile": profile, "trials": trials,
+    raw = {"hardware": hw, "config": cfg, "verdict": verdict, "profile": profile,
+           "trials": [{k: v for k, v in t.items() if k != "monitor"} | {"judgement": j.get("judgement"),
+                                                                         "ratio": j.get("ratio")}
+                      for t, j in zip(trials, _judged(trials))],
            "runs": {k: [{kk: vv for kk, vv in m.items() if kk != "monitor"} for m in v] for k, v in runs.items()}}  # fmt: skip
     out_path.with_suffix(".json").write_text(json.dumps(raw, indent=2, default=str), encoding="utf-8")
     return out_path
