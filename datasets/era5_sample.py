@@ -2,17 +2,25 @@
 
     python -m datasets.era5_sample OUT.nc [--layout legacy|cds2024|cf] [--years 30] [--grid 1.0] [--seed 0]
 
-The field is physically plausible, not real: a latitudinal climatology with a Pacific warm pool and cold
-tongue, a hemispheric seasonal cycle, an ENSO-like anomaly that propagates smoothly eastward along the equator
-(so the previous month's anomaly tells a model where it goes next), white noise, and a few continent-shaped
-land blobs that are missing data. Every file says `synthetic = "true"` in its global attributes.
+The field is physically plausible, not real, and as hard to forecast as real monthly SST: a latitudinal
+climatology with a Pacific warm pool and cold tongue, a hemispheric seasonal cycle, a slow warming trend, and
+anomalies that are
+- spatially correlated red noise: smooth large-scale patterns (latitude bands x longitude waves) whose
+  coefficients are AR(1) processes with month-to-month persistence 0.65-0.92 (larger scales persist longer),
+  so the lag-1 autocorrelation of monthly anomalies is about 0.6-0.9 as in observations;
+- an ENSO-like damped stochastic oscillator (period ~4 years, a central-Pacific pattern leading an
+  eastern-Pacific one, warm events stronger than cold ones, noise strongest in boreal spring);
+- white noise at the grid scale;
+plus a few continent-shaped land blobs that are missing data. Every file says `synthetic = "true"` in its
+global attributes. Anomaly persistence and a linear inverse model are strong on it, as on real data.
 
 Layouts (see ENGINEERING.md "Data"):
 - `legacy`: CDS before 2024: time/latitude/longitude, `sst` int16 packed (scale_factor/add_offset, -32767
   fill), K, latitude 90 -> -90, longitude 0 -> 360-grid, netCDF3 64-bit offset.
 - `cds2024`: CDS 2024+: valid_time, float32 K with NaN fill, an `expver` string variable, scalar `number`.
 - `cf`: a generic CF file: lat/lon names, ascending cell-centre latitudes, longitudes -180..180, °C.
-Months are generated in chunks (each month seeded from (seed, month)), so a native 0.25° x 30-year file never
+Months are generated in chunks (each month's random numbers seeded from (seed, month); the slow processes
+are re-run from month 0 for each chunk, a few hundred numbers per month), so a native 0.25° x 30-year file never
 sits in RAM and the content does not depend on the chunk size.
 """
 
@@ -27,6 +35,7 @@ import netCDF4
 import numpy as np
 
 LAYOUTS = ("legacy", "cds2024", "cf")
+SAMPLE_VERSION = 2  # in the cached file's name: a changed generator never reuses an old file
 FILL_INT16 = -32767
 # Packing range in K (the CDS picks one per file from min/max; a fixed one keeps chunked writes consistent).
 _K_MIN, _K_MAX = 268.0, 312.0
@@ -40,9 +49,17 @@ _LAND = [
     (20.0, 5.0, 17.0, 27.0),  # Africa
     (134.0, -25.0, 16.0, 10.0),  # Australia
 ]
-ENSO_PERIOD_MONTHS = 40.0  # eastward phase speed: one wavelength per 40 months
-ENSO_WAVELENGTH_DEG = 120.0
-NOISE_STD_C = 0.25
+NOISE_STD_C = 0.25  # white noise per grid point and month (averages down when coarsened)
+TREND_C_PER_YEAR = 0.012  # slow warming, as in the observed record
+# Red noise: latitude bands every 10° (Gaussian, 9° wide) x longitude waves 0..6 (cos, sin).
+_BAND_LATS = np.arange(-85.0, 86.0, 10.0)
+_BAND_WIDTH = 9.0
+_WAVES = 6
+RED_STD_C = 0.18  # stationary std of each pattern coefficient
+# ENSO-like oscillator: damping per month, period, and the std of its monthly kicks.
+ENSO_DAMPING = 0.965
+ENSO_PERIOD_MONTHS = 46.0
+ENSO_KICK = 0.3
 
 
 def grid_coords(layout: str, grid: float) -> tuple[np.ndarray, np.ndarray]:
@@ -70,28 +87,68 @@ def land_mask(lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
     return land
 
 
+def _persistence(seed: int) -> np.ndarray:
+    """AR(1) coefficient of every red-noise pattern (bands x (1 + 2 * waves)): 0.92 for the largest scales
+    down to about 0.65 for wave 6, with a fixed jitter."""
+    k = np.concatenate([[0], np.repeat(np.arange(1, _WAVES + 1), 2)])  # wavenumber of each column
+    jitter = np.random.default_rng([seed, 2**31 - 1]).uniform(-0.03, 0.03, (_BAND_LATS.size, k.size))
+    return np.clip(0.92 - 0.045 * k[None, :] + jitter, 0.5, 0.95)
+
+
+def _slow_states(n_months: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Red-noise pattern coefficients (T, bands, columns) and the ENSO oscillator (T, 2) for months 0..T-1.
+
+    Month t's kicks come from its own generator seeded (seed, t, 1), so any chunk of months recomputes the
+    same states from month 0 (a few hundred numbers per month)."""
+    phi = _persistence(seed)
+    scale = RED_STD_C * np.sqrt(1.0 - phi**2)
+    theta = 2 * np.pi / ENSO_PERIOD_MONTHS
+    rot = ENSO_DAMPING * np.array([[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]])
+    red = np.zeros((n_months,) + phi.shape)
+    enso = np.zeros((n_months, 2))
+    c, z = np.zeros(phi.shape), np.zeros(2)
+    for t in range(n_months):
+        rng = np.random.default_rng([seed, t, 1])
+        c = phi * c + scale * rng.standard_normal(phi.shape)
+        spring = 1.0 + 0.5 * np.cos(2 * np.pi * ((t % 12) - 3) / 12.0)  # kicks strongest around April
+        z = rot @ z + ENSO_KICK * spring * rng.standard_normal(2)
+        red[t], enso[t] = c, z
+    return red, enso
+
+
 def sst_celsius(months: np.ndarray, lat: np.ndarray, lon: np.ndarray, seed: int = 0) -> np.ndarray:
     """Synthetic SST in °C, shape (len(months), nlat, nlon), NaN on land. `months` counts from the start month
     (0 = January of the start year); month t is the same whatever chunk it is made in."""
+    months = np.asarray(months, dtype=np.int64)
     phi = np.deg2rad(lat)[:, None]
     lon360 = np.mod(lon, 360.0)[None, :]
     base = 29.0 * np.cos(phi) ** 2 - 1.0
     base = base + 1.5 * np.exp(-(((lon360 - 150.0) / 40.0) ** 2) - (lat[:, None] / 15.0) ** 2)  # warm pool
     base = base - 2.0 * np.exp(-(((lon360 - 260.0) / 30.0) ** 2) - (lat[:, None] / 6.0) ** 2)  # cold tongue
     seasonal_amp = 3.5 * np.sin(phi) * np.exp(-(((np.abs(lat[:, None]) - 40.0) / 30.0) ** 2))
-    enso_shape = np.exp(-((lat[:, None] / 10.0) ** 2)) * np.exp(-(((lon360 - 215.0) / 55.0) ** 2))
+    east = np.exp(-((lat[:, None] / 9.0) ** 2)) * np.exp(-(((lon360 - 245.0) / 40.0) ** 2))  # Niño 3-like
+    central = np.exp(-((lat[:, None] / 12.0) ** 2)) * np.exp(-(((lon360 - 185.0) / 35.0) ** 2))  # Niño 4-like
+    bands = np.exp(-(((lat[:, None] - _BAND_LATS[None, :]) / _BAND_WIDTH) ** 2))  # (nlat, bands)
+    bands *= 0.6 + 0.8 * np.abs(np.sin(np.deg2rad(_BAND_LATS)))[None, :]  # mid-latitudes vary more
+    lam = np.deg2rad(np.mod(lon, 360.0))
+    waves = [np.ones_like(lam)]
+    for k in range(1, _WAVES + 1):
+        waves += [np.cos(k * lam), np.sin(k * lam)]
+    waves = np.stack(waves)  # (columns, nlon)
     land = land_mask(lat, lon)
+    red, enso = _slow_states(int(months.max()) + 1 if months.size else 0, seed)
 
     out = np.empty((len(months), lat.size, lon.size), dtype=np.float32)
-    for k, t in enumerate(np.asarray(months, dtype=np.int64)):
+    for k, t in enumerate(months):
         cal = t % 12
         season = seasonal_amp * np.cos(2 * np.pi * (cal - 7) / 12.0)  # NH warmest in August
-        amp = 1.6 + 0.6 * np.sin(2 * np.pi * t / 150.0)  # slow decadal modulation
-        phase = 2 * np.pi * (lon360 - 120.0) / ENSO_WAVELENGTH_DEG - 2 * np.pi * t / ENSO_PERIOD_MONTHS
-        enso = amp * enso_shape * np.cos(phase)
+        z0, z1 = enso[t]
+        warm_skew = z0 + 0.25 * np.maximum(z0, 0.0) ** 2  # warm events grow larger than cold ones
+        anomaly = bands @ red[t] @ waves + 0.9 * warm_skew * east + 0.6 * z1 * central
+        trend = TREND_C_PER_YEAR * t / 12.0
         rng = np.random.default_rng([seed, int(t)])  # per-month stream: chunking never changes the data
         noise = NOISE_STD_C * rng.standard_normal((lat.size, lon.size))
-        field = np.maximum(base + season + enso + noise, -1.8)  # sea water freezes near -1.8 °C
+        field = np.maximum(base + season + trend + anomaly + noise, -1.8)  # sea water freezes near -1.8 °C
         field[land] = np.nan
         out[k] = field
     return out
@@ -226,7 +283,7 @@ def ensure_sample_file(
     file behind) into `cache_dir` (default $PLAINLOOP_CACHE or ~/.cache/plainloop)."""
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    path = cache / f"era5_sample_{layout}_{years}y_{grid:g}deg_seed{seed}.nc"
+    path = cache / f"era5_sample_v{SAMPLE_VERSION}_{layout}_{years}y_{grid:g}deg_seed{seed}.nc"
     if path.is_file() and path.stat().st_size > 0:
         return path
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -15,7 +15,7 @@ from trainer import Task
 
 MODULES = {"era5": ("tasks.era5", "build_era5_task"), "reid": ("tasks.reid", "build_reid_task")}
 ERA5_MODEL_KEYS = ("resolution", "d_model", "num_heads", "num_layers", "dim_feedforward", "recursion_depth",
-                   "dropout")
+                   "dropout", "seq_len")
 
 
 def task_module(name: str) -> ModuleType:

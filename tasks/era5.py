@@ -1,11 +1,16 @@
 """The main job: monthly SST forecasting on ERA5 (dataset + RecursiveAttentionTransformer + scores).
 
-The loop in `trainer/` does the rest.
+The loop in `trainer/` does the rest. What the model predicts: the normalised anomaly of the month `offset + 1`
+months after the last of its `seq_len - 1` input months, as a learned correction on top of a fixed statistical
+forecast (`prior`: by default the linear inverse model fitted on the training months), averaged over an
+`ensemble` of independently initialised members. Every score is printed beside the statistical baselines
+(`utils.baselines`), fitted on the training months only.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -14,13 +19,153 @@ from torch import nn
 from trainer import Task
 
 # The seed's configuration (seed 000 quick start) and the reduced CPU preset of the demo.
-SEED_PRESET = {"resolution": 2.0, "d_model": 512, "num_heads": 8, "num_layers": 3, "dim_feedforward": 1024,
-               "recursion_depth": 2, "dropout": 0.1}
-CPU_PRESET = {"resolution": 5.0, "d_model": 128, "num_heads": 4, "num_layers": 2, "dim_feedforward": 256,
-              "recursion_depth": 2, "dropout": 0.0}
+SEED_PRESET = {
+    "resolution": 2.0,
+    "d_model": 512,
+    "num_heads": 8,
+    "num_layers": 3,
+    "dim_feedforward": 1024,
+    "recursion_depth": 2,
+    "dropout": 0.1,
+    "seq_len": 2,  # the seed's one input month
+}
+# Sized for monthly data (a few hundred training months): one layer applied twice, d_model 64.
+CPU_PRESET = {
+    "resolution": 5.0,
+    "d_model": 64,
+    "num_heads": 4,
+    "num_layers": 1,
+    "dim_feedforward": 128,
+    "recursion_depth": 2,
+    "dropout": 0.0,
+    "seq_len": 7,  # six months of context
+}
+PRIORS = ("none", "persistence", "damped_persistence", "lim")
+PRIOR_CHOICES = ("auto", *PRIORS)
+
+# One line per build_era5_task parameter (the CLI turns them into --flags; defaults come from the signature).
+ARGS_HELP: dict[str, str] = {
+    "data_path": "netCDF file, directory, glob or list; none = $ERA5_DATA_PATH, else the built-in synthetic sample",
+    "variable": "netCDF variable to read (sst finds any well-known SST name)",
+    "lon": "area longitudes W E; may cross the dateline, e.g. 170 -120",
+    "lat": "area latitudes S N",
+    "resolution": "grid in degrees (area-mean coarsening of the source data)",
+    "seq_len": "months per sample: seq_len-1 input months of context + 1 target (the seed used 2)",
+    "offset": "extra months between the last input month and the target: lead = offset + 1 months",
+    "split_ratio": "train/val/test fractions of the samples, in time order",
+    "d_model": "transformer width",
+    "num_heads": "attention heads",
+    "num_layers": "transformer layers in the stack (reused recursion_depth times)",
+    "dim_feedforward": "feed-forward width",
+    "dropout": "dropout probability",
+    "recursion_depth": "times the layer stack is applied (shared weights)",
+    "patch_size": "grid cells per token side; none = the model's (4), or 2 on grids under 24 rows",
+    "learning_rate": "model's own learning rate (wins over --lr); none = --lr",
+    "device_cache": "hold the split on the device: true, false or none (auto, when it fits)",
+    "seed": "seed of the model's initial weights",
+    "cache_dir": "cache directory for coarse arrays and the sample file; none = $PLAINLOOP_CACHE or ~/.cache/plainloop",
+    "prior": "fixed forecast the network corrects: none (zero), persistence (last month's anomaly), "
+    "damped_persistence, lim (linear inverse model), or auto (of these three, the one with the lowest "
+    "validation RMSE); all fitted on the training months",
+    "ensemble": "independently initialised members trained side by side; the forecast is their mean",
+    "lim_variance": "fraction of the training anomalies' variance the LIM's EOFs keep (prior and baseline)",
+    "lim_max_modes": "at most this many EOFs in the LIM (prior and baseline)",
+}
 
 
-def _predict_all(model: nn.Module, ds: Any, device: torch.device, batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+def era5_train_defaults(on_gpu: bool, using_sample: bool, n_train: int) -> dict[str, Any]:
+    """TrainConfig overrides for settings the user did not give, chosen for how much data there is.
+
+    Monthly SST is small data: 30 years are ~300 training samples, so the engine's batch 150 would give two
+    optimizer steps per epoch. A batch of about a tenth of the training set (8..150) gives ~10 steps per epoch;
+    validation every epoch is cheap at this size and lets the best epoch (by validation loss) be the one that
+    is tested, with early stopping once it has not improved for a while. `on_gpu` and `using_sample` only cap
+    the work: the CPU demo on the built-in sample must finish in about a minute."""
+    from trainer import TrainConfig
+
+    batch = int(min(150, max(8, round(n_train / 10 / 8) * 8)))
+    out: dict[str, Any] = {
+        "batch_size": batch,
+        "epochs": 40 if (using_sample and not on_gpu) else 100,
+        "validation_interval": 1,
+        "weight_decay": 0.05,
+        "early_stopping_patience": 15,
+        "test_with_best": True,
+    }
+    known = {f.name for f in dataclasses.fields(TrainConfig)}  # the engine may not have every knob yet
+    return {k: v for k, v in out.items() if k in known}
+
+
+class PriorForecaster(nn.Module):
+    """Network(s) predicting a correction to a fixed linear forecast of the last input month.
+
+    prior(x) = z_last (persistence), r * z_last (damped persistence), or the LIM propagated `lead` months:
+    z_last -> EOF coefficients -> G(1)^lead -> grid, all in normalised anomaly units (linear maps commute with the
+    dataset's one global scale). Members start with a zero output head, so the untrained model is the prior.
+    In training mode the forward returns every member's forecast (E, B, H, W) and the loss is the mean of the
+    members' losses (independent members, as if trained one by one); in eval mode it returns their mean."""
+
+    def __init__(self, members: list[nn.Module], prior: str, prior_tensors: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        if prior not in PRIORS:
+            raise ValueError(f"prior={prior!r}: use one of {PRIORS}")
+        self.members = nn.ModuleList(members)
+        self.prior = prior
+        for k, v in prior_tensors.items():
+            self.register_buffer(k, v.float())
+        self.learning_rate = getattr(members[0], "learning_rate", None)
+
+    def prior_forecast(self, x: torch.Tensor) -> torch.Tensor:
+        z = x[:, -1].float()
+        if self.prior == "none":
+            return torch.zeros_like(z)
+        if self.prior == "persistence":
+            return z
+        if self.prior == "damped_persistence":
+            return z * self.damping
+        B, H, W = z.shape
+        return ((z.reshape(B, H * W) @ self.lim_encode) @ self.lim_decode).reshape(B, H, W)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        base = self.prior_forecast(x)
+        outs = torch.stack([m(x) for m in self.members]) + base  # (E, B, H, W)
+        return outs if self.training else outs.mean(0)
+
+    def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        m = self.members[0]
+        if pred.dim() == target.dim() + 1:  # training: every member against the same target
+            return torch.stack([m.loss(p, target) for p in pred]).mean()
+        return m.loss(pred, target)
+
+    def set_ocean_mask(self, mask: torch.Tensor) -> None:
+        for m in self.members:
+            m.set_ocean_mask(mask)
+
+    def flops_per_sample(self, training: bool = True) -> float:
+        return float(sum(m.flops_per_sample(training=training) for m in self.members))
+
+
+def _prior_tensors(
+    prior: str, fitted: dict[str, Any], lead: int, shape: tuple[int, int]
+) -> dict[str, torch.Tensor]:
+    """The fixed linear maps of the prior as tensors (land rows/columns zero)."""
+    if prior == "damped_persistence":
+        return {"damping": torch.from_numpy(np.nan_to_num(fitted["damped_persistence"].r))}
+    if prior != "lim":
+        return {}
+    lim = fitted["lim"]
+    H, W = shape
+    flat = np.flatnonzero(lim.mask.reshape(-1))
+    enc = np.zeros((H * W, lim.modes))
+    enc[flat] = (lim.eofs * lim.sqrt_w).T  # grid -> EOF coefficients
+    dec = np.zeros((lim.modes, H * W))
+    dec[:, flat] = lim.propagator(lead).T @ (lim.eofs / lim.sqrt_w)  # coefficients -> G^lead -> grid
+    return {"lim_encode": torch.from_numpy(enc), "lim_decode": torch.from_numpy(dec)}
+
+
+def _predict_all(
+    model: nn.Module, ds: Any, device: torch.device, batch_size: int = 64
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalised predictions and targets for every sample of `ds`, in order, on the device."""
     preds, targets = [], []
     for start in range(0, len(ds), batch_size):
@@ -31,33 +176,112 @@ def _predict_all(model: nn.Module, ds: Any, device: torch.device, batch_size: in
     return torch.cat(preds), torch.cat(targets)
 
 
-def build_era5_task(data_path: str | None = None, variable: str = "sst", lon: tuple[float, float] = (-180, 180),
-                    lat: tuple[float, float] = (-80, 80), resolution: float = 2.0, seq_len: int = 2, offset: int = 0,
-                    split_ratio: tuple[float, ...] = (0.8, 0.1, 0.1), d_model: int = 512, num_heads: int = 8,
-                    num_layers: int = 3, dim_feedforward: int = 1024, dropout: float = 0.1,
-                    recursion_depth: int = 2, patch_size: int | None = None, learning_rate: float | None = None,
-                    device_cache: bool | None = None, seed: int = 42, cache_dir: str | None = None) -> Task:
+def build_era5_task(
+    data_path: str | None = None,
+    variable: str = "sst",
+    lon: tuple[float, float] = (-180, 180),
+    lat: tuple[float, float] = (-80, 80),
+    resolution: float = 2.0,
+    seq_len: int = 7,
+    offset: int = 0,
+    split_ratio: tuple[float, ...] = (0.8, 0.1, 0.1),
+    d_model: int = 512,
+    num_heads: int = 8,
+    num_layers: int = 3,
+    dim_feedforward: int = 1024,
+    dropout: float = 0.1,
+    recursion_depth: int = 2,
+    patch_size: int | None = None,
+    learning_rate: float | None = None,
+    device_cache: bool | None = None,
+    seed: int = 42,
+    cache_dir: str | None = None,
+    prior: Literal["auto", "none", "persistence", "damped_persistence", "lim"] = "auto",
+    ensemble: int = 1,
+    lim_variance: float = 0.9,
+    lim_max_modes: int = 20,
+) -> Task:
     """Monthly SST forecasting: ERA5SSTMonthlyDataset + RecursiveAttentionTransformer + lat-weighted scores."""
     from datasets.era5 import ERA5SSTMonthlyDataset
     from models.ratransformer import RecursiveAttentionTransformer
-    from utils.metrics import score_forecasts
+    from utils.baselines import baseline_forecasts, fit_baselines
+    from utils.metrics import score_forecasts, weighted_rmse
 
-    common = dict(lon=list(lon), lat=list(lat), seq_len=seq_len, offset=offset, resolution=resolution,
-                  data_path=data_path, variable=variable, split_ratio=tuple(split_ratio), device_cache=device_cache,
-                  cache_dir=cache_dir)
+    if prior not in PRIOR_CHOICES:
+        raise ValueError(f"prior={prior!r}: use one of {', '.join(PRIOR_CHOICES)}")
+    if isinstance(ensemble, bool) or int(ensemble) != ensemble or ensemble < 1:
+        raise ValueError(f"ensemble={ensemble!r}: must be an integer >= 1 (members of the ensemble)")
+    common = dict(
+        lon=list(lon),
+        lat=list(lat),
+        seq_len=seq_len,
+        offset=offset,
+        resolution=resolution,
+        data_path=data_path,
+        variable=variable,
+        split_ratio=tuple(split_ratio),
+        device_cache=device_cache,
+        cache_dir=cache_dir,
+    )
     train = ERA5SSTMonthlyDataset(split="train", **common)
     val = ERA5SSTMonthlyDataset(split="val", **common)
     test = ERA5SSTMonthlyDataset(split="test", **common)
+    lead = int(offset) + 1  # months from the last input month to the target
+    mask = train.ocean_mask.numpy()
+    fitted = fit_baselines(
+        train.train_anomalies_c(), train.lats, mask, lead, variance=lim_variance, max_modes=lim_max_modes
+    )
+    val_rmse = {}
+    if len(val):  # the statistical forecasts on the validation months: what prior="auto" chooses by
+        ref = val.reference_c()
+        fv = baseline_forecasts(fitted, lead, ref["last_input_c"], ref["clim_target_c"], ref["clim_input_c"])
+        twin = {
+            "persistence": "anomaly_persistence",
+            "damped_persistence": "damped_persistence",
+            "lim": "lim",
+        }
+        val_rmse = {p: weighted_rmse(fv[b], ref["truth_c"], val.lats, mask) for p, b in twin.items()}
+    prior_asked = prior
+    if prior == "auto":
+        prior = min(val_rmse, key=val_rmse.get) if val_rmse else "lim"
+    if patch_size is None and train.height < 24:
+        patch_size = 2  # a small area: 4 x 4 patches would leave a handful of tokens
     torch.manual_seed(seed)  # the model's initial weights follow --seed
-    model_kw: dict[str, Any] = dict(width=train.width, height=train.height, seq_len=seq_len, d_model=d_model,
-                                    num_heads=num_heads, num_layers=num_layers, dim_feedforward=dim_feedforward,
-                                    dropout=dropout, recursion_depth=recursion_depth, learning_rate=learning_rate,
-                                    lon_range=tuple(lon), lat_range=tuple(lat))
+    model_kw: dict[str, Any] = dict(
+        width=train.width,
+        height=train.height,
+        seq_len=seq_len,
+        d_model=d_model,
+        num_heads=num_heads,
+        num_layers=num_layers,
+        dim_feedforward=dim_feedforward,
+        dropout=dropout,
+        recursion_depth=recursion_depth,
+        learning_rate=learning_rate,
+        lon_range=tuple(lon),
+        lat_range=tuple(lat),
+    )
     if patch_size is not None:
         model_kw["patch_size"] = patch_size
-    model = RecursiveAttentionTransformer(**model_kw)
-    model.set_ocean_mask(train.ocean_mask)
+    members = []
+    for _ in range(int(ensemble)):
+        net = RecursiveAttentionTransformer(**model_kw, residual=False)
+        nn.init.zeros_(net.head.weight)  # start exactly at the prior
+        net.set_ocean_mask(train.ocean_mask)
+        members.append(net)
+    prior_t = _prior_tensors(prior, fitted, lead, (train.height, train.width))
+    model = PriorForecaster(members, prior, prior_t)
     artifacts: dict[str, Any] = {}
+    refs: dict[str, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = {}
+
+    def reference(split: str, ds: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        if split not in refs:  # fixed for a split: computed once
+            ref = ds.reference_c()
+            f = baseline_forecasts(
+                fitted, lead, ref["last_input_c"], ref["clim_target_c"], ref["clim_input_c"]
+            )
+            refs[split] = (ref, {k: v for k, v in f.items() if k in ("damped_persistence", "lim")})
+        return refs[split]
 
     def evaluate(m: nn.Module, split: str, device: torch.device) -> dict[str, float]:
         ds = val if split == "val" else test
@@ -66,27 +290,63 @@ def build_era5_task(data_path: str | None = None, variable: str = "sst", lon: tu
         pred, y = _predict_all(m, ds, device)
         # note: sync point (evaluation) — predictions come to the host once for scoring in °C
         pred_c = ds.denormalize(pred.cpu(), torch.arange(len(ds))).numpy()
-        ref = ds.reference_c()
+        ref, extra = reference(split, ds)
         truth_c = ref["truth_c"]
-        mask = ds.ocean_mask.cpu().numpy()
-        scores = score_forecasts(pred_c, truth_c, ref["last_input_c"], ref["clim_target_c"], ref["clim_input_c"],
-                                 ds.lats, mask)
+        scores = score_forecasts(
+            pred_c,
+            truth_c,
+            ref["last_input_c"],
+            ref["clim_target_c"],
+            ref["clim_input_c"],
+            ds.lats,
+            mask,
+            extra=extra,
+        )
         out = {f"{split}_rmse_c": scores["model"]["rmse"], f"{split}_acc": scores["model"]["acc"]}
         if split == "val":
             out["val_loss"] = float(m.loss(pred, y))
-        else:
-            for name, s in scores.items():
-                out[f"test_{name}_rmse_c"] = s["rmse"]
-                out[f"test_{name}_acc"] = s["acc"]
+        for name, s in scores.items():
+            if name != "model":
+                out[f"{split}_{name}_rmse_c"] = s["rmse"]
+                out[f"{split}_{name}_acc"] = s["acc"]
+        if split == "test":
             artifacts["scores"] = scores
             k = len(ds) // 2  # one test month for the maps
-            artifacts["test_month"] = {"truth_c": truth_c[k], "pred_c": pred_c[k], "lats": np.asarray(ds.lats),
-                                       "lons": np.asarray(ds.lons), "mask": mask,
-                                       "label": np.array(f"test sample {k} (target month {int(ds.target_months[k]) + 1})")}
+            ym = int(ds.target_abs_months[k])
+            artifacts["test_month"] = {
+                "truth_c": truth_c[k],
+                "pred_c": pred_c[k],
+                "lats": np.asarray(ds.lats),
+                "lons": np.asarray(ds.lons),
+                "mask": mask,
+                "label": np.array(f"test sample {k} (target month {int(ds.target_months[k]) + 1})"),
+                "year": np.array(ym // 12),
+                "month": np.array(ym % 12 + 1),
+            }
         return out
 
-    info = {"data": train.info, "grid": [train.height, train.width], "samples": [len(train), len(val), len(test)],
-            "model": {k: v for k, v in model_kw.items() if k not in ("lon_range", "lat_range")}}
-    flops = model.flops_per_sample(training=True) if hasattr(model, "flops_per_sample") else None
-    return Task("era5", model, train, val, test, evaluate_fn=evaluate, monitor_metric="val_loss",
-                monitor_mode="min", flops_per_sample=flops, info=info, artifacts=artifacts)
+    info = {
+        "data": train.info,
+        "grid": [train.height, train.width],
+        "samples": [len(train), len(val), len(test)],
+        "lead_months": lead,
+        "model": {k: v for k, v in model_kw.items() if k not in ("lon_range", "lat_range")},
+        "prior": prior if prior_asked == prior else f"{prior} (auto: lowest validation RMSE)",
+        "prior_val_rmse_c": {k: round(v, 5) for k, v in val_rmse.items()},
+        "ensemble": int(ensemble),
+        "lim": {"modes": fitted["lim"].modes, "explained_variance": round(fitted["lim"].explained, 4)},
+    }
+    return Task(
+        "era5",
+        model,
+        train,
+        val,
+        test,
+        evaluate_fn=evaluate,
+        monitor_metric="val_loss",
+        monitor_mode="min",
+        flops_per_sample=model.flops_per_sample(training=True),
+        info=info,
+        artifacts=artifacts,
+        console_metrics=("val_rmse_c", "val_acc", "val_loss"),  # the baselines' scores go to metrics.jsonl
+    )

@@ -2,13 +2,14 @@
 
 import os
 import pickle
+import time
 
 import netCDF4
 import numpy as np
 import pytest
 import torch
 
-from datasets import era5 as era5_mod
+from datasets import era5_cache, era5_files, era5_grid
 from datasets.era5 import ERA5SSTMonthlyDataset
 from datasets.era5_sample import grid_coords, main, sst_celsius, write_sample_file
 
@@ -215,7 +216,8 @@ def test_cache_hit_never_opens_netcdf(files, tmp_path, monkeypatch):
         raise AssertionError("netCDF opened on a cache hit")
 
     monkeypatch.setattr(netCDF4, "Dataset", boom)
-    monkeypatch.setattr(era5_mod, "_open", boom)
+    for mod in (era5_files, era5_grid, era5_cache):
+        monkeypatch.setattr(mod, "_open", boom)
     again = make(files["legacy"], tmp_path, lon=[-180, 180], lat=[-80, 80])
     assert again.info["cache"] == "hit"
     assert isinstance(again._array(), np.memmap)
@@ -354,3 +356,44 @@ def test_sample_is_deterministic_chunk_independent_and_labelled(tmp_path, capsys
     assert "wrote" in capsys.readouterr().out
     with netCDF4.Dataset(tmp_path / "c.nc") as nc:
         assert {"valid_time", "expver", "number"} <= set(nc.variables) and nc["sst"].dtype == np.float32
+
+
+def test_orphan_temp_files_of_a_killed_build_are_removed(files, tmp_path):
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its pid is gone now (the OS may reuse it only much later)
+    old = time.time() - 600
+    orphan = cache / f".era5_0123abcd.npy.{dead.pid}.tmp.npy"
+    orphan_json = cache / f".era5_0123abcd.json.{dead.pid}.tmp"
+    fresh = cache / f".era5_4567.npy.{dead.pid}.tmp.npy"  # writer gone, but inside the grace period
+    live = cache / f".era5_89ab.npy.{os.getpid()}.tmp.npy"  # a live writer: never touched
+    stale = cache / f".era5_cdef.npy.{os.getpid()}.tmp.npy"  # "live" pid, untouched for 2 h: a reused pid
+    other = cache / "notes.1234.tmp"  # not ours
+    for p in (orphan, orphan_json, fresh, live, stale, other):
+        p.write_bytes(b"x" * 10)
+    for p in (orphan, orphan_json, live, other):
+        os.utime(p, (old, old))
+    os.utime(stale, (time.time() - 7200,) * 2)
+    ds = make(files["cf"], tmp_path, lon=[-180, 180], lat=[-80, 80])  # the next start cleans up
+    assert ds.info["cache"] == "miss"
+    assert not orphan.exists() and not orphan_json.exists() and not stale.exists()
+    assert fresh.exists() and live.exists() and other.exists()
+    assert era5_cache.remove_orphan_temp_files(cache) == []
+
+
+def test_sample_anomalies_are_red_and_persistence_is_strong(tmp_path):
+    """Issue 13: monthly anomalies with realistic month-to-month persistence (lag-1 autocorrelation 0.6-0.9),
+    so anomaly persistence clearly beats climatology, as on real SST."""
+    p = write_sample_file(tmp_path / "red.nc", layout="cf", years=12, grid=5.0)
+    ds = make(p, tmp_path, lon=[120, 290], lat=[-20, 20], split="train", split_ratio=(0.9, 0.1))
+    a = ds.train_anomalies_c()[:, ds.ocean_mask.numpy()]
+    a = a - a.mean(0)
+    r1 = np.sum(a[:-1] * a[1:], 0) / np.sqrt(np.sum(a[:-1] ** 2, 0) * np.sum(a[1:] ** 2, 0))
+    assert 0.6 <= np.median(r1) <= 0.9
+    assert 0.2 < np.median(a.std(0)) < 1.0  # °C: anomalies of a realistic size
+    # anomaly persistence's error is well below climatology's (the anomaly std)
+    assert np.sqrt(np.mean((a[1:] - a[:-1]) ** 2)) < 0.8 * np.sqrt(np.mean(a**2))

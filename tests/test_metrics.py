@@ -72,3 +72,17 @@ def test_shape_mismatch_and_empty_mask_are_errors():
         weighted_rmse(truth[:, :3], truth, LATS, mask)
     with pytest.raises(ValueError, match="no ocean"):
         weighted_rmse(truth, truth, LATS, np.zeros_like(mask))
+
+
+def test_score_forecasts_scores_extra_baselines_by_name():
+    truth, clim_t, mask = _fields(seed=3)
+    extra = {"damped_persistence": clim_t + 0.3, "lim": truth}
+    scores = score_forecasts(truth + 0.1, truth, truth, clim_t, clim_t, LATS, mask, extra=extra)
+    assert list(scores)[-2:] == ["damped_persistence", "lim"]
+    assert scores["damped_persistence"]["rmse"] == pytest.approx(
+        weighted_rmse(clim_t + 0.3, truth, LATS, mask)
+    )
+    assert scores["lim"]["rmse"] == 0.0 and scores["lim"]["acc"] == pytest.approx(1.0)
+    assert "| lim |" in format_scores(scores)
+    with pytest.raises(ValueError, match="clashes"):
+        score_forecasts(truth, truth, truth, clim_t, clim_t, LATS, mask, extra={"persistence": truth})

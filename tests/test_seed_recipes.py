@@ -542,7 +542,7 @@ def test_seed003_system_report(tmp_path, era5_cache, capsys):
 def reid_train():
     from datasets.reid import synthetic_reid
 
-    train, _ = synthetic_reid(40, samples_per_id=8, image_size=(16, 8), seed=0)
+    train, _, _ = synthetic_reid(40, samples_per_id=8, image_size=(16, 8), seed=0)
     return train
 
 
@@ -569,7 +569,7 @@ def test_seed004_cached_sampler(reid_train, caplog):
         seed=getattr(config, "sampler_seed", 42),
     )
     del train_dataset.infer_modalities_of_sample
-    assert "40 ids" in caplog.text and "pairable" in caplog.text and "batches per epoch" in caplog.text
+    assert "ids: 40" in caplog.text and "pairable" in caplog.text and "batches per epoch" in caplog.text
     assert train_sampler.setup_seconds < 5  # the seed: "缓存时间: 应该 <5秒"
     pids, mods = np.asarray(reid_train.pids), np.asarray(reid_train.modalities)
     batches = list(train_sampler)

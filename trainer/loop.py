@@ -266,7 +266,9 @@ class Trainer:
             epoch = self.epoch + (1 if self.batches_done else 0)  # 1-based, also mid-epoch
             self._row({"kind": "val", "step": self.step, "epoch": epoch, **metrics})
             improved = self.best.update(metrics)
-            self.log(f"[val] step {self.step} epoch {epoch}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items())
+            shown = self.task.console_metrics or tuple(metrics)
+            self.log(f"[val] step {self.step} epoch {epoch}: "
+                     + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k in shown)
                      + (" (best so far; best.pt saved)" if improved and self.cfg.save_best else ""))
             if improved and self.cfg.save_best:
                 self._save("best.pt")

@@ -1,5 +1,6 @@
 """Forecast scores for gridded fields: latitude-weighted RMSE (°C) and anomaly correlation (ACC) over ocean
-cells, and the baselines every score is printed beside (persistence, climatology, anomaly persistence).
+cells, and the baselines every score is printed beside (persistence, climatology, anomaly persistence, and any
+fitted ones passed in, e.g. damped persistence and LIM from `utils.baselines`).
 
 numpy only (torch tensors are accepted and moved to the host). Arrays are (N, H, W) in °C; `lats` are the H
 cell-centre latitudes; `mask` is an (H, W) bool, True on ocean. NaN outside the mask is ignored.
@@ -75,10 +76,11 @@ def score_forecasts(
     clim_input_c: Any,
     lats: np.ndarray,
     mask: Any,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, float]]:
     """RMSE and ACC of the model and of three baselines, all against the same truth and climatology:
     persistence (last input month), climatology (calendar-month mean of the target) and anomaly persistence
-    (target climatology + the last input month's anomaly)."""
+    (target climatology + the last input month's anomaly); then every °C forecast in `extra` by its name."""
     last, ct, ci = _np(last_input_c), _np(clim_target_c), _np(clim_input_c)
     forecasts = {
         "model": _np(pred_c),
@@ -86,6 +88,10 @@ def score_forecasts(
         "climatology": ct,
         "anomaly_persistence": ct + (last - ci),
     }
+    for name, f in (extra or {}).items():
+        if name in forecasts:
+            raise ValueError(f"score_forecasts: extra forecast {name!r} clashes with a built-in one")
+        forecasts[name] = _np(f)
     return {
         name: {"rmse": weighted_rmse(f, truth_c, lats, mask), "acc": acc(f, truth_c, ct, lats, mask)}
         for name, f in forecasts.items()

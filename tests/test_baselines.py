@@ -1,0 +1,109 @@
+"""Statistical baselines on synthetic fields where the answer is known."""
+
+import numpy as np
+import pytest
+
+from utils.baselines import DampedPersistence, LinearInverseModel, baseline_forecasts, fit_baselines
+
+LATS = np.array([-20.0, -10.0, 0.0, 10.0, 20.0, 30.0])
+
+
+def ar1_field(phi: np.ndarray, T: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    a = np.zeros((T,) + phi.shape)
+    for t in range(1, T):
+        a[t] = phi * a[t - 1] + np.sqrt(1 - phi**2) * rng.standard_normal(phi.shape)
+    return a
+
+
+def test_damped_persistence_recovers_ar1_coefficient():
+    phi = np.linspace(0.2, 0.9, 12).reshape(3, 4)
+    a = ar1_field(phi, 6000)
+    mask = np.ones(phi.shape, bool)
+    mask[0, 0] = False
+    a[:, 0, 0] = np.nan  # land
+    for lead in (1, 3):
+        dp = DampedPersistence.fit(a, lead, mask)
+        np.testing.assert_allclose(dp.r[mask], (phi**lead)[mask], atol=0.04)
+        assert np.isnan(dp.r[0, 0])
+    f = DampedPersistence.fit(a, 1, mask).predict(np.ones((2,) + phi.shape))
+    assert f.shape == (2, 3, 4) and np.isnan(f[:, 0, 0]).all()
+
+
+def _patterns(m: int, shape: tuple[int, int], seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """m orthonormal patterns in the sqrt(cos φ)-weighted space, and the weights."""
+    rng = np.random.default_rng(seed)
+    q, _ = np.linalg.qr(rng.standard_normal((shape[0] * shape[1], m)))
+    sw = np.broadcast_to(np.sqrt(np.cos(np.deg2rad(LATS)))[:, None], shape).reshape(-1)
+    return q.T, sw  # (m, cells), (cells,)
+
+
+def test_lim_recovers_a_known_propagator():
+    shape = (6, 5)
+    P, sw = _patterns(3, shape)
+    c, s = np.cos(0.4), np.sin(0.4)
+    A = np.array(
+        [[0.85 * c, -0.85 * s, 0.0], [0.85 * s, 0.85 * c, 0.0], [0.0, 0.0, 0.6]]
+    )  # rotation + damping
+    rng = np.random.default_rng(2)
+    T = 8000
+    x = np.zeros((T, 3))
+    for t in range(1, T):
+        x[t] = A @ x[t - 1] + rng.standard_normal(3)
+    field = ((x @ P) / sw).reshape(T, *shape)  # grid anomalies whose weighted EOFs span P exactly
+    lim = LinearInverseModel.fit(field, LATS, variance=0.999, max_modes=10)
+    assert lim.modes == 3 and lim.explained > 0.999
+    # the propagator is basis-free in grid space: E^T G E == P^T A P
+    got = lim.eofs.T @ lim.g1 @ lim.eofs
+    np.testing.assert_allclose(got, P.T @ A @ P, atol=0.03)
+    # a 2-month forecast applies A twice
+    state = x[-1]
+    pred = lim.predict(((state @ P) / sw).reshape(shape), lead=2)
+    np.testing.assert_allclose((pred.reshape(-1) * sw) @ P.T, A @ A @ state, atol=0.1 * np.abs(state).max())
+
+
+def test_lim_truncates_to_variance_and_caps_modes():
+    a = ar1_field(np.full((6, 5), 0.7), 400, seed=3)  # white in space: no dominant pattern
+    lim = LinearInverseModel.fit(a, LATS, variance=0.5, max_modes=30)
+    assert 1 <= lim.modes <= 30 and lim.explained >= 0.5
+    assert LinearInverseModel.fit(a, LATS, variance=1.0, max_modes=4).modes == 4
+    assert LinearInverseModel.fit(a[:60], LATS, variance=1.0, max_modes=30).modes == 6  # at most T / 10
+
+
+def test_baseline_forecasts_follow_their_definitions():
+    phi = np.full((6, 5), 0.8)
+    a = ar1_field(phi, 500)
+    mask = np.ones(phi.shape, bool)
+    fitted = fit_baselines(a, LATS, mask, lead=3)
+    rng = np.random.default_rng(4)
+    last, ct, ci = 15 + rng.standard_normal((3, 2, 6, 5))
+    f = baseline_forecasts(fitted, 3, last, ct, ci)
+    np.testing.assert_allclose(f["persistence"], last)
+    np.testing.assert_allclose(f["climatology"], ct)
+    np.testing.assert_allclose(f["anomaly_persistence"], ct + last - ci)
+    np.testing.assert_allclose(f["damped_persistence"], ct + fitted["damped_persistence"].r * (last - ci))
+    np.testing.assert_allclose(f["lim"], ct + fitted["lim"].predict(last - ci, 3))
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda a: DampedPersistence.fit(a, 0), "lead=0"),
+        (lambda a: DampedPersistence.fit(a[0], 1), r"\(T, H, W\)"),
+        (lambda a: DampedPersistence.fit(a, 1, np.ones((2, 2), bool)), "mask shape"),
+        (lambda a: LinearInverseModel.fit(a, LATS[:3]), "latitudes"),
+        (lambda a: LinearInverseModel.fit(a, LATS, variance=0), "variance"),
+        (lambda a: LinearInverseModel.fit(a, LATS).predict(a[:1], lead=0), "lead=0"),
+    ],
+)
+def test_bad_inputs_are_clear_errors(call, match):
+    a = ar1_field(np.full((6, 5), 0.5), 100)
+    with pytest.raises(ValueError, match=match):
+        call(a)
+
+
+def test_nan_on_an_ocean_cell_is_an_error():
+    a = ar1_field(np.full((6, 5), 0.5), 100)
+    a[10, 2, 2] = np.nan
+    with pytest.raises(ValueError, match="not finite"):
+        DampedPersistence.fit(a, 1, np.ones((6, 5), bool))

