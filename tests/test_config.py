@@ -38,7 +38,7 @@ def test_every_setting_has_a_flag():
 
 
 # flags of other programs that the README quotes (pytest, pip, torchrun, benchmarks, the sample maker)
-OTHER_PROGRAMS = {"help", "logdir", "signal", "batch", "flag", "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "max_restarts", "standalone",
+OTHER_PROGRAMS = {"help", "logdir", "signal", "batch", "flag", "data", "deps", "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "max_restarts", "standalone",
                   "reps", "threads", "out", "preset", "layout", "years", "grid", "file_grid", "rerender", "loops",
                   "quick", "seeds", "leads", "contexts", "datasets", "dry_run", "cases", "kills", "signals", "only",
                   "steps", "warmup", "sizes"}

@@ -6,6 +6,7 @@ once and reported in one line; the loop never re-checks per step.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import random
@@ -53,6 +54,8 @@ def init_distributed(backend: str | None = None) -> tuple[int, int, int]:
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
         dist.init_process_group(backend=backend)
+        # a process group still alive at interpreter exit can abort the process (gloo's threads): end it first
+        atexit.register(cleanup_distributed)
     return rank, local_rank, world_size
 
 
