@@ -758,14 +758,15 @@ class Campaign:
         return self.record(case)
 
     # ---------------------------------------------------------------------------------- elastic
-    def elastic_case(self, i: int = 0) -> Case:
-        """Two torchrun workers (gloo); rank 1 killed mid-run; MAX_RESTARTS=1 restarts and resumes them."""
+    def elastic_case(self, i: int = 0, extra_args: tuple[str, ...] = ()) -> Case:
+        """Two torchrun workers (gloo); rank 1 killed mid-run; MAX_RESTARTS=1 restarts and resumes them.
+        extra_args: more CLI flags for both the reference and the restarted run."""
         import psutil
 
         case = Case("elastic", f"torchrun x2, rank 1 killed #{i}")
         t0 = time.monotonic()
         base = {"NPROC_PER_NODE": "2", "OUTPUT_DIR": str(self.out), "EPOCHS": str(self.epochs)}
-        extra = ["--checkpoint_every", "2", *TINY]
+        extra = ["--checkpoint_every", "2", *TINY, *extra_args]
         if "elastic-ref" not in self._refs:
             ref_dir = self.out / "elastic-ref"
             p, h = self.start(
@@ -1061,6 +1062,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--elastic", type=int, default=2, help="elastic restart cases (default: 2)")
     ap.add_argument("--no-elastic", dest="elastic", action="store_const", const=0)
+    ap.add_argument("--elastic-args", default="", help="extra CLI flags for the elastic runs, one string")
     ap.add_argument("--epochs", type=int, default=12, help="epochs per run, 8 steps each (default: 12)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random kill/signal moments (default: 0)")
     ap.add_argument(
@@ -1091,7 +1093,7 @@ def main(argv: list[str] | None = None) -> int:
         camp.collision_lock()
         camp.bad_inputs()
         for i in range(args.elastic):
-            camp.elastic_case(i)
+            camp.elastic_case(i, tuple(shlex.split(args.elastic_args)))
         dcost = digest_cost(work, mb=args.digest_mb) if args.digest_mb else None
         result = {
             "environment": environment(torch.device("cpu")),
