@@ -104,8 +104,11 @@ def plainloop_loop(x: torch.Tensor, y: torch.Tensor, a: argparse.Namespace, plai
     # the default LOG_EVERY, or less when the timed window's ends are not log points (tiny test runs)
     log_every = math.gcd(TrainConfig.log_every, a.warmup, a.steps)
     model = make_model(a.dim, a.hidden, a.seed)
-    task = (Task("overhead", model, TensorDataset(x, y)) if plain
-            else Task("overhead", model, TensorPairs(x, y), loss_fn=mse_loss))
+    task = (
+        Task("overhead", model, TensorDataset(x, y))
+        if plain
+        else Task("overhead", model, TensorPairs(x, y), loss_fn=mse_loss)
+    )
     with tempfile.TemporaryDirectory() as tmp:
         cfg = TrainConfig(
             max_steps=a.steps,
@@ -171,7 +174,12 @@ def plain_model_loop(x: torch.Tensor, y: torch.Tensor, a: argparse.Namespace) ->
     return plainloop_loop(x, y, a, plain=True)
 
 
-LOOPS = {"hand": hand_loop, "plainloop": plainloop_loop, "plain_model": plain_model_loop, "lightning": lightning_loop}
+LOOPS = {
+    "hand": hand_loop,
+    "plainloop": plainloop_loop,
+    "plain_model": plain_model_loop,
+    "lightning": lightning_loop,
+}
 
 
 def profile_plainloop(x: torch.Tensor, y: torch.Tensor, a: argparse.Namespace, top: int = 25) -> str:
@@ -204,8 +212,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--threads", type=int, default=1, help="torch intra-op threads, 0 = torch's default (default: 1)"
     )
-    ap.add_argument("--loops", default="hand,plainloop,plain_model,lightning",
-                    help="comma list (default: hand,plainloop,plain_model,lightning)")
+    ap.add_argument(
+        "--loops",
+        default="hand,plainloop,plain_model,lightning",
+        help="comma list (default: hand,plainloop,plain_model,lightning)",
+    )
     ap.add_argument("--profile", action="store_true", help="also cProfile one plainloop run and print it")
     ap.add_argument(
         "--out",
@@ -274,7 +285,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # met only when both the ratio of the medians and the median per-repetition ratio reach the target
         result["target_met_by"] = {
             n: min(result["vs_hand"][n], result["vs_hand_paired"][n]) >= TARGET_VS_HAND
-            for n in ("plainloop", "plain_model") if n in summ
+            for n in ("plainloop", "plain_model")
+            if n in summ
         }
         result["target_met"] = all(result["target_met_by"].values())
     table = md_table(

@@ -57,8 +57,10 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     except (RuntimeError, EOFError, OSError) as e:
         raise CheckpointError(f"checkpoint {path} is corrupt or truncated and cannot be read: {e}") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt:
-        raise CheckpointError(f"{path} is not a plainloop checkpoint (no 'model' entry); keys: "
-                              f"{sorted(ckpt)[:10] if isinstance(ckpt, dict) else type(ckpt).__name__}")
+        raise CheckpointError(
+            f"{path} is not a plainloop checkpoint (no 'model' entry); keys: "
+            f"{sorted(ckpt)[:10] if isinstance(ckpt, dict) else type(ckpt).__name__}"
+        )
     return ckpt
 
 

@@ -25,8 +25,17 @@ class ShardedBatchSampler:
     generator is used: the global RNGs are never touched.
     """
 
-    def __init__(self, n: int, batch_size: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, drop_last: bool = True) -> None:
+    def __init__(
+        self,
+        n: int,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = True,
+    ) -> None:
         if n <= 0:
             raise ValueError("ShardedBatchSampler: the dataset is empty")
         self.n, self.batch_size, self.shuffle, self.seed = n, batch_size, shuffle, seed
@@ -112,8 +121,10 @@ def loader_settings(cfg: TrainConfig, device: torch.device, world_size: int = 1)
         workers = default_num_workers(world_size)
         notes.append(f"num_workers: auto -> {workers}")
     elif workers * world_size > usable_cpus():
-        notes.append(f"num_workers: {workers} per process x {world_size} process(es) is more than the "
-                     f"{usable_cpus()} usable CPU cores; workers will compete with the training process")
+        notes.append(
+            f"num_workers: {workers} per process x {world_size} process(es) is more than the "
+            f"{usable_cpus()} usable CPU cores; workers will compete with the training process"
+        )
     pin = cfg.pin_memory
     if pin and device.type != "cuda":
         pin = False
@@ -133,6 +144,15 @@ def loader_settings(cfg: TrainConfig, device: torch.device, world_size: int = 1)
     return kw, notes
 
 
+def batch_size_of(batch: Any) -> int:
+    """Samples in a batch: the leading size of its first tensor."""
+    if isinstance(batch, (tuple, list)):  # noqa: UP038  (a tuple of types is faster than X | Y here)
+        batch = batch[0]
+    elif isinstance(batch, dict):
+        batch = next(iter(batch.values()))
+    return batch.shape[0]
+
+
 def split_batch(batch: Any, k: int) -> list[Any]:
     """A nested batch cut into k micro-batches along the first dimension (for the OOM fallback)."""
     if isinstance(batch, torch.Tensor):
@@ -149,8 +169,14 @@ def split_batch(batch: Any, k: int) -> list[Any]:
     return [batch] * k
 
 
-def build_loader(dataset: Dataset, batch_sampler: Any, device: torch.device, loader_kw: dict[str, Any],
-                 collate_fn: Any = None, gatherer: Any = None) -> Any:
+def build_loader(
+    dataset: Dataset,
+    batch_sampler: Any,
+    device: torch.device,
+    loader_kw: dict[str, Any],
+    collate_fn: Any = None,
+    gatherer: Any = None,
+) -> Any:
     """Device-resident batches when the data is held on the device (`gatherer`), else a DataLoader."""
     if gatherer is not None:
         return DeviceBatches(gatherer, batch_sampler, device)
