@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from .config import TrainConfig, default_num_workers, usable_cpus
 
@@ -207,18 +207,30 @@ def _fits(nbytes: int, device: torch.device) -> bool:
     return False
 
 
+def _tensors_of(dataset: Any) -> tuple[torch.Tensor, ...] | None:
+    """The tensors behind a TensorDataset, or behind a Subset of one (BaseTrainer's splits), else None."""
+    if isinstance(dataset, TensorDataset):
+        return tuple(dataset.tensors)
+    if isinstance(dataset, Subset) and isinstance(dataset.dataset, TensorDataset):
+        idx = torch.as_tensor(list(dataset.indices), dtype=torch.long)
+        return tuple(t[idx] for t in dataset.dataset.tensors)
+    return None
+
+
 def place_on_device(dataset: Dataset | None, cfg: TrainConfig, device: torch.device) -> Any:
     """Hold the dataset on the device if it can be and fits; returns what serves batches there, or None.
 
-    Two kinds qualify: a torch TensorDataset (its tensors are moved; the user's object is untouched), and a
-    dataset that speaks the residency protocol, `maybe_to_device(device) -> bool` + `gather(index_tensor)`.
+    Two kinds qualify: a torch TensorDataset or a Subset of one (the tensors are copied over; the user's object
+    is untouched), and a dataset that speaks the residency protocol, `maybe_to_device(device) -> bool` +
+    `gather(index_tensor)`.
     """
     if dataset is None or cfg.device_cache is False:
         return None
-    if isinstance(dataset, TensorDataset):
-        nbytes = sum(t.numel() * t.element_size() for t in dataset.tensors)
+    tensors = _tensors_of(dataset)
+    if tensors is not None:
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
         if cfg.device_cache or _fits(nbytes, device):
-            return TensorGather(dataset.tensors, device)
+            return TensorGather(tensors, device)
         return None
     if not (hasattr(dataset, "gather") and hasattr(dataset, "maybe_to_device")):
         return None
