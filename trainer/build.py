@@ -36,6 +36,9 @@ def build_run(t: Any) -> None:
     t.rt = rt = resolve_runtime(cfg.precision, cfg.device, cfg.tf32, cfg.cudnn_benchmark)
     seed_everything(cfg.seed)
     t.notes = list(rt.notes)
+    if cfg.num_threads is not None and rt.device.type == "cpu" and cfg.num_threads != torch.get_num_threads():
+        t.notes.append(f"threads: {torch.get_num_threads()} -> {cfg.num_threads} torch intra-op thread(s)")
+        torch.set_num_threads(cfg.num_threads)
     if t.requested.baseline:
         t.notes.append("baseline: fp32, num_workers=0, no pinning, .item() every step, validate every epoch")
     t.run_dir, t._last_val_step, t.last_row = None, -1, {}

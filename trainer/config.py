@@ -95,6 +95,9 @@ class TrainConfig:
     cudnn_benchmark: bool = knob(True, "cudnn autotuner for fixed shapes (CUDA only)", PREC)
     compile_model: bool = knob(False, "torch.compile the model (the first steps pay the compile time)", PREC)
     compile_mode: str = knob("default", "torch.compile mode", PREC, choices=COMPILE_MODES)
+    num_threads: int | None = knob(
+        None, "torch intra-op threads on a CPU (default: torch's, one per core)", PREC, min=1
+    )
     device: str | None = knob(None, "e.g. cuda:0 or cpu (default: cuda:LOCAL_RANK when available, else cpu)", PREC)
     # data loading
     num_workers: int | None = knob(
