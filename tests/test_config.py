@@ -50,6 +50,7 @@ def test_every_setting_has_a_flag():
 # flags of other programs that the README quotes (pytest, pip, torchrun, benchmarks, the sample maker)
 OTHER_PROGRAMS = {
     "help",
+    "check",
     "logdir",
     "signal",
     "batch",
