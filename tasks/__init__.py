@@ -14,8 +14,16 @@ from typing import Any
 from trainer import Task
 
 MODULES = {"era5": ("tasks.era5", "build_era5_task"), "reid": ("tasks.reid", "build_reid_task")}
-ERA5_MODEL_KEYS = ("resolution", "d_model", "num_heads", "num_layers", "dim_feedforward", "recursion_depth",
-                   "dropout", "seq_len")
+ERA5_MODEL_KEYS = (
+    "resolution",
+    "d_model",
+    "num_heads",
+    "num_layers",
+    "dim_feedforward",
+    "recursion_depth",
+    "dropout",
+    "seq_len",
+)
 
 
 def task_module(name: str) -> ModuleType:
@@ -41,8 +49,10 @@ def resolve_task_args(task: str, kw: dict[str, Any], preset: str, on_gpu: bool) 
         return kw, ""
     lon, lat = kw.get("lon"), kw.get("lat")
     if (lon is not None and lon[0] == lon[1]) or (lat is not None and lat[0] >= lat[1]):
-        raise ValueError(f"--lon {' '.join(map(str, lon or ()))} / --lat {' '.join(map(str, lat or ()))}: give "
-                         f"W != E and S < N (W > E crosses the dateline, e.g. --lon 170 -120)")
+        raise ValueError(
+            f"--lon {' '.join(map(str, lon or ()))} / --lat {' '.join(map(str, lat or ()))}: give "
+            f"W != E and S < N (W > E crosses the dateline, e.g. --lon 170 -120)"
+        )
     ratio = kw.get("split_ratio")
     if ratio is not None and (sum(ratio) > 1 + 1e-6 or any(r < 0 for r in ratio)):
         raise ValueError(f"--split_ratio {' '.join(map(str, ratio))}: fractions must be >= 0 and sum to at most 1")
@@ -50,9 +60,11 @@ def resolve_task_args(task: str, kw: dict[str, Any], preset: str, on_gpu: bool) 
     name = preset if preset != "auto" else ("seed" if on_gpu else "cpu")
     values = mod.SEED_PRESET if name == "seed" else mod.CPU_PRESET
     kw = {**values, **{k: v for k, v in kw.items() if v is not None}}
-    note = (f"preset: {name} ({'seed 000 configuration' if name == 'seed' else 'reduced for a CPU'}: "
-            f"{kw['resolution']:g} deg, d_model {kw['d_model']}, {kw['num_layers']} layers x {kw['recursion_depth']} "
-            f"recursions); explicit settings override it")
+    note = (
+        f"preset: {name} ({'seed 000 configuration' if name == 'seed' else 'reduced for a CPU'}: "
+        f"{kw['resolution']:g} deg, d_model {kw['d_model']}, {kw['num_layers']} layers x {kw['recursion_depth']} "
+        f"recursions); explicit settings override it"
+    )
     return kw, note
 
 

@@ -19,8 +19,17 @@ def torchrun(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     for attempt in range(2):
         out = tmp_path / f"try{attempt}"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               str(ROOT / "tests" / "ddp_script.py"), str(out), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(ROOT / "tests" / "ddp_script.py"),
+            str(out),
+            *extra,
+        ]
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
         proc.out = out
         if GLOO_EXIT_ABORT not in proc.stdout + proc.stderr:

@@ -209,9 +209,7 @@ def load_checkpoint(
     if path.is_dir():  # a run directory: continue from its last checkpoint
         path = path / "checkpoints" / "last.pt"
     if not path.is_file():
-        raise CheckpointError(
-            f"checkpoint {path} does not exist; pass a last.pt/best.pt file or a run directory"
-        )
+        raise CheckpointError(f"checkpoint {path} does not exist; pass a last.pt/best.pt file or a run directory")
     try:
         with warnings.catch_warnings():  # damaged bytes can look like an odd pickle protocol: not news
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
