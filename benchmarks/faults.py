@@ -185,9 +185,7 @@ def orphans(run_dir: Path) -> list[str]:
 class Campaign:
     """One work folder, one environment, one random generator; each method runs one case and records it."""
 
-    def __init__(
-        self, work: Path, epochs: int = 12, seed: int = 0, log=print, inprocess: bool = False
-    ) -> None:
+    def __init__(self, work: Path, epochs: int = 12, seed: int = 0, log=print, inprocess: bool = False) -> None:
         """inprocess: run the cases whose outcome is not a bitwise comparison (NaN, a reused name, bad inputs,
         the refused second process) inside this process, which saves a Python start-up each (the tests)."""
         self.work = Path(work)
@@ -198,9 +196,7 @@ class Campaign:
         self.seed = seed
         self.log = log
         cache = os.environ.get("PLAINLOOP_CACHE") or str(self.work / "cache")
-        env = {
-            k: v for k, v in os.environ.items() if k not in ("PLAINLOOP_DEBUG", "RUN_NAME", "MAX_RESTARTS")
-        }
+        env = {k: v for k, v in os.environ.items() if k not in ("PLAINLOOP_DEBUG", "RUN_NAME", "MAX_RESTARTS")}
         # one thread per process: bit-exact comparisons need the same kernels, and the machine is shared
         env.update(
             {
@@ -242,9 +238,7 @@ class Campaign:
         d.mkdir(exist_ok=True)
         return d / f"{tag}.out", d / f"{tag}.err"
 
-    def start(
-        self, argv: list[str], tag: str, env: dict[str, str] | None = None
-    ) -> tuple[subprocess.Popen, Any]:
+    def start(self, argv: list[str], tag: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Any]:
         out, err = self._logs(tag)
         fo, fe = open(out, "w"), open(err, "w")  # noqa: SIM115 (closed in finish)
         p = subprocess.Popen(
@@ -261,9 +255,7 @@ class Campaign:
             rc = p.wait()
         fo.close()
         fe.close()
-        return Proc(
-            rc, out.read_text(errors="replace"), err.read_text(errors="replace"), time.monotonic() - t0
-        )
+        return Proc(rc, out.read_text(errors="replace"), err.read_text(errors="replace"), time.monotonic() - t0)
 
     def cli(
         self,
@@ -316,9 +308,7 @@ class Campaign:
         return res
 
     def launcher(self, *args: str, tag: str, env: dict[str, str], timeout: float = 600) -> Proc:
-        p, h = self.start(
-            ["bash", str(ROOT / "optimize_training.sh"), *args], tag, {"SKIP_SETUP": "1", **env}
-        )
+        p, h = self.start(["bash", str(ROOT / "optimize_training.sh"), *args], tag, {"SKIP_SETUP": "1", **env})
         return self.finish(p, h, timeout)
 
     @staticmethod
@@ -356,13 +346,9 @@ class Campaign:
             t_start = self.wait_for(run_dir / "config.json", p)
             res = self.finish(p, h)
             if res.rc != 0 or t_start is None:
-                raise RuntimeError(
-                    f"the uninterrupted reference run failed (exit {res.rc}):\n{res.text[-3000:]}"
-                )
+                raise RuntimeError(f"the uninterrupted reference run failed (exit {res.rc}):\n{res.text[-3000:]}")
             # the training part: config.json (written as training starts) to the final last.pt
-            window = (run_dir / "checkpoints" / "last.pt").stat().st_mtime - (
-                run_dir / "config.json"
-            ).stat().st_mtime
+            window = (run_dir / "checkpoints" / "last.pt").stat().st_mtime - (run_dir / "config.json").stat().st_mtime
             self._refs[key] = (self.final_state(run_dir), max(window, 0.2))
         return self._refs[key]
 
@@ -390,9 +376,7 @@ class Campaign:
             os.killpg(p.pid, signal.SIGKILL)
         first = self.finish(p, h)
         left = orphans(run_dir)
-        case.info.update(
-            delay_s=round(delay, 3), killed=killed, mid_write=bool(left), orphans_after_kill=left
-        )
+        case.info.update(delay_s=round(delay, 3), killed=killed, mid_write=bool(left), orphans_after_kill=left)
         if not killed:
             case.detail = f"finished before the kill (exit {first.rc}); not counted"
             case.seconds = time.monotonic() - t0
@@ -423,9 +407,7 @@ class Campaign:
             return self.record(case)
         used = _run_dir_of(res.text) or run_dir
         moved = (
-            ""
-            if used == run_dir
-            else f"; restarted in {used.name}, not {name}: a later `--resume auto` would miss it"
+            "" if used == run_dir else f"; restarted in {used.name}, not {name}: a later `--resume auto` would miss it"
         )
         equal = same_tree(self.final_state(used), ref)
         tidy = not orphans(run_dir)
@@ -485,9 +467,7 @@ class Campaign:
         if not twice:
             lines = [ln for ln in first.text.splitlines() if "--resume" in ln and "train_optimized.py" in ln]
             if lines:
-                resume_cmd = shlex.split(
-                    lines[-1][lines[-1].index("python") :] if "python" in lines[-1] else lines[-1]
-                )
+                resume_cmd = shlex.split(lines[-1][lines[-1].index("python") :] if "python" in lines[-1] else lines[-1])
             else:
                 problems.append("no resume command printed")
         if last.exists():
@@ -502,9 +482,7 @@ class Campaign:
         if resume_cmd and Path(resume_cmd[0]).name.startswith("python"):
             resume_cmd[0] = sys.executable
         if resume_cmd is None or not last.exists():
-            argv = (
-                ["--resume", str(run_dir)] if last.exists() else [*self.train_args(name), "--resume", "auto"]
-            )
+            argv = ["--resume", str(run_dir)] if last.exists() else [*self.train_args(name), "--resume", "auto"]
             resume_cmd = [sys.executable, str(ROOT / "train_optimized.py"), *argv]
         elif resume_cmd[1:2] == ["train_optimized.py"]:
             resume_cmd[1] = str(ROOT / "train_optimized.py")
@@ -527,9 +505,7 @@ class Campaign:
             problems.append("DIFFERENT from the uninterrupted run")
         case.lost = not equal
         case.ok = not problems
-        where = f"step {case.info.get('last_pt_step')}" + (
-            " (mid-epoch)" if case.info.get("mid_epoch") else ""
-        )
+        where = f"step {case.info.get('last_pt_step')}" + (" (mid-epoch)" if case.info.get("mid_epoch") else "")
         case.detail = (
             f"{signame}{' twice' if twice else ''} {delay:.2f}s in: exit {first.rc} after "
             f"{stop_s:.2f}s, last.pt at {where}; resumed: {'bit-identical' if equal else 'different'}"
@@ -590,9 +566,7 @@ class Campaign:
             else:
                 problems.append(f"exit {res.rc}, expected 0 or {EXIT_NON_FINITE}")
         case.ok = not problems
-        case.detail = f"exit {res.rc}, skipped_steps {skipped}" + (
-            "; " + "; ".join(problems) if problems else ""
-        )
+        case.detail = f"exit {res.rc}, skipped_steps {skipped}" + ("; " + "; ".join(problems) if problems else "")
         return self.record(case)
 
     # ------------------------------------------------------------------------------- collisions
@@ -631,8 +605,7 @@ class Campaign:
         if same_name:
             common += ["--run_name", "same"]
         procs = [
-            self.start([sys.executable, str(ROOT / "train_optimized.py"), *common], f"{sub.name}-{k}")
-            for k in range(2)
+            self.start([sys.executable, str(ROOT / "train_optimized.py"), *common], f"{sub.name}-{k}") for k in range(2)
         ]
         res = [self.finish(p, h) for p, h in procs]
         case.seconds = time.monotonic() - t0
@@ -723,9 +696,7 @@ class Campaign:
         for label, args, names in cases:
             if label == "--resume flipped bit" and not flipped.exists():
                 continue
-            res = self.cli(
-                *args, "--output_dir", str(bad / "runs"), *TINY, tag=f"bad-{len(out)}", inproc_ok=True
-            )
+            res = self.cli(*args, "--output_dir", str(bad / "runs"), *TINY, tag=f"bad-{len(out)}", inproc_ok=True)
             out.append(self._judge_bad(label, res, names))
             if (bad / "pwned").exists():
                 out[-1].ok = False
@@ -777,12 +748,8 @@ class Campaign:
             t_start = self.wait_for(ref_dir / "config.json", p)
             res = self.finish(p, h)
             if res.rc != 0 or t_start is None:
-                raise RuntimeError(
-                    f"the uninterrupted two-process run failed (exit {res.rc}):\n{res.text[-3000:]}"
-                )
-            window = (ref_dir / "checkpoints" / "last.pt").stat().st_mtime - (
-                ref_dir / "config.json"
-            ).stat().st_mtime
+                raise RuntimeError(f"the uninterrupted two-process run failed (exit {res.rc}):\n{res.text[-3000:]}")
+            window = (ref_dir / "checkpoints" / "last.pt").stat().st_mtime - (ref_dir / "config.json").stat().st_mtime
             self._refs["elastic-ref"] = (self.final_state(ref_dir), max(window, 0.2))
         ref, window = self._refs["elastic-ref"]
         name = f"elastic{i}"
@@ -801,9 +768,7 @@ class Campaign:
             case.info["delay_after_first_checkpoint_s"] = round(delay, 3)
             for child in psutil.Process(p.pid).children(recursive=True):
                 try:
-                    if child.environ().get("RANK") == "1" and "train_optimized.py" in " ".join(
-                        child.cmdline()
-                    ):
+                    if child.environ().get("RANK") == "1" and "train_optimized.py" in " ".join(child.cmdline()):
                         victim = child
                         break
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -866,9 +831,7 @@ class Campaign:
             "elastic": {"tried": len(counted("elastic")), "survived": sum(c.ok for c in counted("elastic"))},
             "runs_lost": sum(c.lost for c in self.cases),
             "failures": [
-                f"{c.kind}: {c.name}: {c.detail}"
-                for c in self.cases
-                if not c.ok and c.info.get("counted", True)
+                f"{c.kind}: {c.name}: {c.detail}" for c in self.cases if not c.ok and c.info.get("counted", True)
             ],
         }
         return out
@@ -931,9 +894,7 @@ def digest_cost(work: Path, mb: int = 100, reps: int = 5) -> dict[str, Any]:
     big = int(mb * 2**20 / 4 / 3 / n_big) // 1024 * 1024  # model + exp_avg + exp_avg_sq = 3 copies
     g = torch.Generator().manual_seed(0)
     model = {f"layer{i}.weight": torch.randn(big // 1024, 1024, generator=g) for i in range(n_big)}
-    model.update(
-        {f"layer{i}.norm{j}": torch.randn(1024, generator=g) for i in range(n_big) for j in range(40)}
-    )
+    model.update({f"layer{i}.norm{j}": torch.randn(1024, generator=g) for i in range(n_big) for j in range(40)})
     opt = {
         "state": {
             i: {"step": torch.tensor(10.0), "exp_avg": torch.randn_like(t), "exp_avg_sq": torch.rand_like(t)}
@@ -944,9 +905,7 @@ def digest_cost(work: Path, mb: int = 100, reps: int = 5) -> dict[str, Any]:
     ck = {"model": model, "optimizer": opt, "step": 10, "config": {"lr": 1e-3}}
     nbytes = sum(t.numel() * t.element_size() for t in model.values()) * 3
     f_plain, f_dig = work / "plain.pt", work / "digest.pt"
-    t: dict[str, list[float]] = {
-        k: [] for k in ("digest", "save_plain", "save_digest", "load_plain", "load_verify")
-    }
+    t: dict[str, list[float]] = {k: [] for k in ("digest", "save_plain", "save_digest", "load_plain", "load_verify")}
     for _ in range(reps):  # interleaved, so drift on a shared machine hits every column alike
         t0 = time.perf_counter()
         state_digest(ck)
@@ -1065,13 +1024,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--elastic-args", default="", help="extra CLI flags for the elastic runs, one string")
     ap.add_argument("--epochs", type=int, default=12, help="epochs per run, 8 steps each (default: 12)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random kill/signal moments (default: 0)")
-    ap.add_argument(
-        "--digest-mb", type=int, default=100, help="state dict size for the digest cost (default: 100)"
-    )
+    ap.add_argument("--digest-mb", type=int, default=100, help="state dict size for the digest cost (default: 100)")
     ap.add_argument("--work", default=None, help="work folder (default: a temporary one, removed)")
-    ap.add_argument(
-        "--out", default=str(RESULTS_DIR / "faults_cpu.json"), help="result JSON (+ .md beside it)"
-    )
+    ap.add_argument("--out", default=str(RESULTS_DIR / "faults_cpu.json"), help="result JSON (+ .md beside it)")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="plainloop-faults-") as tmp:

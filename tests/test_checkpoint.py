@@ -109,9 +109,7 @@ def test_every_sampled_bit_flip_is_caught_or_harmless(tmp_path):
     path = atomic_save(ck, tmp_path / "ck.pt")
     clean = path.read_bytes()
     rng = random.Random(0)
-    positions = (
-        rng.sample(range(len(clean)), 150) + list(range(0, 64)) + list(range(len(clean) - 64, len(clean)))
-    )
+    positions = rng.sample(range(len(clean)), 150) + list(range(0, 64)) + list(range(len(clean) - 64, len(clean)))
     caught = harmless = 0
     for pos in positions:
         data = bytearray(clean)

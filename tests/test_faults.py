@@ -41,9 +41,7 @@ def mid_write(case: Case) -> bool:  # the kill landed while a temp file was bein
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, era5_cache) -> dict[str, Case | list[Case]]:
-    camp = Campaign(
-        tmp_path_factory.mktemp("faults"), epochs=3, seed=SEED, log=lambda s: None, inprocess=True
-    )
+    camp = Campaign(tmp_path_factory.mktemp("faults"), epochs=3, seed=SEED, log=lambda s: None, inprocess=True)
     out: dict[str, Case | list[Case]] = {}
     with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {
@@ -149,6 +147,4 @@ def test_message_lines_drops_the_argparse_usage_block():
         "usage: train_optimized.py [-h] [--task {era5,reid}]\n    [--data_path DATA_PATH]\n"
         "train_optimized.py: error: argument --batch_size: 0 is not a positive integer\n"
     )
-    assert message_lines(err) == [
-        "train_optimized.py: error: argument --batch_size: 0 is not a positive integer"
-    ]
+    assert message_lines(err) == ["train_optimized.py: error: argument --batch_size: 0 is not a positive integer"]

@@ -48,9 +48,7 @@ def launch(*args: str, dry: bool = True, path_prefix: Path | None = None, **env:
     e.update({"SKIP_SETUP": "1", "PLAINLOOP_DRY_RUN": "1" if dry else "0", **env})
     if path_prefix is not None:
         e["PATH"] = f"{path_prefix}:{e['PATH']}"
-    return subprocess.run(
-        ["bash", str(SCRIPT), *args], cwd=ROOT, env=e, capture_output=True, text=True, timeout=60
-    )
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=e, capture_output=True, text=True, timeout=60)
 
 
 def parse(out: str) -> tuple[dict[str, str], list[str]]:
@@ -77,9 +75,7 @@ def test_defaults_run_one_python_process():
     # unset variables pass no flag: the CLI's defaults apply, and a resumed run keeps its saved settings
     assert cmd == ["python", "train_optimized.py"]
     assert exports == {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}
-    _, cmd = parse(
-        launch(TASK="reid", PRECISION="32", OUTPUT_DIR="/o", SEED="0", COMPILE_MODE="max-autotune").stdout
-    )
+    _, cmd = parse(launch(TASK="reid", PRECISION="32", OUTPUT_DIR="/o", SEED="0", COMPILE_MODE="max-autotune").stdout)
     assert cmd[2:] == ["--task", "reid", "--precision", "32", "--output_dir", "/o", "--seed", "0"]
 
 
@@ -108,9 +104,7 @@ def test_bad_integer_variables_are_named_errors(name, value, allowed):
     assert p.stdout == ""  # nothing ran, no command printed
     err = p.stderr.strip()
     assert len(err.splitlines()) == 1, err
-    assert (
-        err.startswith(f"optimize_training.sh: error: {name}=") and "whole number" in err and allowed in err
-    )
+    assert err.startswith(f"optimize_training.sh: error: {name}=") and "whole number" in err and allowed in err
     assert value.strip() in err
 
 
@@ -205,9 +199,7 @@ def test_max_restarts_uses_torchrun_even_for_one_process_with_a_fixed_name_and_a
     assert p.returncode == 0, p.stderr
     _, cmd = parse(p.stdout)
     assert cmd[:3] == ["python", "-m", "torch.distributed.run"]
-    assert (
-        flag(cmd, "--max_restarts") == "2" and flag(cmd, "--nproc_per_node") == "1" and "--standalone" in cmd
-    )
+    assert flag(cmd, "--max_restarts") == "2" and flag(cmd, "--nproc_per_node") == "1" and "--standalone" in cmd
     name = flag(cmd, "--run_name")
     assert name and name.startswith("era5-") and "/" not in name
     assert flag(cmd, "--resume") == "auto"
