@@ -153,7 +153,9 @@ def resolve_settings(explicit: dict[str, Any], notes: list[str]) -> dict[str, An
     saved: dict[str, Any] = {}
     if resume:
         run_dir = _resume_dir(resume, given)
-        given["resume"] = str(run_dir) if run_dir else None
+        # a checkpoint file is resumed from itself; its run directory only supplies the saved settings
+        file_given = resume != "auto" and Path(resume).is_file()
+        given["resume"] = resume if file_given else (str(run_dir) if run_dir else None)
         if run_dir is not None and (run_dir / "config.toml").is_file():
             saved = load_config_file(run_dir / "config.toml")
             saved = coerce({k: v for k, v in saved.items() if k in all_types}, all_types, str(run_dir / "config.toml"))

@@ -45,9 +45,7 @@ def results(tmp_path_factory, era5_cache) -> dict[str, Case | list[Case]]:
     out: dict[str, Case | list[Case]] = {}
     with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {
-            # --no-test_with_best: with the ERA5 default, ranks other than 0 fail at the final test scoring
-            # under DDP (trainer/finish.py test_split formats a best score only rank 0 holds); reported
-            "elastic": pool.submit(counted, lambda i: camp.elastic_case(i, ("--no-test_with_best",)), 2),
+            "elastic": pool.submit(counted, lambda i: camp.elastic_case(i, ()), 2),
             "kill": pool.submit(counted, lambda i: camp.kill_case(i, mid_write=True), 3, mid_write),
             "signal": pool.submit(counted, lambda i: camp.signal_case(i, "SIGTERM")),
             "same_name": pool.submit(camp.collision_simultaneous, True),
@@ -126,11 +124,6 @@ def test_every_bad_input_is_exit_2_with_a_short_message(results):
         assert c.info["exit"] == 2 and "traceback" not in c.detail, explain(c)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="train_optimized.py _resume_dir maps --resume FILE to FILE/../.. and then loads that directory's "
-    "checkpoints/last.pt, so the message names another file (and --resume best.pt resumes last.pt)",
-)
 def test_a_bad_checkpoint_file_given_to_resume_is_named(results):
     cases = [c for c in results["bad"] if c.name in RESUME_FILE_CASES]
     assert len(cases) == 2 and all(c.ok for c in cases), "\n".join(explain(c) for c in cases)

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.utils.data import Subset
 
-from .checkpoint import atomic_save, load_checkpoint
+from .checkpoint import CheckpointError, atomic_save, load_checkpoint
 from .config import TrainConfig
 from .loop import Trainer
 from .options import ConfigError
@@ -390,8 +390,11 @@ def load_model_weights(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     """Load a save_path state dict or a plainloop checkpoint into `model` (weights_only)."""
     p = Path(path)
     try:
-        state = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception:
-        state = load_checkpoint(p)  # raises the clear error
-    model.load_state_dict(state["model"] if "model" in state else state)
+        state = load_checkpoint(p)  # a plainloop checkpoint: its digest is verified
+        state = state["model"]
+    except CheckpointError as e:
+        if "no 'model' entry" not in str(e):
+            raise
+        state = torch.load(p, map_location="cpu", weights_only=True)  # a plain state dict (save_path)
+    model.load_state_dict(state)
     return model

@@ -185,6 +185,8 @@ def save_checkpoint(t: Any, name: str) -> None:
 def load_checkpoint_into(t: Any, path: Path, weights_only: bool = False) -> None:
     """Restore a checkpoint (or a run directory's last.pt) into trainer `t`; weights only for test_with_best."""
     ckpt = load_checkpoint(path, map_location=t.rt.device)
+    if str(ckpt.get("integrity", "")).startswith("unverified"):
+        t.notes.append(f"checkpoint {path}: {ckpt['integrity']}")
     model = t.raw_model
     try:
         model.load_state_dict(ckpt["model"])

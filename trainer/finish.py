@@ -23,11 +23,14 @@ class TrainingDiverged(SystemExit):
 def test_split(self: Any) -> dict[str, float]:
     if self.task.test_set is None or self.task.evaluate_fn is None:
         return {}
+    if not self.rt.is_main:  # rank 0 scores the test split
+        return {}
     best = self.run_dir / "checkpoints" / "best.pt"
     if self.cfg.test_with_best and best.is_file():
         load_checkpoint_into(self, best, weights_only=True)
-        self.notes.append(f"test: scored with the weights of {best} ({self.best.metric}={self.best.best:.4g})")
-    return self.evaluate("test") if self.rt.is_main else {}
+        value = f"{self.best.best:.4g}" if self.best.best is not None else "?"
+        self.notes.append(f"test: scored with the weights of {best} ({self.best.metric}={value})")
+    return self.evaluate("test")
 
 
 def early_stop(self: Any) -> bool:
