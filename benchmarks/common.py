@@ -23,7 +23,8 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def git_commit() -> str:
-    """HEAD's hash (+"+dirty" when the tree has changes), or "uncommitted" outside a git checkout."""
+    """HEAD's hash (+"+dirty" when the tree has changes outside benchmarks/results), or "uncommitted" outside a
+    git checkout."""
     try:
         root = Path(__file__).resolve().parent.parent
         out = subprocess.run(
@@ -31,8 +32,13 @@ def git_commit() -> str:
         )
         if out.returncode != 0:
             return "uncommitted"
+        # result files are outputs: a run that follows another one's freshly written JSON is still clean
         dirty = subprocess.run(
-            ["git", "status", "--porcelain"], capture_output=True, text=True, timeout=10, cwd=root
+            ["git", "status", "--porcelain", "--", ".", ":(exclude)benchmarks/results"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=root,
         )
         return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
@@ -65,7 +71,7 @@ def _cpu_model() -> str:
 def optional_modules() -> dict[str, str | None]:
     """Versions of the optional packages a benchmark may use; None = missing (the harness says what it skips)."""
     out: dict[str, str | None] = {}
-    for name in ("lightning", "netCDF4", "psutil", "tqdm", "pynvml", "numpy"):
+    for name in ("lightning", "netCDF4", "psutil", "tqdm", "pynvml", "numpy", "xarray", "dask"):
         try:
             mod = __import__(name)
             out[name] = str(getattr(mod, "__version__", "present"))
@@ -94,8 +100,35 @@ def environment(device: torch.device) -> dict[str, Any]:
         "driver": _driver_version() if device.type == "cuda" else None,
         "commit": git_commit(),
         "modules": optional_modules(),
+        "loadavg": loadavg(),
     }
     return env
+
+
+def loadavg() -> list[float] | None:
+    """The 1, 5 and 15-minute load averages (None where the OS has none): recorded beside every timing."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def wait_for_quiet(max_load: float, max_wait_s: float, poll_s: float = 60.0) -> dict[str, Any]:
+    """Wait until the 1-minute load average is below `max_load`, at most `max_wait_s` seconds.
+
+    Timings on a shared machine are only worth committing when it is quiet; this says how long it waited
+    and what the load was when it stopped waiting (quiet or not)."""
+    t0 = time.monotonic()
+    while True:
+        la = loadavg()
+        waited = time.monotonic() - t0
+        if la is None or la[0] < max_load or waited >= max_wait_s:
+            quiet = la is None or la[0] < max_load
+            if not quiet:
+                print(f"[bench] load average {la[0]:.2f} still >= {max_load} after {waited:.0f} s; going on")
+            return {"max_load": max_load, "waited_s": round(waited, 1), "loadavg": la, "quiet": quiet}
+        print(f"[bench] load average {la[0]:.2f} >= {max_load}: waiting ({waited:.0f} s so far)", flush=True)
+        time.sleep(min(poll_s, max(1.0, max_wait_s - waited)))
 
 
 def sync(device: torch.device) -> None:

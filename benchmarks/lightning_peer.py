@@ -1,9 +1,16 @@
-"""PyTorch Lightning configured as seed 000's BaseTrainer: the peer plainloop is measured against.
+"""PyTorch Lightning, the peer plainloop is measured against, in two set-ups.
 
-Seed 000's defaults: precision "16-mixed", num_workers=8, pin_memory=True, persistent_workers=True,
-prefetch_factor=2, batch 150, AdamW, validation every epoch (Lightning's default), Lightning's progress
-bar and checkpointing left on. It reads plainloop's cached dataset (memory-mapped .npy, batched reads):
-its best case, so the ratio measures the loop, not our cache. Lightning is a benchmark-only dependency.
+`SEED_PEER`: Lightning configured as seed 000's BaseTrainer: precision "16-mixed", num_workers=8,
+pin_memory=True, persistent_workers=True, prefetch_factor=2, batch 150, torch's AdamW, validation every epoch
+(Lightning's default), Lightning's progress bar and checkpointing left on. It reads plainloop's cached dataset
+(memory-mapped .npy) through a DataLoader: what a seed user runs.
+
+`SAME_DATA_PEER`: Lightning given exactly plainloop's data path, so that only the loop differs: the same
+in-memory dataset gathered by index (`dataset.gather`, plainloop's own `ShardedBatchSampler` order, drop_last),
+0 workers, plainloop's resolved precision, the same batch, plainloop's AdamW (`trainer.optim.build_adamw`:
+fused on CUDA, no decay on biases and norms), validation when plainloop validates (the last epoch),
+checkpointing on (plainloop writes last.pt every epoch), and no logger, progress bar or model summary.
+Lightning is a benchmark-only dependency (requirements-bench.txt).
 """
 
 from __future__ import annotations
@@ -17,6 +24,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 SEED_LOADER = {"num_workers": 8, "pin_memory": True, "persistent_workers": True, "prefetch_factor": 2}
+SEED_PEER: dict[str, Any] = {"data": "loader", "progress_bar": True, "optimizer": "torch", "val_every": 1}
+SAME_DATA_PEER: dict[str, Any] = {
+    "data": "gather",
+    "progress_bar": False,
+    "optimizer": "plainloop",
+    "val_every": None,
+}
+LIGHTNING_PRECISION = {"32": "32-true", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
 
 
 def lightning_available() -> str | None:
@@ -27,6 +42,56 @@ def lightning_available() -> str | None:
         return str(lightning.__version__)
     except ImportError:
         return None
+
+
+class GatherBatches(Dataset):
+    """Whole batches from a dataset held in memory: `[idx_array]` -> `dataset.gather(idx)`, plainloop's path.
+
+    Used with `DataLoader(batch_size=None, sampler=<a batch sampler>)`, so there is no per-sample
+    `__getitem__` and no collate: the same work plainloop's `DeviceBatches` does per step.
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, idx: Any) -> Any:
+        return self.dataset.gather(torch.as_tensor(idx, dtype=torch.long))
+
+
+def _loaders(
+    train_set: Dataset,
+    val_set: Dataset | None,
+    device: torch.device,
+    batch_size: int,
+    peer: dict[str, Any],
+    loader: dict[str, Any],
+    seed: int,
+) -> tuple[DataLoader, DataLoader | None]:
+    if peer["data"] == "gather":
+        from trainer.data import ShardedBatchSampler
+
+        for ds in (train_set, val_set):  # plainloop's residency: the split's normalised array in memory
+            if ds is not None and not ds.maybe_to_device(device):
+                raise RuntimeError(
+                    f"{type(ds).__name__} refused to be held on {device}: no like-for-like row"
+                )
+        order = ShardedBatchSampler(len(train_set), batch_size, seed=seed, drop_last=True)
+        train = DataLoader(GatherBatches(train_set), batch_size=None, sampler=order)
+        val = None
+        if val_set is not None and len(val_set):
+            val_order = ShardedBatchSampler(len(val_set), batch_size, shuffle=False, drop_last=False)
+            val = DataLoader(GatherBatches(val_set), batch_size=None, sampler=val_order)
+        return train, val
+    kw = dict(loader)
+    if kw.get("num_workers", 0) == 0:
+        kw.pop("persistent_workers", None)
+        kw.pop("prefetch_factor", None)
+    train = DataLoader(train_set, batch_size=batch_size, shuffle=True, **kw)
+    val = DataLoader(val_set, batch_size=batch_size, shuffle=False, **kw) if val_set is not None else None
+    return train, val
 
 
 def run_lightning(
@@ -43,14 +108,19 @@ def run_lightning(
     monitor: Any = None,
     seed: int = 0,
     root_dir: str | None = None,
+    peer: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Fit for warmup_epochs + epochs; time the last `epochs` (training + validation + checkpointing)."""
+    """Fit for warmup_epochs + epochs; time the last `epochs` (training + validation + checkpointing).
+
+    `peer` is SEED_PEER (default) or SAME_DATA_PEER; `loader` the DataLoader settings of the "loader" peer.
+    """
     import lightning as L
 
+    peer = dict(SEED_PEER if peer is None else peer)
     loader = dict(SEED_LOADER if loader is None else loader)
-    if loader.get("num_workers", 0) == 0:
-        loader.pop("persistent_workers", None)
-        loader.pop("prefetch_factor", None)
+    total = warmup_epochs + epochs
+    torch.manual_seed(seed)
+    train_loader, val_loader = _loaders(train_set, val_set, device, batch_size, peer, loader, seed)
 
     class SeedModule(L.LightningModule):
         def __init__(self) -> None:
@@ -60,14 +130,18 @@ def run_lightning(
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             x, y = batch
             loss = self.model.loss(self.model(x), y)
-            self.log("train_loss", loss, prog_bar=True)
+            self.log("train_loss", loss, prog_bar=peer["progress_bar"])
             return loss
 
         def validation_step(self, batch: Any, batch_idx: int) -> None:
             x, y = batch
-            self.log("val_loss", self.model.loss(self.model(x), y), prog_bar=True)
+            self.log("val_loss", self.model.loss(self.model(x), y), prog_bar=peer["progress_bar"])
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
+            if peer["optimizer"] == "plainloop":
+                from trainer.optim import build_adamw
+
+                return build_adamw(self.model, lr, 0.01, device, tensor_lr=False)
             return torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.01)
 
     marks: dict[str, Any] = {"epoch_end": [], "samples": [], "data_s": [], "step_s": []}
@@ -105,20 +179,17 @@ def run_lightning(
                 torch.cuda.synchronize(device)  # note: sync point (epoch timing boundary)
             marks["epoch_end"].append(time.perf_counter())
 
-    torch.manual_seed(seed)
-    train_loader = DataLoader(train_set, batch_size=batch_size, shuffle=True, **loader)
-    val_loader = (
-        DataLoader(val_set, batch_size=batch_size, shuffle=False, **loader) if val_set is not None else None
-    )
     with tempfile.TemporaryDirectory() as tmp:
         trainer = L.Trainer(
             accelerator="gpu" if device.type == "cuda" else "cpu",
             devices=1,
             precision=precision,
-            max_epochs=warmup_epochs + epochs,
+            max_epochs=total,
             logger=False,  # BaseTrainer's TensorBoard logging needs tensorboard; the loop cost is the same
             default_root_dir=root_dir or tmp,
             enable_model_summary=False,
+            enable_progress_bar=peer["progress_bar"],
+            check_val_every_n_epoch=peer["val_every"] or total,  # None: the last epoch, as plainloop
             num_sanity_val_steps=0,
             callbacks=[Clock()],
         )
@@ -129,16 +200,18 @@ def run_lightning(
     if monitor is not None:
         monitor.stop_monitoring()
     ends = marks["epoch_end"]
-    if len(ends) < warmup_epochs + epochs:
-        raise RuntimeError(f"Lightning ran {len(ends)} epochs, expected {warmup_epochs + epochs}")
+    if len(ends) < total:
+        raise RuntimeError(f"Lightning ran {len(ends)} epochs, expected {total}")
     wall = ends[-1] - ends[warmup_epochs - 1] if warmup_epochs > 0 else None
-    measured = slice(warmup_epochs, warmup_epochs + epochs)
+    measured = slice(warmup_epochs, total)
     return {
         "wall_s": wall,
         "samples": sum(marks["samples"][measured]),
+        "steps": len(train_loader) * epochs,
         "data_wait_s": sum(marks["data_s"][measured]),
         "step_s": sum(marks["step_s"][measured]),
         "precision_requested": precision,
         "precision_resolved": resolved_precision,
-        "loader": loader,
+        "loader": {"gather": "dataset.gather, 0 workers"} if peer["data"] == "gather" else loader,
+        "peer": peer,
     }

@@ -1,16 +1,25 @@
 """The speed claim as a table anyone can regenerate: before vs plainloop vs Lightning, one run, one machine.
 
-    .venv/bin/python -m benchmarks.run --preset cpu            # this 2-core box: ~ a few minutes
+    .venv/bin/python -m benchmarks.run --preset cpu            # this 2-core box: ~10 minutes
     bash benchmarks/run_gpu.sh                                 # H100/H200: the seed's SST configuration
 
 Configurations (same model, same data, same optimizer AdamW(lr 1e-3, wd 0.01)):
-  before      the seed guides' unoptimised loop (benchmarks/before_loop.py): fp32, batch 50, num_workers 0,
-              no pinning, netCDF read per sample, loss.item() every step, validation every epoch
-  defaults    plainloop's Trainer with TrainConfig() defaults: batch 150, precision auto (bf16 on a GPU that
-              has it, fp16 on older GPUs, fp32 on a CPU), data cached and held on the device, throttled logging
-  tuned       defaults + torch.compile (--compile-mode) + a batch size found by utils.autotune
-  lightning   lightning.Trainer as seed 000's BaseTrainer (benchmarks/lightning_peer.py) on the cached dataset
-  lightning_fp32   the same with precision "32" (CPU preset only: there Lightning turns 16-mixed into bf16)
+  before          the seed guides' unoptimised loop (benchmarks/before_loop.py): fp32, batch 50, num_workers 0,
+                  no pinning, netCDF read per sample, loss.item() every step, validation every epoch
+  defaults        plainloop's Trainer with TrainConfig() defaults: batch 150, precision auto (bf16 on a GPU
+                  that has it, fp16 on older GPUs, fp32 on a CPU), data cached and held on the device
+  seed_loader     defaults, but the seed's data path: a DataLoader over the cached dataset with 8 workers,
+                  pinned, persistent (device_cache off): defaults / seed_loader = the data path's share
+  tuned           defaults + torch.compile (--compile-mode) + a batch size found by trainer.autobatch
+  user_trainer    a user's own model (the seed's network, forward only: no `loss` method, so plainloop's
+                  default MSE) through `trainer.Trainer` with defaults
+  user_base       the same model through seed 000's door, `trainer.BaseTrainer(...).train()`
+  lightning       lightning.Trainer as seed 000's BaseTrainer (benchmarks/lightning_peer.py) on the cached
+                  dataset: 16-mixed, 8 workers, pinned, persistent, progress bar, validation every epoch
+  lightning_data  lightning.Trainer given exactly plainloop's data path (the in-memory dataset gathered by
+                  index, 0 workers, plainloop's precision and AdamW, no logger/progress bar/model summary):
+                  defaults / lightning_data = the loop's own share
+  lightning_fp32  `lightning` with precision "32" (CPU preset: there Lightning turns 16-mixed into bf16)
 Repetitions are interleaved (A B C A B C ...). Each repetition builds the configuration afresh, runs warm-up
 epochs that are not timed, then times whole epochs: training, validation (at the configuration's own
 interval) and checkpoint writes included. samples/s = training samples of the timed epochs / their wall time.
@@ -23,29 +32,78 @@ import argparse
 import copy
 import json
 import math
-import os
 import resource
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from benchmarks.common import (
     RESULTS_DIR,
     environment,
     fmt,
+    loadavg,
     matmul_peak_flops,
     md_table,
     stats,
     sync,
+    wait_for_quiet,
     write_result,
 )
 
-ALL_CONFIGS = ("before", "defaults", "tuned", "lightning", "lightning_fp32")
+ALL_CONFIGS = (
+    "before",
+    "defaults",
+    "seed_loader",
+    "tuned",
+    "user_trainer",
+    "user_base",
+    "lightning",
+    "lightning_data",
+    "lightning_fp32",
+)
+LABELS = {
+    "before": "before (seed loop)",
+    "defaults": "plainloop defaults",
+    "seed_loader": "plainloop, seed's loader",
+    "tuned": "plainloop tuned",
+    "user_trainer": "user model, Trainer",
+    "user_base": "user model, BaseTrainer",
+    "lightning": "Lightning (seed BaseTrainer)",
+    "lightning_data": "Lightning, plainloop's data path",
+    "lightning_fp32": "Lightning, precision 32",
+}
 
+_MODEL_TINY = {
+    "d_model": 32,
+    "num_heads": 2,
+    "num_layers": 1,
+    "dim_feedforward": 64,
+    "recursion_depth": 1,
+    "dropout": 0.0,
+}
+_MODEL_CPU = {
+    "d_model": 128,
+    "num_heads": 4,
+    "num_layers": 2,
+    "dim_feedforward": 256,
+    "recursion_depth": 2,
+    "dropout": 0.0,
+}
+_MODEL_SEED = {
+    "d_model": 512,
+    "num_heads": 8,
+    "num_layers": 3,
+    "dim_feedforward": 1024,
+    "recursion_depth": 2,
+    "dropout": 0.1,
+}
+_CPU_ROWS = ("before", "defaults", "seed_loader", "user_trainer", "user_base", "lightning", "lightning_data")
 # file_grid: the generated ERA5-format file's grid (0.25 = ERA5 native 1440 x 721); months of data;
 # resolution: the training grid. Batch sizes follow the seeds (50 before, 150 after) except in `tiny`,
 # whose few samples need smaller batches to have several steps per epoch.
@@ -54,14 +112,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "file_grid": 5.0,
         "years": 25,
         "resolution": 10.0,
-        "model": {
-            "d_model": 32,
-            "num_heads": 2,
-            "num_layers": 1,
-            "dim_feedforward": 64,
-            "recursion_depth": 1,
-            "dropout": 0.0,
-        },
+        "model": _MODEL_TINY,
         "before_batch": 20,
         "batch": 60,
         "reps": 2,
@@ -75,14 +126,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "file_grid": 1.0,
         "years": 50,
         "resolution": 5.0,
-        "model": {
-            "d_model": 128,
-            "num_heads": 4,
-            "num_layers": 2,
-            "dim_feedforward": 256,
-            "recursion_depth": 2,
-            "dropout": 0.0,
-        },
+        "model": _MODEL_CPU,
         "before_batch": 50,
         "batch": 150,
         "reps": 3,
@@ -90,20 +134,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         "epochs": 2,
         "before_epochs": 1,
         "lightning_workers": 8,
-        "configs": ("before", "defaults", "lightning", "lightning_fp32"),
+        "configs": (*_CPU_ROWS, "lightning_fp32"),
     },
     "seed": {
         "file_grid": 0.25,
         "years": 50,
         "resolution": 2.0,
-        "model": {
-            "d_model": 512,
-            "num_heads": 8,
-            "num_layers": 3,
-            "dim_feedforward": 1024,
-            "recursion_depth": 2,
-            "dropout": 0.1,
-        },
+        "model": _MODEL_SEED,
         "before_batch": 50,
         "batch": 150,
         "reps": 3,
@@ -111,7 +148,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "epochs": 20,
         "before_epochs": 1,
         "lightning_workers": 8,
-        "configs": ("before", "defaults", "tuned", "lightning"),
+        "configs": (*_CPU_ROWS[:3], "tuned", *_CPU_ROWS[3:]),
     },
 }
 # The seed's whole job: 500 epochs over 252 months (seq_len 2, split 0.8/0.1/0.1 -> 200 training samples).
@@ -128,6 +165,20 @@ TARGETS = {
     },
     "cpu": {"defaults_vs_before": 5.0, "defaults_vs_lightning": 1.3},
 }
+AREA = {"lon": (-180, 180), "lat": (-80, 80)}  # build_era5_task's default area, used by every row
+
+
+@dataclass
+class Bench:
+    """What every configuration of one harness run shares."""
+
+    data_path: Path
+    p: dict[str, Any]
+    cache_dir: Path
+    device: torch.device
+    seed: int
+    compile_mode: str = "default"
+    tuned_batch: int | None = None
 
 
 def _job_train_samples() -> int:
@@ -136,20 +187,38 @@ def _job_train_samples() -> int:
     return _split_counts(JOB_MONTHS - 1, (0.8, 0.1, 0.1))[0]
 
 
-def _build_task(
-    data_path: Path, p: dict[str, Any], cache_dir: Path, device_cache: bool | None, seed: int
-) -> Any:
+def _build_task(b: Bench, device_cache: bool | None) -> Any:
     from tasks.era5 import build_era5_task
 
     return build_era5_task(
-        data_path=str(data_path),
-        resolution=p["resolution"],
+        data_path=str(b.data_path),
+        resolution=b.p["resolution"],
         seq_len=2,
         device_cache=device_cache,
-        seed=seed,
-        cache_dir=str(cache_dir),
+        seed=b.seed,
+        cache_dir=str(b.cache_dir),
         learning_rate=1e-3,
-        **p["model"],
+        **b.p["model"],
+    )
+
+
+class UserSSTModel(nn.Module):
+    """A user's own model as they would bring it: the seed's network, forward only. No `loss` method (so
+    plainloop picks its default MSE), no ocean mask, no FLOP count: nothing plainloop-specific."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__()
+        from models.ratransformer import RecursiveAttentionTransformer
+
+        self.net = RecursiveAttentionTransformer(**kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def _user_model_params(b: Bench, width: int, height: int) -> dict[str, Any]:
+    return dict(
+        width=width, height=height, seq_len=2, lon_range=AREA["lon"], lat_range=AREA["lat"], **b.p["model"]
     )
 
 
@@ -178,23 +247,17 @@ def _monitor(device: torch.device, batch: int) -> Any:
 
 
 def _rep_record(
-    name: str,
-    wall: float,
-    samples: int,
-    steps: int,
-    data_s: float,
-    step_s: float,
-    device: torch.device,
-    mon: dict[str, Any] | None,
-    extra: dict[str, Any],
+    name: str, r: dict[str, Any], device: torch.device, mon: dict[str, Any] | None, extra: dict[str, Any]
 ) -> dict[str, Any]:
+    """One repetition from its raw timing `r` (wall_s, samples, steps, data_wait_s, step_s)."""
     peak, peak_src = _peak_memory_mb(device, mon)
+    wall, data_s, step_s, steps = r["wall_s"], r["data_wait_s"], r["step_s"], r["steps"]
     return {
         "config": name,
         "wall_s": wall,
-        "samples": samples,
+        "samples": r["samples"],
         "steps": steps,
-        "samples_per_s": samples / wall,
+        "samples_per_s": r["samples"] / wall,
         "step_time_s": step_s / max(steps, 1),
         "data_wait_frac": data_s / step_s if step_s > 0 else 0.0,
         "compute_frac": 1.0 - data_s / step_s if step_s > 0 else 1.0,
@@ -202,196 +265,238 @@ def _rep_record(
         "gpu_util_mean": (mon or {}).get("gpu_util_mean"),
         "peak_memory_mb": peak,
         "peak_memory_source": peak_src,
-        "loadavg_1m": os.getloadavg()[0],  # the machine is shared: high load explains a slow repetition
+        "loadavg_1m": loadavg()[0],  # the machine is shared: high load explains a slow repetition
         **extra,
     }
 
 
-# ------------------------------------------------------------------------------------------ the four runners
-def run_before_config(
-    data_path: Path, p: dict[str, Any], cache_dir: Path, device: torch.device, seed: int
-) -> dict[str, Any]:
+# ------------------------------------------------------------------------------------------ the runners
+def run_before_config(b: Bench, name: str) -> dict[str, Any]:
     from benchmarks.before_loop import NetCDFPerSampleDataset, run_before
 
-    task = _build_task(data_path, p, cache_dir, False, seed)
-    train = NetCDFPerSampleDataset(task.train_set, data_path)
-    val = NetCDFPerSampleDataset(task.val_set, data_path)
-    mon = _monitor(device, p["before_batch"])
+    task = _build_task(b, False)
+    train = NetCDFPerSampleDataset(task.train_set, b.data_path)
+    val = NetCDFPerSampleDataset(task.val_set, b.data_path)
+    mon = _monitor(b.device, b.p["before_batch"])
     r = run_before(
         task.model,
         train,
         val,
-        device,
-        epochs=p["before_epochs"],
-        batch_size=p["before_batch"],
+        b.device,
+        epochs=b.p["before_epochs"],
+        batch_size=b.p["before_batch"],
         monitor=mon,
-        seed=seed,
+        seed=b.seed,
     )
-    ms = mon.get_summary() if mon is not None else None
-    return _rep_record(
-        "before",
-        r["wall_s"],
-        r["samples"],
-        r["steps"],
-        r["data_wait_s"],
-        r["step_s"],
-        device,
-        ms,
-        {
-            "batch_size": p["before_batch"],
-            "precision": "32",
-            "epochs_timed": p["before_epochs"],
-            "val_s": r["val_s"],
-        },
-    )
+    extra = {"batch_size": b.p["before_batch"], "precision": "32", "epochs_timed": b.p["before_epochs"]}
+    return _rep_record(name, r, b.device, mon.get_summary() if mon else None, {**extra, "val_s": r["val_s"]})
 
 
-def run_plainloop_config(
-    name: str,
-    data_path: Path,
-    p: dict[str, Any],
-    cache_dir: Path,
-    device: torch.device,
-    seed: int,
-    batch: int,
-    compile_mode: str | None,
-) -> dict[str, Any]:
-    from trainer.config import TrainConfig
-    from trainer.loop import Trainer
+def epochs_from_metrics(metrics: Path, warmup: int, epochs: int, batch: int, name: str) -> dict[str, Any]:
+    """Timing of epochs warmup+1 .. warmup+epochs from a run's metrics.jsonl (every epoch ends in a row).
 
-    task = _build_task(data_path, p, cache_dir, None, seed)
-    W, E = p["warmup_epochs"], p["epochs"]
+    Wall time is between the last rows of epoch `warmup` and of the final epoch; step time and data wait
+    are summed from the per-interval rows of the timed epochs."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    train_rows = [r for r in rows if r["kind"] == "train"]
+    ends: dict[int, float] = {}
+    for r in train_rows:
+        ends[r["epoch"]] = max(ends.get(r["epoch"], -math.inf), r["time"])
+    if len(ends) < warmup + epochs:
+        raise RuntimeError(f"{name}: plainloop logged {len(ends)} epochs, expected {warmup + epochs}")
+    step_s = data_s = 0.0
+    steps, prev_step = 0, 0
+    for r in train_rows:
+        n_steps, prev_step = r["step"] - prev_step, r["step"]
+        if r["epoch"] <= warmup:
+            continue
+        elapsed = n_steps * batch / r["samples_per_s"]
+        step_s += elapsed
+        data_s += r["data_wait_frac"] * elapsed
+        steps += n_steps
+    wall = ends[warmup + epochs] - ends[warmup]
+    return {"wall_s": wall, "samples": steps * batch, "steps": steps, "data_wait_s": data_s, "step_s": step_s}
+
+
+# per-row TrainConfig overrides of plainloop's defaults
+PLAINLOOP_ROWS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "user_trainer": {},
+    "seed_loader": {
+        "device_cache": False,
+        "pin_memory": True,
+        "persistent_workers": True,
+        "prefetch_factor": 2,
+    },
+    "tuned": {"compile_model": True},
+}
+
+
+def run_plainloop_config(b: Bench, name: str) -> dict[str, Any]:
+    from trainer import Task, TrainConfig, Trainer
+    from utils.callbacks import VerdictCallback
+
+    over = dict(PLAINLOOP_ROWS[name])
+    batch = b.tuned_batch if name == "tuned" and b.tuned_batch else b.p["batch"]
+    if name == "seed_loader":
+        over["num_workers"] = b.p["lightning_workers"]
+    if name == "tuned":
+        over.update(
+            compile_model=b.compile_mode != "none", compile_mode=b.compile_mode.replace("none", "default")
+        )
+    task = _build_task(b, False if name == "seed_loader" else None)
+    if name == "user_trainer":
+        torch.manual_seed(b.seed)
+        model = UserSSTModel(**_user_model_params(b, task.train_set.width, task.train_set.height))
+        task = Task("user_model", model, task.train_set, task.val_set)
+    W, E = b.p["warmup_epochs"], b.p["epochs"]
     notes: list[str] = []
+    mon = _monitor(b.device, batch)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = TrainConfig(
             epochs=W + E,
             batch_size=batch,
             output_dir=tmp,
             run_name=name,
-            seed=seed,
-            monitor_interval=0.2,
-            device=str(device),
-            compile_model=compile_mode is not None,
-            compile_mode=compile_mode or "default",
+            seed=b.seed,
+            device=str(b.device),
+            **over,
         )
-        trainer = Trainer(cfg, task, log=notes.append)
+        trainer = Trainer(cfg, task, log=notes.append, monitor=mon, callbacks=[VerdictCallback()])
         summary = trainer.fit()
-        rows = [
-            json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
-        ]
-    train_rows = [r for r in rows if r["kind"] == "train"]
-    ends = {}
-    for r in train_rows:
-        ends[r["epoch"]] = max(ends.get(r["epoch"], -math.inf), r["time"])
-    if len(ends) < W + E:
-        raise RuntimeError(f"{name}: plainloop logged {len(ends)} epochs, expected {W + E}")
-    wall = ends[W + E] - ends[W]
-    # per-interval step time and data wait from the log rows of the timed epochs; every epoch ends in a row
-    step_s = data_s = 0.0
-    steps = 0
-    prev_step = None
-    for r in train_rows:
-        n_steps = r["step"] - (prev_step or 0)
-        prev_step = r["step"]
-        if r["epoch"] <= W:
-            continue
-        elapsed = n_steps * batch / r["samples_per_s"]
-        step_s += elapsed
-        data_s += r["data_wait_frac"] * elapsed
-        steps += n_steps
-    mon = summary.get("monitor")
-    return _rep_record(
-        name,
-        wall,
-        steps * batch,
-        steps,
-        data_s,
-        step_s,
-        device,
-        mon,
-        {
-            "batch_size": batch,
-            "precision": summary["precision"],
-            "epochs_timed": E,
-            "compile_mode": compile_mode,
-            "notes": summary.get("notes", []),
-        },
+        r = epochs_from_metrics(Path(summary["run_dir"]) / "metrics.jsonl", W, E, batch, name)
+    extra = {
+        "batch_size": batch,
+        "precision": summary["precision"],
+        "epochs_timed": E,
+        "compile_mode": over.get("compile_mode") if over.get("compile_model") else None,
+        "data_path": "held on the device" if trainer.on_device else f"DataLoader {trainer.loader_kw}",
+        "verdict": (summary.get("verdict") or {}).get("verdict"),
+        "notes": summary.get("notes", []),
+    }
+    return _rep_record(name, r, b.device, summary.get("monitor"), extra)
+
+
+def run_base_trainer_config(b: Bench, name: str) -> dict[str, Any]:
+    """The user model through seed 000's door: seed-style dicts in, `.train()`, nothing else."""
+    from datasets.area import Area
+    from datasets.era5 import ERA5SSTMonthlyDataset
+    from trainer import BaseTrainer
+
+    probe = _build_task(b, False).train_set
+    W, E, batch = b.p["warmup_epochs"], b.p["epochs"], b.p["batch"]
+    mon = _monitor(b.device, batch)
+    lines: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        bt = BaseTrainer(
+            "user_model",
+            Area("global", lon=list(AREA["lon"]), lat=list(AREA["lat"])),
+            "bench",
+            UserSSTModel,
+            ERA5SSTMonthlyDataset,
+            Path(tmp) / "user_model.pt",
+            dataset_params={
+                "data_path": str(b.data_path),
+                "resolution": b.p["resolution"],
+                "seq_len": 2,
+                "cache_dir": str(b.cache_dir),
+            },
+            trainer_params={
+                "epochs": W + E,
+                "batch_size": batch,
+                "output_dir": tmp,
+                "seed": b.seed,
+                "device": str(b.device),
+                "split_ratio": (0.8, 0.1, 0.1),
+            },
+            model_params=_user_model_params(b, probe.width, probe.height),
+            monitor=mon,
+            log=lines.append,
+        )
+        bt.train()
+        r = epochs_from_metrics(Path(bt.trainer.run_dir) / "metrics.jsonl", W, E, batch, name)
+        precision = bt.summary["precision"]
+    extra = {"batch_size": batch, "precision": precision, "epochs_timed": E}
+    return _rep_record(name, r, b.device, mon.get_summary() if mon else None, extra)
+
+
+def run_lightning_config(b: Bench, name: str) -> dict[str, Any]:
+    from benchmarks.lightning_peer import (
+        LIGHTNING_PRECISION,
+        SAME_DATA_PEER,
+        SEED_LOADER,
+        SEED_PEER,
+        run_lightning,
     )
+    from trainer.setup import resolve_runtime
 
-
-def run_lightning_config(
-    name: str,
-    data_path: Path,
-    p: dict[str, Any],
-    cache_dir: Path,
-    device: torch.device,
-    seed: int,
-    precision: str,
-) -> dict[str, Any]:
-    from benchmarks.lightning_peer import SEED_LOADER, run_lightning
-
-    task = _build_task(data_path, p, cache_dir, False, seed)
-    loader = dict(SEED_LOADER, num_workers=p["lightning_workers"])
-    mon = _monitor(device, p["batch"])
+    same = name == "lightning_data"
+    precision = "32" if name == "lightning_fp32" else "16-mixed"
+    if same:  # plainloop's own resolved precision
+        precision = LIGHTNING_PRECISION[resolve_runtime("auto", str(b.device)).precision]
+    task = _build_task(b, None if same else False)
+    mon = _monitor(b.device, b.p["batch"])
     r = run_lightning(
         task.model,
         task.train_set,
         task.val_set,
-        device,
-        epochs=p["epochs"],
-        warmup_epochs=p["warmup_epochs"],
-        batch_size=p["batch"],
+        b.device,
+        epochs=b.p["epochs"],
+        warmup_epochs=b.p["warmup_epochs"],
+        batch_size=b.p["batch"],
         precision=precision,
-        loader=loader,
+        loader=dict(SEED_LOADER, num_workers=b.p["lightning_workers"]),
         monitor=mon,
-        seed=seed,
+        seed=b.seed,
+        peer=SAME_DATA_PEER if same else SEED_PEER,
     )
-    ms = mon.get_summary() if mon is not None else None
-    steps = math.ceil(len(task.train_set) / p["batch"]) * p["epochs"]  # Lightning keeps the short last batch
-    return _rep_record(
-        name,
-        r["wall_s"],
-        r["samples"],
-        steps,
-        r["data_wait_s"],
-        r["step_s"],
-        device,
-        ms,
-        {
-            "batch_size": p["batch"],
-            "precision": r["precision_resolved"],
-            "precision_requested": precision,
-            "epochs_timed": p["epochs"],
-            "loader": r["loader"],
-        },
-    )
+    extra = {
+        "batch_size": b.p["batch"],
+        "precision": r["precision_resolved"],
+        "precision_requested": precision,
+        "epochs_timed": b.p["epochs"],
+        "loader": r["loader"],
+    }
+    return _rep_record(name, r, b.device, mon.get_summary() if mon else None, extra)
 
 
-def autotune_batch(
-    data_path: Path, p: dict[str, Any], cache_dir: Path, device: torch.device, seed: int
-) -> dict:
-    """Largest batch that fits (utils.autotune), capped so an epoch still has at least two steps."""
+RUNNERS = {
+    "before": run_before_config,
+    "defaults": run_plainloop_config,
+    "seed_loader": run_plainloop_config,
+    "tuned": run_plainloop_config,
+    "user_trainer": run_plainloop_config,
+    "user_base": run_base_trainer_config,
+    "lightning": run_lightning_config,
+    "lightning_data": run_lightning_config,
+    "lightning_fp32": run_lightning_config,
+}
+
+
+def autotune_batch(b: Bench) -> dict:
+    """Largest batch that fits (trainer.autobatch's search, from the preset's batch up), capped so an epoch
+    still has at least two steps."""
+    from trainer.autobatch import find_max_batch_size
     from trainer.setup import resolve_runtime
-    from utils.autotune import find_max_batch_size
 
-    task = _build_task(data_path, p, cache_dir, False, seed)
-    rt = resolve_runtime("auto", str(device))
-    model = copy.deepcopy(task.model).to(device)
+    task = _build_task(b, False)
+    rt = resolve_runtime("auto", str(b.device))
+    model = copy.deepcopy(task.model).to(b.device)
     x1, y1 = task.train_set[0]
-    cap = max(p["batch"], len(task.train_set) // 2)
+    cap = max(b.p["batch"], len(task.train_set) // 2)
 
     def try_batch(bs: int) -> None:
-        x = x1.expand(bs, *x1.shape).contiguous().to(device)
-        y = y1.expand(bs, *y1.shape).contiguous().to(device)
+        x = x1.expand(bs, *x1.shape).contiguous().to(b.device)
+        y = y1.expand(bs, *y1.shape).contiguous().to(b.device)
         with rt.autocast():
             loss = model.loss(model(x), y)
         loss.backward()
         model.zero_grad(set_to_none=True)
-        sync(device)
+        sync(b.device)
 
-    res = find_max_batch_size(try_batch, start=p["batch"], max_batch=cap)
+    res = find_max_batch_size(try_batch, start=b.p["batch"], max_batch=cap)
     model.cpu()  # free the trial model's GPU memory before the timed runs
-    if device.type == "cuda":
+    if b.device.type == "cuda":
         torch.cuda.empty_cache()
     return {"batch_size": int(res["batch_size"]), "cap": cap, "tried": res.get("tried")}
 
@@ -423,15 +528,18 @@ def summarise(
             "batch_size": rs[0]["batch_size"],
             "precision": rs[0]["precision"],
         }
-    base = out.get("before", {}).get("samples_per_s", {}).get("median")
-    peer = out.get("lightning", {}).get("samples_per_s", {}).get("median")
     for name, s in out.items():
-        s["vs_before"] = _ratio(s["samples_per_s"]["median"], base)
-        s["vs_lightning"] = _ratio(s["samples_per_s"]["median"], peer)
         # paired: the ratio within each interleaved repetition, then the median; robust to a slow patch of
         # the shared machine that hits every configuration of one repetition
-        s["vs_before_paired"] = _paired(reps[name], reps.get("before"))
-        s["vs_lightning_paired"] = _paired(reps[name], reps.get("lightning"))
+        for peer, key in (
+            ("before", "vs_before"),
+            ("lightning", "vs_lightning"),
+            ("lightning_data", "vs_lightning_data"),
+        ):
+            s[key] = _ratio(
+                s["samples_per_s"]["median"], out.get(peer, {}).get("samples_per_s", {}).get("median")
+            )
+            s[key + "_paired"] = _paired(reps[name], reps.get(peer))
     return out
 
 
@@ -441,6 +549,52 @@ def _paired(a: list[dict[str, Any]], b: list[dict[str, Any]] | None) -> float | 
     by_rep = {r["rep"]: r["samples_per_s"] for r in b}
     ratios = [r["samples_per_s"] / by_rep[r["rep"]] for r in a if r["rep"] in by_rep]
     return stats(ratios)["median"] if ratios else None
+
+
+def speedup_split(reps: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """plainloop defaults over Lightning (seed) as a product of shares, each a ratio of two rows (of the
+    medians, and paired): total = loop x Lightning's seed set-up, and the set-up = its data path and
+    schedule x its precision. Each entry says what differs between its two rows."""
+    parts = {
+        "total": ("defaults", "lightning", "plainloop defaults / Lightning (seed BaseTrainer)"),
+        "loop": (
+            "defaults",
+            "lightning_data",
+            "the loop: both on plainloop's data path, precision and validation interval",
+        ),
+        "lightning_data_path_and_precision": (
+            "lightning_data",
+            "lightning",
+            "Lightning's seed set-up: 8-worker loader, validation every epoch, progress bar, torch's AdamW and "
+            "16-mixed (bf16 on a CPU) vs plainloop's data path, validation interval, AdamW and precision",
+        ),
+        "lightning_data_path": (
+            "lightning_data",
+            "lightning_fp32",
+            "the same without precision (both fp32): the seed's loader, validation every epoch, progress bar and "
+            "torch's AdamW vs plainloop's",
+        ),
+        "lightning_precision": (
+            "lightning_fp32",
+            "lightning",
+            "precision alone, in Lightning with the seed's set-up: 32 vs the seed's 16-mixed (bf16 on a CPU)",
+        ),
+        "data_path": (
+            "defaults",
+            "seed_loader",
+            "the data path alone, in plainloop: held in memory vs the seed's loader (8 workers, pinned, "
+            "persistent)",
+        ),
+    }
+    out: dict[str, Any] = {}
+    for key, (a, b, what) in parts.items():
+        if reps.get(a) and reps.get(b):
+            med = _ratio(
+                stats([r["samples_per_s"] for r in reps[a]])["median"],
+                stats([r["samples_per_s"] for r in reps[b]])["median"],
+            )
+            out[key] = {"ratio": med, "paired": _paired(reps[a], reps[b]), "rows": [a, b], "what": what}
+    return out
 
 
 def _where(name: str, s: dict[str, Any]) -> str:
@@ -458,19 +612,12 @@ def check_targets(summary: dict[str, dict[str, Any]], device: torch.device) -> l
     """Each target with the measured value, met or missed, and where the time went when missed."""
     checks: list[dict[str, Any]] = []
 
-    def add(
-        what: str,
-        cfg: str,
-        value: float | None,
-        goal: float,
-        higher: bool,
-        unit: str = "",
-        paired: float | None = None,
-    ) -> None:
+    def add(what: str, cfg: str, key: str, goal: float, higher: bool, unit: str = "") -> None:
+        s = summary.get(cfg, {})
+        value, paired = s.get(key), s.get(key + "_paired")
         # a ratio target counts as met only when the paired (per-repetition) ratio meets it too
         met = value is not None and (value >= goal if higher else value <= goal)
         met = met and (paired is None or paired >= goal)
-        s = summary.get(cfg, {})
         why = None
         if not met and s:
             why = _where(cfg, s)
@@ -494,60 +641,44 @@ def check_targets(summary: dict[str, dict[str, Any]], device: torch.device) -> l
 
     if device.type == "cuda":
         t = TARGETS["gpu"]
-        s = summary.get("tuned", {})
-        add(
-            "tuned vs before",
-            "tuned",
-            s.get("vs_before"),
-            t["tuned_vs_before"],
-            True,
-            "x",
-            s.get("vs_before_paired"),
-        )
-        add(
-            "tuned vs lightning",
-            "tuned",
-            s.get("vs_lightning"),
-            t["tuned_vs_lightning"],
-            True,
-            "x",
-            s.get("vs_lightning_paired"),
-        )
-        add("MFU of the measured bf16 peak", "tuned", s.get("mfu"), t["mfu"], True)
-        add("GPU utilisation", "tuned", s.get("gpu_util_mean"), t["gpu_util"], True, "%")
-        add("data wait of step time", "tuned", s.get("data_wait_frac"), t["data_wait_frac"], False)
-        add("seed job (500 epochs)", "tuned", s.get("job_s"), t["job_s"], False, "s")
+        add("tuned vs before", "tuned", "vs_before", t["tuned_vs_before"], True, "x")
+        add("tuned vs lightning", "tuned", "vs_lightning", t["tuned_vs_lightning"], True, "x")
+        add("MFU of the measured bf16 peak", "tuned", "mfu", t["mfu"], True)
+        add("GPU utilisation", "tuned", "gpu_util_mean", t["gpu_util"], True, "%")
+        add("data wait of step time", "tuned", "data_wait_frac", t["data_wait_frac"], False)
+        add("seed job (500 epochs)", "tuned", "job_s", t["job_s"], False, "s")
     else:
         t = TARGETS["cpu"]
-        s = summary.get("defaults", {})
-        add(
-            "defaults vs before",
-            "defaults",
-            s.get("vs_before"),
-            t["defaults_vs_before"],
-            True,
-            "x",
-            s.get("vs_before_paired"),
-        )
-        add(
-            "defaults vs lightning",
-            "defaults",
-            s.get("vs_lightning"),
-            t["defaults_vs_lightning"],
-            True,
-            "x",
-            s.get("vs_lightning_paired"),
-        )
+        add("defaults vs before", "defaults", "vs_before", t["defaults_vs_before"], True, "x")
+        add("defaults vs lightning", "defaults", "vs_lightning", t["defaults_vs_lightning"], True, "x")
     return checks
 
 
-LABELS = {
-    "before": "before (seed loop)",
-    "defaults": "plainloop defaults",
-    "tuned": "plainloop tuned",
-    "lightning": "Lightning (seed BaseTrainer)",
-    "lightning_fp32": "Lightning, precision 32",
-}
+def headline(summary: dict[str, dict[str, Any]], device: torch.device) -> dict[str, Any]:
+    """The figures README.md quotes, from the summary: plainloop's best row against every peer."""
+    best = "tuned" if "tuned" in summary else "defaults"
+    s = summary.get(best, {})
+    keys = (
+        "vs_before",
+        "vs_lightning",
+        "vs_lightning_data",
+        "mfu",
+        "gpu_util_mean",
+        "data_wait_frac",
+        "job_s",
+    )
+    out: dict[str, Any] = {"config": best, "samples_per_s": (s.get("samples_per_s") or {}).get("median")}
+    out.update({k: s.get(k) for k in keys})
+    out.update({k + "_paired": s.get(k + "_paired") for k in keys[:3]})
+    out["job_s_source"] = (
+        f"{JOB_EPOCHS} epochs x {_job_train_samples()} samples at the {best} row's median rate"
+    )
+    out["gpu_util_mean_note"] = None if device.type == "cuda" else "n/a: no GPU in this run"
+    return out
+
+
+def _ratio_cell(x: dict[str, Any], key: str) -> str:
+    return f"{fmt(x[key], '.2f', '×')} ({fmt(x[key + '_paired'], '.2f', '×')})"
 
 
 def render(result: dict[str, Any]) -> str:
@@ -555,10 +686,11 @@ def render(result: dict[str, Any]) -> str:
     peak = result["peak"]
     head = (
         f"**{result['preset']}** preset on {env['device_name']} ({env['device']}), torch {env['torch']}, "
-        f"commit `{env['commit'][:12]}`, {env['time_utc']}. Grid {result['grid']}, {result['train_samples']} "
-        f"training samples, {result['reps']} interleaved repetitions (ratios: of the medians, and in brackets "
-        f"the median of the per-repetition ratios); measured {peak['dtype']} matmul peak "
-        f"{peak['tflops']:.2f} TFLOP/s (best of {len(peak.get('measurements_tflops', [1]))} measurements); model {result['flops_per_sample'] / 1e9:.2f} GFLOP/sample (training)."
+        f"commit `{env['commit'][:12]}`, {env['time_utc']}, {_loads(result)}. Grid {result['grid']}, {result['train_samples']} training samples, {result['reps']} "
+        f"interleaved repetitions (ratios: of the medians, and in brackets the median of the per-repetition "
+        f"ratios); measured {peak['dtype']} matmul peak {peak['tflops']:.2f} TFLOP/s (best of "
+        f"{len(peak.get('measurements_tflops', [1]))} measurements); model "
+        f"{result['flops_per_sample'] / 1e9:.2f} GFLOP/sample (training)."
     )
     rows = []
     for name in ALL_CONFIGS:
@@ -572,8 +704,9 @@ def render(result: dict[str, Any]) -> str:
                 x["batch_size"],
                 x["precision"],
                 f"{sp['median']:.1f} ({sp['min']:.1f}–{sp['max']:.1f})",
-                f"{fmt(x['vs_before'], '.2f', '×')} ({fmt(x['vs_before_paired'], '.2f', '×')})",
-                f"{fmt(x['vs_lightning'], '.2f', '×')} ({fmt(x['vs_lightning_paired'], '.2f', '×')})",
+                _ratio_cell(x, "vs_before"),
+                _ratio_cell(x, "vs_lightning"),
+                _ratio_cell(x, "vs_lightning_data"),
                 fmt(x["step_time_s"] * 1e3, ".1f"),
                 fmt(100 * x["data_wait_frac"], ".1f", "%"),
                 fmt(100 * x["outside_steps_frac"], ".1f", "%"),
@@ -583,24 +716,16 @@ def render(result: dict[str, Any]) -> str:
                 _dur(x["job_s"]),
             ]
         )
-    table = md_table(
-        [
-            "config",
-            "batch",
-            "precision",
-            "samples/s median (min–max)",
-            "× before (paired)",
-            "× Lightning (paired)",
-            "ms/step",
-            "data wait",
-            "outside steps",
-            "GPU util",
-            "peak MB",
-            "MFU",
-            "seed job (500 ep)",
-        ],
-        rows,
-    )
+    header = ["config", "batch", "precision", "samples/s median (min–max)", "× before (paired)"]
+    header += ["× Lightning seed (paired)", "× Lightning same data (paired)", "ms/step", "data wait"]
+    header += ["outside steps", "GPU util", "peak MB", "MFU", "seed job (500 ep)"]
+    table = md_table(header, rows)
+    split = result.get("split") or {}
+    split_lines = [
+        f"- {v['what']}: {fmt(v['ratio'], '.2f', '×')} (paired {fmt(v['paired'], '.2f', '×')}; "
+        f"{LABELS[v['rows'][0]]} / {LABELS[v['rows'][1]]})"
+        for v in split.values()
+    ]
     guide = (
         f"Seed guide's estimate of the 500-epoch job on an {GUIDE_ESTIMATE['gpu']}: "
         f"{GUIDE_ESTIMATE['before_h']:.0f} h before, {GUIDE_ESTIMATE['after_h']} h after (never measured). "
@@ -612,7 +737,6 @@ def render(result: dict[str, Any]) -> str:
             else "."
         )
     )
-    checks = result["targets"]
     trows = [
         [
             c["target"],
@@ -624,10 +748,37 @@ def render(result: dict[str, Any]) -> str:
             "met" if c["met"] else ("not measured" if c["value"] is None else "**missed**"),
             c["explanation"] or "",
         ]
-        for c in checks
+        for c in result["targets"]
     ]
     ttable = md_table(["target", "config", "measured", "goal", "", "where the time goes (if missed)"], trows)
-    return "\n\n".join([head, table, guide, ttable] + [f"- {n}" for n in result["notes"]]) + "\n"
+    parts = [head, table]
+    if split_lines:
+        parts.append(
+            "Where the speed-up over Lightning comes from (each a ratio of two rows; what differs is named):\n\n"
+            + "\n".join(split_lines)
+        )
+    parts += [guide, ttable] + [f"- {n}" for n in result["notes"]]
+    return "\n\n".join(parts) + "\n"
+
+
+def _loads(result: dict[str, Any]) -> str:
+    """The machine's load while measuring: at each repetition's start (when it waited for quiet) and per row."""
+    per_row = [
+        r["loadavg_1m"]
+        for rs in result["repetitions"].values()
+        for r in rs
+        if r.get("loadavg_1m") is not None
+    ]
+    out = (
+        f"1-minute load average {min(per_row):.1f}–{max(per_row):.1f} after the rows"
+        if per_row
+        else "load not recorded"
+    )
+    waits = [w for w in result.get("waited_for_quiet") or [] if w.get("loadavg")]
+    if waits:
+        starts = ", ".join(f"{w['loadavg'][0]:.1f}" for w in waits)
+        out += f" (repetitions started at {starts}; each waited for < {waits[0]['max_load']:g})"
+    return out
 
 
 def _dur(s: float | None) -> str:
@@ -645,75 +796,98 @@ def rerender(path: Path) -> dict[str, Any]:
     if not path.is_file():
         sys.exit(f"--rerender {path}: no such file")
     result = json.loads(path.read_text(encoding="utf-8"))
-    summary = summarise(
-        result["repetitions"], result["flops_per_sample"], result["peak"]["flops"], result["job_samples"]
-    )
-    result["summary"] = summary
-    result["targets"] = check_targets(summary, torch.device(result["environment"]["device"]))
+    device = torch.device(result["environment"]["device"])
+    finish_result(result, device)
     write_result(path, result, render(result))
     return result
 
 
+def finish_result(result: dict[str, Any], device: torch.device) -> None:
+    """Everything derived from the raw repetitions: summary, split, targets, headline."""
+    reps = result["repetitions"]
+    summary = summarise(reps, result["flops_per_sample"], result["peak"]["flops"], result["job_samples"])
+    result["summary"] = summary
+    result["split"] = speedup_split(reps)
+    result["targets"] = check_targets(summary, device)
+    result["headline"] = headline(summary, device)
+
+
 # ------------------------------------------------------------------------------------------ main
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__,
     )
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="problem size (default: cpu)")
-    ap.add_argument(
+    add = ap.add_argument
+    add("--preset", choices=sorted(PRESETS), default="cpu", help="problem size (default: cpu)")
+    add(
         "--file-grid",
         type=float,
         default=None,
-        help="grid (degrees) of the generated ERA5-format file, e.g. 0.25 = ERA5's native 1440 x 721 "
-        "(default: the preset's)",
+        help="grid (degrees) of the generated ERA5-format file, e.g. "
+        "0.25 = ERA5's native 1440 x 721 (default: the preset's)",
     )
-    ap.add_argument(
+    add(
         "--configs",
         default=None,
         help=f"comma list from {','.join(ALL_CONFIGS)} (default: the preset's list)",
     )
-    ap.add_argument("--reps", type=int, default=None, help="repetitions, interleaved (default: the preset's)")
-    ap.add_argument(
-        "--epochs", type=int, default=None, help="timed epochs per repetition (default: the preset's)"
-    )
-    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    ap.add_argument(
+    add("--reps", type=int, default=None, help="repetitions, interleaved (default: the preset's)")
+    add("--epochs", type=int, default=None, help="timed epochs per repetition (default: the preset's)")
+    add("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    add(
         "--cache-dir",
         default=None,
-        help="where the generated netCDF and the coarse cache go (default: $PLAINLOOP_CACHE or "
-        "~/.cache/plainloop)",
+        help="where the generated netCDF and the coarse cache go (default: "
+        "$PLAINLOOP_CACHE or ~/.cache/plainloop)",
     )
-    ap.add_argument(
+    add(
         "--data-path",
         default=None,
         help="an existing ERA5-format netCDF file instead of the generated one (default: generate)",
     )
-    ap.add_argument(
+    add(
         "--compile-mode",
         default="default",
-        choices=("default", "reduce-overhead", "max-autotune"),
-        help="torch.compile mode of the tuned config (default: default)",
+        choices=("default", "reduce-overhead", "max-autotune", "none"),
+        help="torch.compile mode of the tuned config; none = autotuned batch without compile (default: default)",
     )
-    ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/run_<cpu|gpu>.json)")
-    ap.add_argument("--seed", type=int, default=0, help="model/data-order seed (default: 0)")
-    ap.add_argument(
+    add("--out", default=None, help="JSON path (default: benchmarks/results/run_<cpu|gpu>.json)")
+    add("--seed", type=int, default=0, help="model/data-order seed (default: 0)")
+    add(
         "--rerender",
         default=None,
         metavar="JSON",
-        help="recompute the summary, targets and table of an earlier result from its raw repetitions (no run)",
+        help="recompute the summary, targets and table of an "
+        "earlier result from its raw repetitions (no run)",
     )
-    ap.add_argument(
+    add(
         "--threads",
         type=int,
         default=0,
         help="torch intra-op threads; 0 = torch's default, as users run (default: 0)",
     )
-    args = ap.parse_args(argv)
+    add(
+        "--wait-load",
+        type=float,
+        default=0.0,
+        help="before each repetition, wait until the 1-minute load average is below this (polling every 60 s, "
+        "at most --wait-max seconds in all); 0 = do not wait (default: 0)",
+    )
+    add(
+        "--wait-max",
+        type=float,
+        default=3600.0,
+        help="longest wait for --wait-load in all, seconds (default: 3600)",
+    )
+    return ap, ap.parse_args(argv)
 
-    if args.rerender:
-        return rerender(Path(args.rerender))
+
+def resolve_settings(
+    ap: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[dict, tuple, torch.device]:
+    """The preset with the command line's overrides, the configurations to run and the device."""
     p = dict(PRESETS[args.preset])
     if args.file_grid is not None:
         p["file_grid"] = args.file_grid
@@ -721,14 +895,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = [c for c in configs if c not in ALL_CONFIGS]
     if unknown:
         ap.error(f"--configs: unknown {unknown}; choose from {ALL_CONFIGS}")
-    if args.reps is not None:
-        if args.reps < 1:
-            ap.error(f"--reps {args.reps}: must be >= 1")
-        p["reps"] = args.reps
-    if args.epochs is not None:
-        if args.epochs < 1:
-            ap.error(f"--epochs {args.epochs}: must be >= 1")
-        p["epochs"] = args.epochs
+    for flag, key in (("reps", "reps"), ("epochs", "epochs")):
+        v = getattr(args, flag)
+        if v is not None:
+            if v < 1:
+                ap.error(f"--{flag} {v}: must be >= 1")
+            p[key] = v
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda but CUDA is not available here; drop --device or use cpu")
@@ -736,28 +908,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error(f"--threads {args.threads}: must be >= 0")
     if args.threads:
         torch.set_num_threads(args.threads)
-    notes: list[str] = []
+    return p, configs, device
 
-    from benchmarks.lightning_peer import lightning_available
 
-    if any(c.startswith("lightning") for c in configs) and lightning_available() is None:
-        configs = tuple(c for c in configs if not c.startswith("lightning"))
-        notes.append("lightning is not installed: the Lightning rows are skipped (pip install lightning)")
+def prepare_data(ap: argparse.ArgumentParser, args: argparse.Namespace, p: dict) -> tuple[Path, Path]:
+    """(cache_dir, data_path): the generated ERA5-format file (made once) or the user's own."""
     try:
         import netCDF4  # noqa: F401
     except ImportError:
         sys.exit(
-            "benchmarks.run: netCDF4 is missing; the ERA5 data (and the 'before' loop) need it: "
-            "pip install netCDF4"
+            "benchmarks.run: netCDF4 is missing; the ERA5 data (and the 'before' loop) need it: pip install netCDF4"
         )
-
+    from datasets.era5 import default_cache_dir
     from datasets.era5_sample import ensure_sample_file
 
-    cache_dir = Path(args.cache_dir).expanduser() if args.cache_dir else None
-    if cache_dir is None:
-        from datasets.era5 import default_cache_dir
-
-        cache_dir = default_cache_dir()
+    cache_dir = Path(args.cache_dir).expanduser() if args.cache_dir else default_cache_dir()
     cache_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     if args.data_path:
@@ -766,28 +931,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ap.error(f"--data-path {data_path}: no such file")
     else:
         data_path = ensure_sample_file(cache_dir, years=p["years"], grid=p["file_grid"])
+    size_mb = data_path.stat().st_size / 1e6
     print(
-        f"[bench] data {data_path} ({data_path.stat().st_size / 1e6:.0f} MB, "
-        f"{time.perf_counter() - t0:.0f} s to make/find)",
+        f"[bench] data {data_path} ({size_mb:.0f} MB, {time.perf_counter() - t0:.0f} s to make/find)",
         flush=True,
     )
+    return cache_dir, data_path
 
-    probe = _build_task(data_path, p, cache_dir, False, args.seed)
-    flops = float(probe.flops_per_sample)
-    n_train = len(probe.train_set)
-    source = f"a {p['file_grid']:g}° file" if not args.data_path else f"{data_path.name}"
-    grid = (
-        f"{probe.train_set.height} x {probe.train_set.width} at {p['resolution']:g}° from "
-        f"{source} ({probe.train_set.info['months']})"
-    )
-    del probe
-    peak = matmul_peak_flops(device)
-    print(
-        f"[bench] {n_train} training samples, grid {grid}; measured {peak['dtype']} matmul peak "
-        f"{peak['tflops']:.2f} TFLOP/s",
-        flush=True,
-    )
-    if device.type == "cpu":
+
+def setup_notes(b: Bench, configs: tuple[str, ...]) -> tuple[tuple[str, ...], list[str]]:
+    """Drop the rows that cannot run here (Lightning missing) and say what each preset choice means."""
+    from benchmarks.lightning_peer import lightning_available
+
+    notes: list[str] = []
+    if any(c.startswith("lightning") for c in configs) and lightning_available() is None:
+        configs = tuple(c for c in configs if not c.startswith("lightning"))
+        notes.append("lightning is not installed: the Lightning rows are skipped (pip install lightning)")
+    if b.device.type == "cpu":
         notes.append(
             "CPU: plainloop's precision 'auto' resolves to fp32 (CPU autocast is slower), so 'defaults' "
             "here = fp32 + data held in RAM + throttled logging; MFU is of the measured fp32 matmul peak"
@@ -796,58 +956,89 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             notes.append(
                 "CPU: Lightning's seed precision '16-mixed' is impossible on a CPU; Lightning itself "
                 "switches to bf16-mixed (row 'Lightning (seed BaseTrainer)')"
-                + (
-                    "; 'Lightning, precision 32' is the like-for-like fp32 row"
-                    if "lightning_fp32" in configs
-                    else ""
-                )
             )
-    if p["lightning_workers"] != 8 and any(c.startswith("lightning") for c in configs):
-        notes.append(f"Lightning uses {p['lightning_workers']} workers in this preset (seed: 8)")
-
-    tuned_batch = None
-    if "tuned" in configs:
-        at = autotune_batch(data_path, p, cache_dir, device, args.seed)
-        tuned_batch = at["batch_size"]
+    if b.p["lightning_workers"] != 8 and {"lightning", "lightning_fp32", "seed_loader"} & set(configs):
+        notes.append(f"the seed's loader uses {b.p['lightning_workers']} workers in this preset (seed: 8)")
+    if {"user_trainer", "user_base"} & set(configs):
         notes.append(
-            f"tuned: batch {tuned_batch} from utils.autotune (capped at {at['cap']} so an epoch has >= 2 "
-            f"steps), torch.compile mode {args.compile_mode!r}"
+            "user model: the seed's network wrapped in a plain nn.Module with no loss method (plainloop's "
+            "default MSE over every cell, land included, where the built-in task masks land)"
         )
+    if "lightning_data" in configs:
+        notes.append(
+            "Lightning, plainloop's data path: the same in-memory dataset gathered by index in the same "
+            "order, 0 workers, plainloop's precision and AdamW (its warmup+cosine schedule is not given "
+            "to Lightning), validation at the last epoch, no logger/progress bar/model summary"
+        )
+    if "tuned" in configs:
+        at = autotune_batch(b)
+        b.tuned_batch = at["batch_size"]
+        notes.append(
+            f"tuned: batch {b.tuned_batch} from trainer.autobatch (capped at {at['cap']} so an epoch has >= "
+            f"2 steps), torch.compile mode {b.compile_mode!r}"
+        )
+    return configs, notes
 
+
+def run_reps(
+    b: Bench, configs: tuple[str, ...], peak: dict, wait_load: float = 0.0, wait_max: float = 0.0
+) -> tuple[dict[str, list], dict, list]:
+    """Interleaved repetitions (A B C A B C ...); the matmul peak is re-measured every repetition and the
+    best one is this device's peak (a shared machine can be slowed at any one moment). With `wait_load`,
+    each repetition first waits for the load average to drop below it (at most `wait_max` s in all)."""
     reps: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
-    peaks = [peak]
-    for rep in range(p["reps"]):
-        if rep:  # the peak is re-measured every repetition; the best is this device's peak (a shared
-            peaks.append(matmul_peak_flops(device))  # machine can be slowed at any one moment)
-        for c in configs:  # interleaved: A B C A B C ...
+    peaks, waits = [peak], []
+    deadline = time.monotonic() + wait_max
+    for rep in range(b.p["reps"]):
+        if wait_load > 0:
+            waits.append(wait_for_quiet(wait_load, max(0.0, deadline - time.monotonic())))
+        if rep:
+            peaks.append(matmul_peak_flops(b.device))
+        for c in configs:
             t = time.perf_counter()
-            if c == "before":
-                r = run_before_config(data_path, p, cache_dir, device, args.seed)
-            elif c == "defaults":
-                r = run_plainloop_config(c, data_path, p, cache_dir, device, args.seed, p["batch"], None)
-            elif c == "tuned":
-                r = run_plainloop_config(
-                    c, data_path, p, cache_dir, device, args.seed, tuned_batch, args.compile_mode
-                )
-            elif c == "lightning":
-                r = run_lightning_config(c, data_path, p, cache_dir, device, args.seed, "16-mixed")
-            else:
-                r = run_lightning_config(c, data_path, p, cache_dir, device, args.seed, "32")
+            r = RUNNERS[c](b, c)
             r["rep"] = rep
             reps[c].append(r)
             print(
-                f"[bench] rep {rep + 1}/{p['reps']} {c:15s} {r['samples_per_s']:9.1f} samples/s "
-                f"({r['samples']} samples in {r['wall_s']:.2f} s; harness {time.perf_counter() - t:.0f} s)",
+                f"[bench] rep {rep + 1}/{b.p['reps']} {c:15s} {r['samples_per_s']:9.1f} samples/s ({r['samples']} "
+                f"samples in {r['wall_s']:.2f} s; harness {time.perf_counter() - t:.0f} s)",
                 flush=True,
             )
+    best = dict(max(peaks, key=lambda q: q["flops"]), measurements_tflops=[q["tflops"] for q in peaks])
+    return reps, best, waits
 
-    peak = dict(max(peaks, key=lambda q: q["flops"]), measurements_tflops=[q["tflops"] for q in peaks])
-    job_samples = JOB_EPOCHS * _job_train_samples()
-    summary = summarise(reps, flops, peak["flops"], job_samples)
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap, args = parse_args(argv)
+    if args.rerender:
+        return rerender(Path(args.rerender))
+    p, configs, device = resolve_settings(ap, args)
+    env = environment(device)  # at the start: the commit that is measured, not one edited meanwhile
+    t0 = time.perf_counter()
+    cache_dir, data_path = prepare_data(ap, args, p)
+    b = Bench(data_path, p, cache_dir, device, args.seed, args.compile_mode)
+    probe = _build_task(b, False)
+    flops, n_train, ds = float(probe.flops_per_sample), len(probe.train_set), probe.train_set
+    source = f"a {p['file_grid']:g}° file" if not args.data_path else f"{data_path.name}"
+    grid = f"{ds.height} x {ds.width} at {p['resolution']:g}° from {source} ({ds.info['months']})"
+    del probe, ds
+    peak = matmul_peak_flops(device)
+    print(
+        f"[bench] {n_train} training samples, grid {grid}; measured {peak['dtype']} matmul peak "
+        f"{peak['tflops']:.2f} TFLOP/s",
+        flush=True,
+    )
+    configs, notes = setup_notes(b, configs)
+    load_start = loadavg()
+    reps, peak, waited = run_reps(b, configs, peak, args.wait_load, args.wait_max)
     result = {
-        "schema": "plainloop-bench-run-1",
+        "schema": "plainloop-bench-run-2",
         "preset": args.preset,
-        "environment": environment(device),
+        "command": "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv),
+        "environment": env,
+        "loadavg_start": load_start,
+        "loadavg_end": loadavg(),
+        "waited_for_quiet": waited,
         "config": {
             **{k: v for k, v in p.items() if k != "configs"},
             "configs": list(configs),
@@ -855,7 +1046,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "compile_mode": args.compile_mode,
             "seed": args.seed,
             "optimizer": "AdamW(lr=1e-3, weight_decay=0.01)",
-            "tuned_batch": tuned_batch,
+            "tuned_batch": b.tuned_batch,
             "torch_threads": torch.get_num_threads(),
         },
         "grid": grid,
@@ -865,13 +1056,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "flops_source": "RecursiveAttentionTransformer.flops_per_sample(training=True): matmul FLOPs x 3",
         "peak": peak,
         "job_train_samples": _job_train_samples(),
-        "job_samples": job_samples,
+        "job_samples": JOB_EPOCHS * _job_train_samples(),
         "guide_estimate": GUIDE_ESTIMATE,
         "repetitions": reps,
-        "summary": summary,
         "notes": notes,
     }
-    result["targets"] = check_targets(summary, device)
+    finish_result(result, device)
     out = (
         Path(args.out) if args.out else RESULTS_DIR / f"run_{'gpu' if device.type == 'cuda' else 'cpu'}.json"
     )

@@ -45,7 +45,8 @@ def test_run_harness_tiny_cpu(tmp_path):
     from benchmarks import run
 
     out = tmp_path / "run.json"
-    configs = "before,defaults" + (",lightning" if _has_lightning() else "")
+    configs = "before,defaults,seed_loader,user_trainer,user_base"
+    configs += ",lightning,lightning_data" if _has_lightning() else ""
     run.main(
         [
             "--preset",
@@ -109,6 +110,31 @@ def test_run_harness_tiny_cpu(tmp_path):
         assert s["mfu"] == pytest.approx(res["flops_per_sample"] * sp["median"] / res["peak"]["flops"])
     assert res["summary"]["before"]["vs_before"] == pytest.approx(1.0)
     assert res["summary"]["before"]["batch_size"] == 20 and res["summary"]["defaults"]["batch_size"] == 60
+    # the rows differ in what they say they differ in
+    reps = res["repetitions"]
+    assert all(r["data_path"] == "held on the device" for r in reps["defaults"] + reps["user_trainer"])
+    assert all(
+        r["data_path"].startswith("DataLoader") and "'num_workers': 2" in r["data_path"]
+        for r in reps["seed_loader"]
+    )
+    for name in ("user_trainer", "user_base"):
+        assert res["summary"][name]["batch_size"] == 60 and res["summary"][name]["precision"] == "32"
+    split = res["split"]
+    assert split["data_path"]["rows"] == ["defaults", "seed_loader"]
+    _positive_finite(split["data_path"]["ratio"], "split.data_path")
+    if _has_lightning():
+        assert reps["lightning_data"][0]["loader"] == {"gather": "dataset.gather, 0 workers"}
+        assert reps["lightning_data"][0]["precision"] == "32-true"
+        assert split["total"]["ratio"] == pytest.approx(
+            split["loop"]["ratio"] * split["lightning_data_path_and_precision"]["ratio"]
+        )
+    h = res["headline"]
+    assert h["config"] == "defaults" and h["vs_before"] == pytest.approx(
+        res["summary"]["defaults"]["vs_before"]
+    )
+    assert h["gpu_util_mean"] is None and h["gpu_util_mean_note"]
+    md = out.with_suffix(".md").read_text()
+    assert "| user model, BaseTrainer |" in md and "the data path, in plainloop" in md
     assert [t["target"] for t in res["targets"]] == ["defaults vs before", "defaults vs lightning"]
     for t in res["targets"]:
         assert t["met"] == (t["value"] is not None and t["value"] >= t["goal"])
@@ -145,7 +171,7 @@ def test_loop_overhead_harness(tmp_path):
     out = tmp_path / "lo.json"
     loops = "hand,plainloop" + (",lightning" if _has_lightning() else "")
     res = loop_overhead.main(
-        ["--steps", "100", "--warmup", "50", "--reps", "2", "--loops", loops, "--out", str(out)]
+        ["--steps", "200", "--warmup", "100", "--reps", "2", "--loops", loops, "--out", str(out)]
     )
     saved = json.loads(out.read_text())
     assert saved["schema"] == res["schema"] == "plainloop-bench-loop-overhead-1"
@@ -170,3 +196,122 @@ def test_stats_and_bad_input():
 
     with pytest.raises(SystemExit):
         run.main(["--configs", "before,nonsense"])
+
+
+def _rep(name: str, rep: int, sps: float) -> dict:
+    return {"config": name, "rep": rep, "samples_per_s": sps}
+
+
+def test_speedup_split_is_a_product_of_paired_ratios():
+    """total = loop x (Lightning's data path and precision), and that = data path x precision, exactly."""
+    from benchmarks.run import speedup_split
+
+    rates = {
+        "defaults": [300, 240, 310],
+        "lightning": [100, 90, 120],
+        "lightning_data": [250, 200, 260],
+        "lightning_fp32": [110, 80, 100],
+        "seed_loader": [150, 100, 160],
+    }
+    reps = {k: [_rep(k, i, v) for i, v in enumerate(vs)] for k, vs in rates.items()}
+    s = speedup_split(reps)
+    assert s["total"]["ratio"] == pytest.approx(
+        s["loop"]["ratio"] * s["lightning_data_path_and_precision"]["ratio"]
+    )
+    assert s["lightning_data_path_and_precision"]["ratio"] == pytest.approx(
+        s["lightning_data_path"]["ratio"] * s["lightning_precision"]["ratio"]
+    )
+    assert s["loop"]["ratio"] == pytest.approx(300 / 250)
+    assert s["data_path"]["paired"] == pytest.approx(stats([300 / 150, 240 / 100, 310 / 160])["median"])
+    assert "loop" not in speedup_split({k: v for k, v in reps.items() if k != "lightning_data"})
+
+
+def test_run_gpu_sh_tiny_mode_writes_every_quoted_figure(tmp_path):
+    """`TINY=1 bash benchmarks/run_gpu.sh` runs the GPU script's steps on the CPU and writes the headline."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    configs = "before,defaults,tuned" + (",lightning_data" if _has_lightning() else "")
+    env = dict(
+        os.environ,
+        TINY="1",
+        PYTHON=sys.executable,
+        OUT_DIR=str(tmp_path / "out"),
+        CACHE_DIR=str(tmp_path / "cache"),
+        CONFIGS=configs,
+        CUDA_VISIBLE_DEVICES="",
+    )
+    p = subprocess.run(
+        ["bash", str(root / "benchmarks" / "run_gpu.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=root,
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "failed" not in p.stdout, p.stdout[-3000:]
+    res = json.loads((tmp_path / "out" / "run_tiny.json").read_text())
+    h = res["headline"]
+    assert h["config"] == "tuned"
+    for k in ("vs_before", "mfu", "data_wait_frac", "job_s", "samples_per_s"):
+        _positive_finite(h[k] if k != "data_wait_frac" else h[k] + 1.0, f"headline.{k}")
+    assert h["vs_lightning_data"] is not None or not _has_lightning()
+    assert "x before" in p.stdout and "x Lightning seed" in p.stdout and "MFU" in p.stdout
+    # host cost: the seed loop reads the loss every step; plainloop's GPU path reads nothing inside an epoch
+    hc = json.loads((tmp_path / "out" / "host_cost_tiny.json").read_text())["summary"]["tiny"]
+    assert hc["before"]["syncs_per_step"]["median"] == 1
+    assert hc["plainloop_gpu_path"]["syncs_per_step"]["median"] == 0
+    assert hc["plainloop"]["syncs_per_step"]["median"] == 1  # on a CPU the guard's flag is read: free there
+    for loop in hc.values():
+        _positive_finite(loop["outside_ops_us_median"]["median"], "outside_ops_us")
+    assert json.loads((tmp_path / "out" / "loop_overhead_tiny.json").read_text())["vs_hand"]["plainloop"] > 0
+
+
+def test_run_gpu_sh_installs_nothing():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "benchmarks" / "run_gpu.sh").read_text()
+    code = [line.split("#")[0] for line in text.splitlines() if not line.lstrip().startswith("#")]
+    for word in ("pip install", "pip3 install", "apt-get", "conda install", "uv pip", "curl ", "wget "):
+        hits = [line for line in code if word in line and "sys.exit" not in line]
+        assert not hits, f"run_gpu.sh must install nothing: {hits}"
+
+
+def test_scaling_quick(tmp_path):
+    """Tiny files, both layouts, two lengths: every measurement present; the xarray peer (when installed)
+    computes the same area mean as plainloop's cache."""
+    import importlib.util
+
+    from benchmarks import scaling
+
+    res = scaling.main(["--quick", "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "s.json")])
+    rows = res["era5"]["rows"]
+    assert [(r["layout"], r["years"]) for r in rows] == [
+        ("legacy", 1),
+        ("legacy", 2),
+        ("cds2024", 1),
+        ("cds2024", 2),
+    ]
+    for r in rows:
+        b = r["build"]
+        assert "error" not in b, b
+        assert b["months"] == 12 * r["years"] and b["grid"] == [16, 36]
+        assert b["cache_bytes"] > 16 * 36 * 4 * b["months"]  # the float32 array and its sidecar
+        for peer in res["config"]["peers"]:
+            assert r[peer]["max_abs_diff_c"] is not None and r[peer]["max_abs_diff_c"] < 1e-3, r[peer]
+    assert rows[1]["build"]["cache_bytes"] > rows[0]["build"]["cache_bytes"]
+    assert res["growth"]["legacy"]["build.seconds"]["years_ratio"] == 2
+    train = res["era5"]["train"]
+    assert [t["years"] for t in train] == [1, 2]
+    for t in train:
+        _positive_finite(t["first_epoch_s"], "first_epoch_s")
+        _positive_finite(t["steady_epoch_s"], "steady_epoch_s")
+        assert len(t["epochs_s"]) == 2
+    assert res["sampler"][0]["batches"] > 0 and res["sampler"][0]["construction_median_s"] > 0
+    have = importlib.util.find_spec("xarray") is not None
+    assert bool(res["config"]["peers"]) == have
+    assert (tmp_path / "s.md").read_text().count("| legacy |") == 2

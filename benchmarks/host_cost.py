@@ -1,0 +1,710 @@
+"""Host cost per training step: the GPU-free proxy for how far a GPU can go when its kernels are short.
+
+    .venv/bin/python -m benchmarks.host_cost                  # cpu and seed configurations, ~10 min here
+    .venv/bin/python -m benchmarks.host_cost --quick          # the tiny configuration, seconds (a test)
+
+For each configuration (the CPU preset: d_model 128 on a 32 x 72 grid; the seed's: d_model 512 on 180 x 80)
+and each loop, steps are timed between per-step marks, three ways, repetitions interleaved:
+  step time      wall time between the ends of two steps (data fetch, forward, backward, optimizer, the
+                 loop's own bookkeeping), without the profiler
+  operators      torch.profiler on the same steps: aten operator calls per step (all, and the outermost
+                 ones the Python code asks for; on CUDA also cudaLaunchKernel calls), and the host time
+                 inside the outermost operators
+  outside ops    step wall time under the profiler minus the time inside the outermost operators: Python,
+                 the loop's bookkeeping, the autograd engine's own work, data handling in the main process.
+                 On a GPU the operators return after launching, so this plus the launch costs is what the
+                 host spends per step; when it exceeds the kernels' time, the GPU waits.
+  syncs          calls that read a tensor back to the host (.item(), .tolist(), .cpu(), .numpy(), bool(),
+                 float(), int()) made anywhere (project, torch, Lightning) between the marks, per step. On a
+                 CUDA run only calls on CUDA tensors are counted (each is a host-device sync); on a CPU run
+                 every call is counted: each would be a sync if its tensor lived on a GPU (the callers are
+                 listed in the JSON).
+Medians over the steady steps (neither the first nor the last of an epoch) are reported per step; "incl. epoch
+ends" divides the totals of all timed steps (the epoch-end log point, checkpoint, validation, new iterator)
+by their number. Every step's raw figures are in the JSON.
+
+Loops (same model, same data held in memory, same batch, AdamW):
+  before          the seed loop's habits: DataLoader(num_workers=0) with per-sample __getitem__ + collate over
+                  the cached data, optimizer.zero_grad(), loss.item() every step (run.py's "before" also
+                  reads netCDF per sample; that is data wait, measured there)
+  plainloop       trainer.Trainer with its defaults (on a CPU the non-finite guard's flag is read on the host
+                  every step, which is free there, and the schedule is a Python float)
+  plainloop_gpu_path  the same loop taking its GPU path on the CPU: fused AdamW with a tensor learning rate (the
+                  schedule on the device) and the guard's flag never read (`opt.host_reads = False`, as
+                  tests/test_engine.py does)
+  lightning_data  lightning.Trainer on plainloop's data path (benchmarks/lightning_peer.py SAME_DATA_PEER)
+The seed configuration's step on a CPU takes seconds per sample, so --seed-batch (default 2 on a CPU) sets its
+batch there: operator counts and host time outside the operators do not depend on the batch size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import contextlib
+import sys
+import tempfile
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from benchmarks.common import (
+    RESULTS_DIR,
+    environment,
+    fmt,
+    loadavg,
+    md_table,
+    stats,
+    wait_for_quiet,
+    write_result,
+)
+
+MARK = "hostcost::step_end"
+CONFIGS: dict[str, dict[str, Any]] = {
+    "tiny": {
+        "steps": 4,
+        "warmup": 2,
+        "file_grid": 5.0,
+        "years": 25,
+        "resolution": 10.0,
+        "batch": 40,
+        "before_batch": 40,
+        "model": {
+            "d_model": 32,
+            "num_heads": 2,
+            "num_layers": 1,
+            "dim_feedforward": 64,
+            "recursion_depth": 1,
+            "dropout": 0.0,
+        },
+    },
+    "cpu": {
+        "steps": 12,
+        "warmup": 3,
+        "file_grid": 1.0,
+        "years": 50,
+        "resolution": 5.0,
+        "batch": 150,
+        "before_batch": 50,
+        "model": {
+            "d_model": 128,
+            "num_heads": 4,
+            "num_layers": 2,
+            "dim_feedforward": 256,
+            "recursion_depth": 2,
+            "dropout": 0.0,
+        },
+    },
+    "seed": {
+        "steps": 6,
+        "warmup": 2,
+        "file_grid": 1.0,
+        "years": 50,
+        "resolution": 2.0,
+        "batch": 150,
+        "before_batch": 50,
+        "model": {
+            "d_model": 512,
+            "num_heads": 8,
+            "num_layers": 3,
+            "dim_feedforward": 1024,
+            "recursion_depth": 2,
+            "dropout": 0.1,
+        },
+    },
+}
+LOOPS = ("before", "plainloop", "plainloop_gpu_path", "lightning_data")
+_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
+
+
+# ------------------------------------------------------------------------------------------ instruments
+class Marks:
+    """Per-step marks: a wall-clock time, a profiler event, and whether the step ended its epoch.
+
+    Also the window for the sync counter: counting runs from the `warmup`-th mark to the last one."""
+
+    def __init__(self, warmup: int, steps: int, counter: SyncCounter | None = None) -> None:
+        self.warmup, self.steps, self.counter = warmup, steps, counter
+        self.times: list[float] = []
+        self.last_in_epoch: list[bool] = []
+        self.syncs: list[int] = []  # the counter's "loop" reads so far, at each mark
+
+    def mark(self, last_in_epoch: bool) -> None:
+        with torch.profiler.record_function(MARK):
+            self.times.append(time.perf_counter())
+            self.last_in_epoch.append(last_in_epoch)
+            self.syncs.append(self.counter.count("loop") if self.counter is not None else 0)
+        n = len(self.times)
+        if self.counter is not None:
+            self.counter.active = self.warmup <= n < self.warmup + self.steps
+
+    @property
+    def done(self) -> bool:
+        return len(self.times) >= self.warmup + self.steps
+
+
+class SyncCounter:
+    """Counts tensor reads to the host (`_READS`) while `active`, by kind and by where they come from.
+
+    On CUDA only reads of CUDA tensors count (each one is a host-device sync). On a CPU every tensor is a host
+    tensor, so a read is sorted by what it would be on a GPU: "loop" (made by the loop's code: plainloop's
+    trainer/, tasks/, models/, the loops here, Lightning; a read inside torch on their behalf, such as
+    formatting a tensor, is traced back to them), "host_resident" (torch's own reads of CPU-side state:
+    the optimizer's step counters, the data loader's seeds and permutations) and "data_cpu_branch" (the
+    dataset's gather when its data sits on the CPU; on a GPU it indexes on the device). Only "loop" reads
+    are counted as syncs per step; every read is kept with its origin in the JSON.
+    """
+
+    def __init__(self, cuda_only: bool) -> None:
+        self.active, self.cuda_only = False, cuda_only
+        self.calls: Counter[str] = Counter()
+        self._saved: dict[str, Any] = {}
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[SyncCounter]:
+        for name in _READS:
+            self._saved[name] = getattr(torch.Tensor, name)
+            setattr(torch.Tensor, name, self._wrap(self._saved[name], name))
+        try:
+            yield self
+        finally:
+            for name, fn in self._saved.items():
+                setattr(torch.Tensor, name, fn)
+
+    def count(self, kind: str = "loop") -> int:
+        return sum(n for k, n in self.calls.items() if k.startswith(kind + "|"))
+
+    @staticmethod
+    def _classify(frame: Any) -> str:
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if "/torch/optim/" in path or "/torch/utils/data/" in path:
+            return "host_resident"
+        if "/datasets/" in path:
+            return "data_cpu_branch"
+        return "loop"
+
+    def _wrap(self, orig: Callable, name: str) -> Callable:
+        counter = self
+
+        def wrapper(t: torch.Tensor, *a: Any, **k: Any) -> Any:
+            if counter.active:
+                f = sys._getframe(1)
+                if counter.cuda_only:
+                    kind = "loop" if t.device.type == "cuda" else ""
+                else:
+                    kind = counter._classify(f)
+                if kind:
+                    origin = f
+                    while origin is not None and "/torch/" in origin.f_code.co_filename.replace("\\", "/"):
+                        origin = origin.f_back
+                    origin = origin or f
+                    where = "/".join(Path(origin.f_code.co_filename).parts[-2:])
+                    counter.calls[f"{kind}|{name} {where}:{origin.f_lineno}"] += 1
+            return orig(t, *a, **k)
+
+        return wrapper
+
+
+# ------------------------------------------------------------------------------------------ the loops
+def _task(c: dict[str, Any], cache_dir: Path, device_cache: bool | None, seed: int) -> Any:
+    from datasets.era5_sample import ensure_sample_file
+    from tasks.era5 import build_era5_task
+
+    path = ensure_sample_file(cache_dir, years=c["years"], grid=c["file_grid"])
+    return build_era5_task(
+        data_path=str(path),
+        resolution=c["resolution"],
+        seq_len=2,
+        device_cache=device_cache,
+        seed=seed,
+        cache_dir=str(cache_dir),
+        learning_rate=1e-3,
+        **c["model"],
+    )
+
+
+def loop_before(c: dict, cache_dir: Path, device: torch.device, batch: int, marks: Marks, seed: int) -> None:
+    task = _task(c, cache_dir, False, seed)
+    model = task.model.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    loader = DataLoader(task.train_set, batch_size=batch, shuffle=True, num_workers=0, pin_memory=False)
+    model.train()
+    while not marks.done:
+        nb = len(loader)
+        for i, (x, y) in enumerate(loader):
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad()
+            loss = model.loss(model(x), y)
+            loss.backward()
+            opt.step()
+            loss.item()  # every step, as the seeds' loops did
+            marks.mark(i + 1 == nb)
+            if marks.done:
+                return
+
+
+class _MarksMonitor:
+    """plainloop's monitor hook (seed 001's TrainingMonitor API): one mark per iteration."""
+
+    def __init__(self, marks: Marks) -> None:
+        self.marks = marks
+        self.trainer: Any = None
+
+    def start_monitoring(self) -> None: ...
+
+    def stop_monitoring(self) -> None: ...
+
+    def get_summary(self) -> dict[str, Any]:
+        return {}
+
+    def log_iteration(
+        self, seconds: float, data_seconds: float | None = None, samples: int | None = None
+    ) -> None:
+        t = self.trainer
+        self.marks.mark(t.batches_done == t.batches_per_epoch)
+
+
+def _fused_adamw(model: torch.nn.Module, lr: float = 1e-3, wd: float = 0.01) -> torch.optim.Optimizer:
+    """plainloop's AdamW groups (trainer/optim.py) with its CUDA settings: fused kernel, tensor lr."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": wd},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=torch.tensor(lr), fused=True)
+
+
+def loop_plainloop(
+    c: dict,
+    cache_dir: Path,
+    device: torch.device,
+    batch: int,
+    marks: Marks,
+    seed: int,
+    gpu_path: bool = False,
+) -> None:
+    from trainer import TrainConfig, Trainer
+
+    task = _task(c, cache_dir, None, seed)
+    if (
+        gpu_path
+    ):  # the model's own optimizer wins in trainer/build.py: the GPU's AdamW (tensor lr, device schedule)
+        task.model.configure_optimizers = lambda: _fused_adamw(task.model)
+    mon = _MarksMonitor(marks)
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = TrainConfig(
+            max_steps=marks.warmup + marks.steps,
+            batch_size=batch,
+            output_dir=tmp,
+            seed=seed,
+            device=str(device),
+            progress_bar=True,
+        )
+        trainer = Trainer(cfg, task, log=lambda _s: None, monitor=mon)
+        if gpu_path:
+            trainer.opt.host_reads = (
+                False  # the guard's flag stays on the device, as on a GPU (test_engine.py)
+            )
+        mon.trainer = trainer
+        trainer.fit()
+
+
+def loop_plainloop_gpu_path(
+    c: dict, cache_dir: Path, device: torch.device, batch: int, marks: Marks, seed: int
+) -> None:
+    loop_plainloop(c, cache_dir, device, batch, marks, seed, gpu_path=True)
+
+
+def loop_lightning_data(
+    c: dict, cache_dir: Path, device: torch.device, batch: int, marks: Marks, seed: int
+) -> None:
+    import lightning as L
+
+    from benchmarks.lightning_peer import LIGHTNING_PRECISION, SAME_DATA_PEER, GatherBatches
+    from trainer.data import ShardedBatchSampler
+    from trainer.optim import build_adamw
+    from trainer.setup import resolve_runtime
+
+    task = _task(c, cache_dir, None, seed)
+    task.train_set.maybe_to_device(device)
+    model = task.model
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def training_step(self, b: Any, i: int) -> torch.Tensor:
+            loss = self.model.loss(self.model(b[0]), b[1])
+            self.log("train_loss", loss, prog_bar=SAME_DATA_PEER["progress_bar"])
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return build_adamw(self.model, 1e-3, 0.01, device, tensor_lr=False)
+
+    class Mark(L.Callback):
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, b: Any, i: int) -> None:
+            marks.mark(i + 1 == trainer.num_training_batches)
+
+    order = ShardedBatchSampler(len(task.train_set), batch, seed=seed, drop_last=True)
+    loader = DataLoader(GatherBatches(task.train_set), batch_size=None, sampler=order)
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = L.Trainer(
+            accelerator="gpu" if device.type == "cuda" else "cpu",
+            devices=1,
+            precision=LIGHTNING_PRECISION[resolve_runtime("auto", str(device)).precision],
+            max_steps=marks.warmup + marks.steps,
+            logger=False,
+            default_root_dir=tmp,
+            enable_model_summary=False,
+            enable_progress_bar=False,
+            callbacks=[Mark()],
+        )
+        trainer.fit(Module(), loader)
+
+
+RUNNERS: dict[str, Callable[..., None]] = {
+    "before": loop_before,
+    "plainloop": loop_plainloop,
+    "plainloop_gpu_path": loop_plainloop_gpu_path,
+    "lightning_data": loop_lightning_data,
+}
+
+
+# ------------------------------------------------------------------------------------------ measurement
+def _window(marks: Marks) -> list[tuple[int, bool]]:
+    """(index of the step's closing mark, steady?) for every timed step. A step is steady when it is neither
+    the first of its epoch (new iterator, the previous epoch's checkpoint and validation) nor the last (the
+    loop's epoch-end log point)."""
+    lo, hi = marks.warmup, min(len(marks.times), marks.warmup + marks.steps)
+    last = marks.last_in_epoch
+    return [(k, not last[k - 1] and not last[k]) for k in range(max(lo, 1), hi)]
+
+
+def timed_pass(run: Callable[..., None], args: tuple, device: torch.device, warmup: int, steps: int) -> dict:
+    """Wall time per step and host reads per step, without the profiler."""
+    counter = SyncCounter(cuda_only=device.type == "cuda")
+    marks = Marks(warmup, steps, counter)
+    with counter.installed():
+        run(*args, marks)
+    win = _window(marks)
+    walls = [marks.times[k] - marks.times[k - 1] for k, _ in win]
+    syncs = [marks.syncs[k] - marks.syncs[k - 1] for k, _ in win]
+    inner = [i for i, (_, ok) in enumerate(win) if ok] or list(range(len(win)))
+    n = len(win)
+    return {
+        "steps_raw": {"wall_s": walls, "syncs": syncs, "steady": [ok for _, ok in win]},
+        "step_us_median": 1e6 * stats([walls[i] for i in inner])["median"],
+        "step_us_incl_epoch_ends": 1e6 * sum(walls) / n,
+        "syncs_per_step": stats([syncs[i] for i in inner])["median"],
+        "syncs_per_step_incl_epoch_ends": counter.count("loop") / n,
+        "host_reads_per_step": sum(counter.calls.values()) / n,
+        "sync_callers": dict(counter.calls.most_common(16)),
+        "timed_steps": n,
+        "steady_steps": sum(ok for _, ok in win),
+    }
+
+
+def _native_quiet() -> contextlib.AbstractContextManager:
+    from utils.profiling import _native_output_to  # kineto's progress lines go to fds 1/2 directly
+
+    return _native_output_to([])
+
+
+def profiled_pass(
+    run: Callable[..., None], args: tuple, device: torch.device, warmup: int, steps: int
+) -> dict:
+    """Operator calls and host time inside/outside the outermost operators per step, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    marks = Marks(warmup, steps)
+    with _native_quiet():
+        prof = profile(activities=acts, record_shapes=False)
+        prof.__enter__()
+    try:
+        run(*args, marks)
+    finally:
+        with _native_quiet():
+            prof.__exit__(None, None, None)
+    events = list(prof.events())
+    mark_ev = sorted((e for e in events if e.name == MARK), key=lambda e: e.time_range.start)
+    starts = [e.time_range.start for e in mark_ev]
+    per: list[dict[str, float]] = [
+        {"ops": 0, "outer_ops": 0, "in_ops_us": 0.0, "launches": 0, "dev_syncs": 0} for _ in starts
+    ]
+    for e in events:  # every thread: on CUDA the autograd engine runs the backward on a device thread
+        k = bisect.bisect_right(starts, e.time_range.start)  # the step whose closing mark comes next
+        if k >= len(starts) or e.name == MARK:
+            continue
+        slot = per[k]
+        if e.name.startswith("aten::"):
+            slot["ops"] += 1
+            if not _inside_aten(e):
+                slot["outer_ops"] += 1
+                slot["in_ops_us"] += e.time_range.end - e.time_range.start
+        elif e.name.startswith("cuda") and "Launch" in e.name:
+            slot["launches"] += 1
+        elif e.name.startswith("cuda") and "Synchronize" in e.name:
+            slot["dev_syncs"] += 1
+    win = [(k, ok) for k, ok in _window(marks) if k < len(starts)]
+    inner = [k for k, ok in win if ok] or [k for k, _ in win]
+    wall = {k: starts[k] - starts[k - 1] for k, _ in win}
+
+    def med(f: Callable[[int], float]) -> float:
+        return stats([f(k) for k in inner])["median"]
+
+    out = {
+        "profiled_steps_raw": {
+            "wall_us": [wall[k] for k, _ in win],
+            "in_ops_us": [per[k]["in_ops_us"] for k, _ in win],
+            "ops": [per[k]["ops"] for k, _ in win],
+            "outer_ops": [per[k]["outer_ops"] for k, _ in win],
+            "steady": [ok for _, ok in win],
+        },
+        "profiled_step_us_median": med(lambda k: wall[k]),
+        "ops_per_step": med(lambda k: per[k]["ops"]),
+        "outer_ops_per_step": med(lambda k: per[k]["outer_ops"]),
+        "in_ops_us_median": med(lambda k: per[k]["in_ops_us"]),
+        "outside_ops_us_median": med(lambda k: wall[k] - per[k]["in_ops_us"]),
+        "outside_ops_us_incl_epoch_ends": sum(wall[k] - per[k]["in_ops_us"] for k, _ in win) / len(win),
+        "ops_per_step_incl_epoch_ends": sum(per[k]["ops"] for k, _ in win) / len(win),
+    }
+    if device.type == "cuda":
+        out["kernel_launches_per_step"] = med(lambda k: per[k]["launches"])
+        out["cuda_syncs_per_step"] = sum(per[k]["dev_syncs"] for k, _ in win) / len(win)
+    return out
+
+
+def _inside_aten(e: Any) -> bool:
+    p = e.cpu_parent
+    while p is not None:
+        if p.name.startswith("aten::"):
+            return True
+        p = p.cpu_parent
+    return False
+
+
+# ------------------------------------------------------------------------------------------ report
+def summarise(reps: dict[str, dict[str, list[dict]]]) -> dict[str, dict[str, dict[str, Any]]]:
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for cfg, loops in reps.items():
+        out[cfg] = {}
+        for loop, rs in loops.items():
+            keys = [k for k, v in rs[0].items() if isinstance(v, int | float) and not isinstance(v, bool)]
+            out[cfg][loop] = {k: stats([r[k] for r in rs]) for k in keys}
+            out[cfg][loop]["sync_callers"] = rs[-1].get("sync_callers", {})
+    return out
+
+
+def render(result: dict[str, Any]) -> str:
+    env = result["environment"]
+    cuda = env["device"].startswith("cuda")
+    head = (
+        f"Host cost per training step on {env['device_name']} ({env['device']}), torch {env['torch']}, commit "
+        f"`{env['commit'][:12]}`, {env['time_utc']}, load average {fmt((result['loadavg_start'] or [None])[0], '.2f')} "
+        f"at the start; {result['config']['reps']} interleaved repetitions; medians over the steady steps, "
+        f"(min–max) over the repetitions; {result['config']['torch_threads']} torch thread(s). Command: "
+        f"`{result['command']}`."
+    )
+    parts = [head]
+    for cfg, loops in result["summary"].items():
+        c = result["configs"][cfg]
+        rows = []
+        for loop, s in loops.items():
+
+            def cell(k: str, spec: str = ".0f", spread: bool = False, s: dict = s) -> str:
+                if k not in s:
+                    return "n/a"
+                v = s[k]
+                rng = f" ({v['min']:{spec}}–{v['max']:{spec}})" if spread and v["n"] > 1 else ""
+                return f"{v['median']:{spec}}{rng}"
+
+            rows.append(
+                [
+                    loop,
+                    cell("step_us_median", spread=True),
+                    cell("outside_ops_us_median", spread=True),
+                    cell("in_ops_us_median"),
+                    cell("ops_per_step"),
+                    cell("outer_ops_per_step"),
+                    cell("kernel_launches_per_step") if cuda else "n/a (CPU)",
+                    cell("syncs_per_step", ".2f"),
+                    cell("syncs_per_step_incl_epoch_ends", ".2f"),
+                    cell("host_reads_per_step", ".2f"),
+                ]
+            )
+        header = [
+            "loop",
+            "step µs",
+            "host µs outside ops",
+            "µs inside ops",
+            "aten ops/step",
+            "outermost ops/step",
+        ]
+        header += ["kernel launches/step", "syncs/step" + ("" if cuda else " (loop's reads, syncs on a GPU)")]
+        header += ["syncs/step incl. epoch ends", "all host reads/step"]
+        parts.append(
+            f"**{cfg}**: {c['describe']}, batch {c['batch']} (before: {c['before_batch']}), {c['steps']} timed "
+            f"steps after {c['warmup']}\n\n" + md_table(header, rows)
+        )
+    parts += [f"- {n}" for n in result["notes"]]
+    return "\n\n".join(parts) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--configs", default="cpu,seed", help=f"comma list from {','.join(CONFIGS)} (default: cpu,seed)"
+    )
+    ap.add_argument(
+        "--loops", default=",".join(LOOPS), help=f"comma list from {','.join(LOOPS)} (default: all)"
+    )
+    ap.add_argument(
+        "--steps", type=int, default=None, help="timed steps per pass (default: 12 cpu, 6 seed, 4 tiny)"
+    )
+    ap.add_argument(
+        "--warmup", type=int, default=None, help="untimed steps first (default: 3 cpu, 2 seed/tiny)"
+    )
+    ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default: 3)")
+    ap.add_argument(
+        "--seed-batch",
+        type=int,
+        default=None,
+        help="batch of the seed configuration (default: 150 on CUDA, 2 on a CPU)",
+    )
+    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads, 0 = torch's default (default: 1: host cost is single-threaded, and on a "
+        "shared machine a descheduled second OpenMP thread stalls every operator)",
+    )
+    ap.add_argument(
+        "--cache-dir",
+        default=None,
+        help="netCDF + coarse cache (default: $PLAINLOOP_CACHE or ~/.cache/plainloop)",
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="the tiny configuration, 1 repetition, 4 steps (a test)"
+    )
+    ap.add_argument(
+        "--wait-load",
+        type=float,
+        default=0.0,
+        help="before each repetition, wait for a 1-minute load average below this, at most an hour in all "
+        "(default: 0 = do not wait)",
+    )
+    ap.add_argument(
+        "--out", default=None, help="JSON path (default: benchmarks/results/host_cost_<cpu|gpu>.json)"
+    )
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.configs, a.reps = "tiny", 1
+    configs, loops = a.configs.split(","), a.loops.split(",")
+    for flag, vals, known in (("--configs", configs, CONFIGS), ("--loops", loops, LOOPS)):
+        bad = [v for v in vals if v not in known]
+        if bad:
+            ap.error(f"{flag}: unknown {bad}; choose from {','.join(known)}")
+    if (a.steps is not None and a.steps < 2) or (a.warmup is not None and a.warmup < 1) or a.reps < 1:
+        ap.error(
+            f"--steps {a.steps} / --warmup {a.warmup} / --reps {a.reps}: need steps >= 2, warmup >= 1, reps >= 1"
+        )
+    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if a.threads < 0:
+        ap.error(f"--threads {a.threads}: must be >= 0")
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    notes: list[str] = []
+    if "lightning_data" in loops:
+        from benchmarks.lightning_peer import lightning_available
+
+        if lightning_available() is None:
+            loops.remove("lightning_data")
+            notes.append("lightning is not installed: its row is skipped (pip install lightning)")
+    if device.type == "cuda" and "plainloop_gpu_path" in loops:
+        loops.remove("plainloop_gpu_path")  # on CUDA, plainloop's own path is the GPU path
+    from datasets.era5 import default_cache_dir
+
+    cache_dir = Path(a.cache_dir).expanduser() if a.cache_dir else default_cache_dir()
+    waited: list[dict] = []
+    deadline = time.monotonic() + 3600.0
+    seed_batch = a.seed_batch or (150 if device.type == "cuda" else 2)
+    cfgs = {k: dict(CONFIGS[k]) for k in configs}
+    for c in cfgs.values():
+        c["steps"], c["warmup"] = a.steps or c["steps"], a.warmup or c["warmup"]
+    if "seed" in cfgs:
+        cfgs["seed"]["batch"] = cfgs["seed"]["before_batch"] = seed_batch
+        if seed_batch != 150:
+            notes.append(
+                f"seed configuration at batch {seed_batch} (the seed's is 150): a CPU step at 150 takes "
+                "about a minute; operator counts and host time outside operators do not depend on it"
+            )
+    env = environment(device)  # at the start: the commit that is measured
+    load_start = loadavg()
+    reps: dict[str, dict[str, list[dict]]] = {k: {lp: [] for lp in loops} for k in cfgs}
+    for r in range(a.reps):
+        if a.wait_load > 0:  # each repetition starts on a quiet machine (at most an hour of waiting in all)
+            waited.append(wait_for_quiet(a.wait_load, max(0.0, deadline - time.monotonic())))
+        for k, c in cfgs.items():
+            for lp in loops:  # interleaved
+                batch = c["before_batch"] if lp == "before" else c["batch"]
+                args = (c, cache_dir, device, batch)
+                run = RUNNERS[lp]
+                rec = {
+                    **timed_pass(lambda *x, run=run: run(*x, 0), args, device, c["warmup"], c["steps"]),
+                    **profiled_pass(lambda *x, run=run: run(*x, 0), args, device, c["warmup"], c["steps"]),
+                    "rep": r,
+                    "loadavg_1m": (loadavg() or [None])[0],
+                }
+                reps[k][lp].append(rec)
+                print(
+                    f"[host_cost] rep {r + 1}/{a.reps} {k:5s} {lp:18s} step {rec['step_us_median']:9.0f} µs, "
+                    f"outside ops {rec['outside_ops_us_median']:8.0f} µs, {rec['ops_per_step']:5.0f} ops, "
+                    f"{rec['syncs_per_step']:.2f} reads/step",
+                    flush=True,
+                )
+    for c in cfgs.values():
+        m = c["model"]
+        c["describe"] = (
+            f"d_model {m['d_model']}, {m['num_layers']} layers x {m['recursion_depth']} recursions, "
+            f"{c['resolution']:g}° grid from a {c['file_grid']:g}° file"
+        )
+    result = {
+        "schema": "plainloop-bench-host-cost-1",
+        "command": "python -m benchmarks.host_cost " + " ".join(sys.argv[1:] if argv is None else argv),
+        "environment": env,
+        "loadavg_start": load_start,
+        "loadavg_end": loadavg(),
+        "waited_for_quiet": waited,
+        "config": {
+            "reps": a.reps,
+            "loops": loops,
+            "torch_threads": torch.get_num_threads(),
+        },
+        "configs": cfgs,
+        "repetitions": reps,
+        "summary": summarise(reps),
+        "notes": notes,
+    }
+    out = (
+        Path(a.out) if a.out else RESULTS_DIR / f"host_cost_{'gpu' if device.type == 'cuda' else 'cpu'}.json"
+    )
+    write_result(out, result, render(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
