@@ -318,6 +318,8 @@ def build_era5_task(
                 "label": np.array(f"test sample {k} (target month {int(ds.target_months[k]) + 1})"),
                 "year": np.array(ym // 12),
                 "month": np.array(ym % 12 + 1),
+                "clim_c": np.asarray(ref["clim_target_c"][k]),  # for the anomaly maps
+                "last_input_c": np.asarray(ref["last_input_c"][k]),  # persistence, for the map's title
             }
         return out
 

@@ -131,7 +131,7 @@ def test_run_harness_tiny_cpu(tmp_path):
     assert h["config"] == "defaults" and h["vs_before"] == pytest.approx(res["summary"]["defaults"]["vs_before"])
     assert h["gpu_util_mean"] is None and h["gpu_util_mean_note"]
     md = out.with_suffix(".md").read_text()
-    assert "| user model, BaseTrainer |" in md and "the data path, in plainloop" in md
+    assert "| user model, BaseTrainer |" in md and "the data path alone, in plainloop" in md
     assert [t["target"] for t in res["targets"]] == ["defaults vs before", "defaults vs lightning"]
     for t in res["targets"]:
         assert t["met"] == (t["value"] is not None and t["value"] >= t["goal"])

@@ -50,6 +50,11 @@ def test_every_setting_has_a_flag():
 # flags of other programs that the README quotes (pytest, pip, torchrun, benchmarks, the sample maker)
 OTHER_PROGRAMS = {
     "help",
+    "elastic_args",
+    "rdzv_backend",
+    "rdzv_endpoint",
+    "rdzv_id",
+    "requeue",
     "check",
     "logdir",
     "signal",
