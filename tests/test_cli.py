@@ -315,6 +315,8 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, era5_cache, capsys):
 
 def test_console_names_the_data_and_config_json_has_resolved_values(tmp_path, era5_cache, capsys):
     assert cli.main(["--max_steps", "2", "--output_dir", str(tmp_path), "--run_name", "d", *SMALL]) == 0
-    assert "data: the built-in SYNTHETIC sample" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "data: the built-in SYNTHETIC sample" in out
+    assert "-> 1 torch intra-op thread(s)" in out or torch.get_num_threads() == 1  # the small CPU preset: 1 thread
     eff = json.loads((tmp_path / "d" / "config.json").read_text())["effective"]
     assert eff["num_workers"] == 0 and eff["warmup_steps"] == 0 and eff["precision"] == "32"
