@@ -136,9 +136,11 @@ def xarray_area_mean(file: str, resolution: float, dask: bool) -> Any:
     import xarray as xr
 
     if dask:
-        ds = xr.open_mfdataset([file], chunks={}, combine="by_coords")
-        tdim = "valid_time" if "valid_time" in ds.dims else "time"
-        ds = ds.chunk({tdim: 12})
+        with xr.open_dataset(file) as probe:  # metadata only: which name the time axis has in this layout
+            tdim = "valid_time" if "valid_time" in probe.dims else "time"
+        # chunks given at open: each task reads 12 months (rechunking after open would read the whole field
+        # first, since netCDF3 and contiguous netCDF4 files have a single native chunk)
+        ds = xr.open_mfdataset([file], chunks={tdim: 12}, combine="by_coords")
     else:
         ds = xr.open_dataset(file)
     sst = ds["sst"]
