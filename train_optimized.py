@@ -51,30 +51,52 @@ class RunOptions:
     """Settings of the command line itself: which task, which files, which tools around the loop."""
 
     task: str = knob("era5", "what to train", RUN, choices=tuple(TASK_BUILDERS))
-    config: str | None = knob(None, "a .toml/.json/.yaml file of settings, keys = flag names (seed 002's mmseg "
-                              "names too); flags given here win", RUN)
-    preset: str = knob("auto", "ERA5 model/grid preset: seed = seed 000's config (2 deg, d_model 512); cpu = "
-                       "reduced; auto = seed on a GPU, cpu otherwise. Explicit flags override it", RUN,
-                       choices=("auto", "cpu", "seed"))
+    config: str | None = knob(
+        None,
+        "a .toml/.json/.yaml file of settings, keys = flag names (seed 002's mmseg names too); flags given here win",
+        RUN,
+    )
+    preset: str = knob(
+        "auto",
+        "ERA5 model/grid preset: seed = seed 000's config (2 deg, d_model 512); cpu = "
+        "reduced; auto = seed on a GPU, cpu otherwise. Explicit flags override it",
+        RUN,
+        choices=("auto", "cpu", "seed"),
+    )
     debug: bool = knob(False, "show the traceback of known errors too (also PLAINLOOP_DEBUG=1)", RUN)
-    logger: str = knob("jsonl", "jsonl = metrics.jsonl only; tensorboard = also TensorBoard events in RUN_DIR/tb",
-                       RUN, choices=("jsonl", "tensorboard"))
+    logger: str = knob(
+        "jsonl",
+        "jsonl = metrics.jsonl only; tensorboard = also TensorBoard events in RUN_DIR/tb",
+        RUN,
+        choices=("jsonl", "tensorboard"),
+    )
     plots: bool = knob(True, "write plots after training (needs matplotlib)", RUN)
     monitor_interval: float = knob(1.0, "seconds between TrainingMonitor samples of CPU/GPU use", TOOLS, gt=0)
     profile: bool = knob(False, "write a torch.profiler trace of a few steps into RUN_DIR/profile, then stop", TOOLS)
     profile_then_train: bool = knob(False, "with --profile: go on and train after profiling", TOOLS)
-    system_report: bool = knob(False, "profile this configuration, diagnose the bottleneck, measure recommended "
-                               "settings, write report.md to the run directory, and exit", TOOLS)
+    system_report: bool = knob(
+        False,
+        "profile this configuration, diagnose the bottleneck, measure recommended "
+        "settings, write report.md to the run directory, and exit",
+        TOOLS,
+    )
     report_steps: int = knob(30, "steps per trial of --system_report", TOOLS, min=1)
-    report_repeats: int = knob(3, "interleaved repetitions of each --system_report trial (medians reported)", TOOLS,
-                               min=1)
-    price_per_kwh: float | None = knob(None, "--system_report: electricity price, to project the job's cost", TOOLS,
-                                       gt=0)
-    price_per_gpu_hour: float | None = knob(None, "--system_report: price of one GPU hour (cloud), for the "
-                                            "projection", TOOLS, gt=0)
+    report_repeats: int = knob(
+        3, "interleaved repetitions of each --system_report trial (medians reported)", TOOLS, min=1
+    )
+    price_per_kwh: float | None = knob(
+        None, "--system_report: electricity price, to project the job's cost", TOOLS, gt=0
+    )
+    price_per_gpu_hour: float | None = knob(
+        None, "--system_report: price of one GPU hour (cloud), for the projection", TOOLS, gt=0
+    )
     currency: str = knob("", "--system_report: currency label of the prices, e.g. EUR", TOOLS)
-    power_w: float | None = knob(None, "--system_report: the machine's power draw in watts when NVML/RAPL cannot "
-                                 "measure it", TOOLS, gt=0)
+    power_w: float | None = knob(
+        None,
+        "--system_report: the machine's power draw in watts when NVML/RAPL cannot measure it",
+        TOOLS,
+        gt=0,
+    )
     auto_batch_size: bool = knob(False, "largest batch that fits; keeps the effective batch with accumulation", TOOLS)
     auto_num_workers: bool = knob(False, "measure loader throughput and pick num_workers", TOOLS)
 
@@ -84,15 +106,23 @@ NOT_IN_CONFIG_FILE = ("config", "debug", "resume")  # never written into a run's
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="plainloop: fast training in plain PyTorch.",
-                                epilog="Exit codes: 0 done, 2 bad input, 3 diverged, 128+N stopped by signal N.")
+    p = argparse.ArgumentParser(
+        description="plainloop: fast training in plain PyTorch.",
+        epilog="Exit codes: 0 done, 2 bad input, 3 diverged, 128+N stopped by signal N.",
+    )
     seen: set[str] = set()
     add_dataclass_arguments(p, RunOptions, seen)
     for name, builder in TASK_BUILDERS.items():
         mod = task_module(name)
-        add_function_arguments(p, builder(), getattr(mod, "ARGS_HELP", {}), f"{name} task",
-                               skip=("seed", "device_cache", "learning_rate"), seen=seen,
-                               default_text={k: "from --preset" for k in ERA5_MODEL_KEYS} if name == "era5" else {})
+        add_function_arguments(
+            p,
+            builder(),
+            getattr(mod, "ARGS_HELP", {}),
+            f"{name} task",
+            skip=("seed", "device_cache", "learning_rate"),
+            seen=seen,
+            default_text={k: "from --preset" for k in ERA5_MODEL_KEYS} if name == "era5" else {},
+        )
     add_dataclass_arguments(p, TrainConfig, seen)
     return p
 
@@ -123,7 +153,9 @@ def resolve_settings(explicit: dict[str, Any], notes: list[str]) -> dict[str, An
     saved: dict[str, Any] = {}
     if resume:
         run_dir = _resume_dir(resume, given)
-        given["resume"] = str(run_dir) if run_dir else None
+        # a checkpoint file is resumed from itself; its run directory only supplies the saved settings
+        file_given = resume != "auto" and Path(resume).is_file()
+        given["resume"] = resume if file_given else (str(run_dir) if run_dir else None)
         if run_dir is not None and (run_dir / "config.toml").is_file():
             saved = load_config_file(run_dir / "config.toml")
             saved = coerce({k: v for k, v in saved.items() if k in all_types}, all_types, str(run_dir / "config.toml"))
@@ -156,8 +188,9 @@ def split_settings(values: dict[str, Any]) -> tuple[RunOptions, dict[str, Any], 
     other_tasks = {k for name, group in kinds.items() if name not in ("run", "train", run.task) for k in group}
     stray = [k for k in values if k in other_tasks and k not in task_keys and k not in kinds["train"]]
     if stray:
-        raise ConfigError(f"--task {run.task} does not take {', '.join('--' + k for k in stray)} (other task's "
-                          f"settings)")
+        raise ConfigError(
+            f"--task {run.task} does not take {', '.join('--' + k for k in stray)} (other task's settings)"
+        )
     task_kw = {k: v for k, v in values.items() if k in task_keys and k not in ("seed", "device_cache")}
     train_kw = {k: v for k, v in values.items() if k in kinds["train"]}
     return run, task_kw, train_kw
@@ -201,8 +234,10 @@ def run(explicit: dict[str, Any]) -> int:
         from tasks.cli_tools import system_report
 
         return system_report(cfg, opts, task_kw)
-    sections = {"run": {k: v for k, v in dataclasses.asdict(opts).items() if k not in NOT_IN_CONFIG_FILE},
-                "task": {k: v for k, v in task_kw.items() if k not in ("seed", "device_cache")}}
+    sections = {
+        "run": {k: v for k, v in dataclasses.asdict(opts).items() if k not in NOT_IN_CONFIG_FILE},
+        "task": {k: v for k, v in task_kw.items() if k not in ("seed", "device_cache")},
+    }
     if opts.profile:
         from tasks.cli_tools import profile
 
@@ -214,14 +249,16 @@ def run(explicit: dict[str, Any]) -> int:
     callbacks, monitor = plugins(opts, cfg)
     try:
         trainer = Trainer(cfg, task, callbacks=callbacks, monitor=monitor, config_sections=sections)
-        for line in ([task.info["sampler"]] if isinstance(task.info.get("sampler"), str) else
-                     task.info.get("sampler") or []):
+        for line in (
+            [task.info["sampler"]] if isinstance(task.info.get("sampler"), str) else task.info.get("sampler") or []
+        ):
             print(f"[plainloop] sampler: {line}")  # the P x K sampler's cache summary, once
         summary = trainer.fit()
     except ResumeError as e:
         changed = [n for n in notes if n.startswith("resume:")]
-        raise ResumeError(f"{e}{' Settings changed from the saved run: ' + '; '.join(c[8:] for c in changed) if changed else ''}"
-                          ) from None
+        raise ResumeError(
+            f"{e}{' Settings changed from the saved run: ' + '; '.join(c[8:] for c in changed) if changed else ''}"
+        ) from None
     if trainer.rt.is_main:
         report_run(summary, trainer.run_dir, opts)
     return 0
@@ -232,8 +269,11 @@ def data_lines(task: Any) -> list[str]:
     data = task.info.get("data")
     if isinstance(data, dict) and "source_files" in data:
         files = data["source_files"]
-        what = ("the built-in SYNTHETIC sample (ERA5 format, not real data)" if data.get("builtin_sample")
-                else f"{len(files)} file(s): {files[0]}{' ...' if len(files) > 1 else ''}")
+        what = (
+            "the built-in SYNTHETIC sample (ERA5 format, not real data)"
+            if data.get("builtin_sample")
+            else f"{len(files)} file(s): {files[0]}{' ...' if len(files) > 1 else ''}"
+        )
         return [f"data: {what}; months {data.get('months', '?')}, grid {data.get('grid', '?')}"]
     if task.info.get("data_source"):
         return [f"data: {task.info['data_source']}"]
@@ -262,8 +302,10 @@ def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions) -> None
     v = summary.get("verdict") or {}
     verdict = v.get("headline") or v.get("verdict", "not judged")
     sps = summary["samples_per_s"]
-    print(f"[plainloop] done: {summary['steps']} steps in {summary['train_time_s']:.1f} s, "
-          f"{f'{sps:.0f}' if sps else '?'} samples/s, {summary.get('skipped_steps', 0)} skipped, verdict: {verdict}")
+    print(
+        f"[plainloop] done: {summary['steps']} steps in {summary['train_time_s']:.1f} s, "
+        f"{f'{sps:.0f}' if sps else '?'} samples/s, {summary.get('skipped_steps', 0)} skipped, verdict: {verdict}"
+    )
     if "test_scores" in summary:
         from utils.metrics import format_scores
 
@@ -280,8 +322,9 @@ def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions) -> None
             print(f"[plainloop] plots: {', '.join(str(p) for p in paths)}")
         except ImportError as e:
             print(f"[plainloop] plots skipped: {e}")
-    print(f"[plainloop] run directory: {run_dir} (re-run: python train_optimized.py --config "
-          f"{run_dir / 'config.toml'})")
+    print(
+        f"[plainloop] run directory: {run_dir} (re-run: python train_optimized.py --config {run_dir / 'config.toml'})"
+    )
 
 
 if __name__ == "__main__":

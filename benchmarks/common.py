@@ -27,9 +27,7 @@ def git_commit() -> str:
     git checkout."""
     try:
         root = Path(__file__).resolve().parent.parent
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, cwd=root
-        )
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, cwd=root)
         if out.returncode != 0:
             return "uncommitted"
         # result files are outputs: a run that follows another one's freshly written JSON is still clean

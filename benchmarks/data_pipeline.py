@@ -55,15 +55,9 @@ def main(argv: list[str] | None = None) -> dict:
         default=256,
         help="samples timed per repetition in mode a (default: 256)",
     )
-    p.add_argument(
-        "--epochs", type=int, default=5, help="epochs timed per repetition in modes b/b'/c (default: 5)"
-    )
-    p.add_argument(
-        "--cache-dir", default=None, help="where the sample file and cache go (default: a temp dir)"
-    )
-    p.add_argument(
-        "--out", default=None, help="JSON path (default: benchmarks/results/data_pipeline_<device>.json)"
-    )
+    p.add_argument("--epochs", type=int, default=5, help="epochs timed per repetition in modes b/b'/c (default: 5)")
+    p.add_argument("--cache-dir", default=None, help="where the sample file and cache go (default: a temp dir)")
+    p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/data_pipeline_<device>.json)")
     args = p.parse_args(argv)
 
     tmp = tempfile.TemporaryDirectory(prefix="plainloop_bench_") if args.cache_dir is None else None

@@ -263,9 +263,7 @@ class _MarksMonitor:
     def get_summary(self) -> dict[str, Any]:
         return {}
 
-    def log_iteration(
-        self, seconds: float, data_seconds: float | None = None, samples: int | None = None
-    ) -> None:
+    def log_iteration(self, seconds: float, data_seconds: float | None = None, samples: int | None = None) -> None:
         t = self.trainer
         self.marks.mark(t.batches_done == t.batches_per_epoch)
 
@@ -292,9 +290,7 @@ def loop_plainloop(
     from trainer import TrainConfig, Trainer
 
     task = _task(c, cache_dir, None, seed)
-    if (
-        gpu_path
-    ):  # the model's own optimizer wins in trainer/build.py: the GPU's AdamW (tensor lr, device schedule)
+    if gpu_path:  # the model's own optimizer wins in trainer/build.py: the GPU's AdamW (tensor lr, device schedule)
         task.model.configure_optimizers = lambda: _fused_adamw(task.model)
     mon = _MarksMonitor(marks)
     with tempfile.TemporaryDirectory() as tmp:
@@ -308,9 +304,7 @@ def loop_plainloop(
         )
         trainer = Trainer(cfg, task, log=lambda _s: None, monitor=mon)
         if gpu_path:
-            trainer.opt.host_reads = (
-                False  # the guard's flag stays on the device, as on a GPU (test_engine.py)
-            )
+            trainer.opt.host_reads = False  # the guard's flag stays on the device, as on a GPU (test_engine.py)
         mon.trainer = trainer
         trainer.fit()
 
@@ -321,9 +315,7 @@ def loop_plainloop_gpu_path(
     loop_plainloop(c, cache_dir, device, batch, marks, seed, gpu_path=True)
 
 
-def loop_lightning_data(
-    c: dict, cache_dir: Path, device: torch.device, batch: int, marks: Marks, seed: int
-) -> None:
+def loop_lightning_data(c: dict, cache_dir: Path, device: torch.device, batch: int, marks: Marks, seed: int) -> None:
     import lightning as L
 
     from benchmarks.lightning_peer import LIGHTNING_PRECISION, SAME_DATA_PEER, GatherBatches
@@ -418,9 +410,7 @@ def _native_quiet() -> contextlib.AbstractContextManager:
     return _native_output_to([])
 
 
-def profiled_pass(
-    run: Callable[..., None], args: tuple, device: torch.device, warmup: int, steps: int
-) -> dict:
+def profiled_pass(run: Callable[..., None], args: tuple, device: torch.device, warmup: int, steps: int) -> dict:
     """Operator calls and host time inside/outside the outermost operators per step, from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -565,18 +555,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         epilog=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument(
-        "--configs", default="cpu,seed", help=f"comma list from {','.join(CONFIGS)} (default: cpu,seed)"
-    )
-    ap.add_argument(
-        "--loops", default=",".join(LOOPS), help=f"comma list from {','.join(LOOPS)} (default: all)"
-    )
-    ap.add_argument(
-        "--steps", type=int, default=None, help="timed steps per pass (default: 12 cpu, 6 seed, 4 tiny)"
-    )
-    ap.add_argument(
-        "--warmup", type=int, default=None, help="untimed steps first (default: 3 cpu, 2 seed/tiny)"
-    )
+    ap.add_argument("--configs", default="cpu,seed", help=f"comma list from {','.join(CONFIGS)} (default: cpu,seed)")
+    ap.add_argument("--loops", default=",".join(LOOPS), help=f"comma list from {','.join(LOOPS)} (default: all)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per pass (default: 12 cpu, 6 seed, 4 tiny)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default: 3 cpu, 2 seed/tiny)")
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default: 3)")
     ap.add_argument(
         "--seed-batch",
@@ -597,9 +579,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=None,
         help="netCDF + coarse cache (default: $PLAINLOOP_CACHE or ~/.cache/plainloop)",
     )
-    ap.add_argument(
-        "--quick", action="store_true", help="the tiny configuration, 1 repetition, 4 steps (a test)"
-    )
+    ap.add_argument("--quick", action="store_true", help="the tiny configuration, 1 repetition, 4 steps (a test)")
     ap.add_argument(
         "--wait-load",
         type=float,
@@ -607,9 +587,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="before each repetition, wait for a 1-minute load average below this, at most an hour in all "
         "(default: 0 = do not wait)",
     )
-    ap.add_argument(
-        "--out", default=None, help="JSON path (default: benchmarks/results/host_cost_<cpu|gpu>.json)"
-    )
+    ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/host_cost_<cpu|gpu>.json)")
     a = ap.parse_args(argv)
     if a.quick:
         a.configs, a.reps = "tiny", 1
@@ -619,9 +597,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if bad:
             ap.error(f"{flag}: unknown {bad}; choose from {','.join(known)}")
     if (a.steps is not None and a.steps < 2) or (a.warmup is not None and a.warmup < 1) or a.reps < 1:
-        ap.error(
-            f"--steps {a.steps} / --warmup {a.warmup} / --reps {a.reps}: need steps >= 2, warmup >= 1, reps >= 1"
-        )
+        ap.error(f"--steps {a.steps} / --warmup {a.warmup} / --reps {a.reps}: need steps >= 2, warmup >= 1, reps >= 1")
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if a.threads < 0:
         ap.error(f"--threads {a.threads}: must be >= 0")
@@ -699,9 +675,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "summary": summarise(reps),
         "notes": notes,
     }
-    out = (
-        Path(a.out) if a.out else RESULTS_DIR / f"host_cost_{'gpu' if device.type == 'cuda' else 'cpu'}.json"
-    )
+    out = Path(a.out) if a.out else RESULTS_DIR / f"host_cost_{'gpu' if device.type == 'cuda' else 'cpu'}.json"
     write_result(out, result, render(result))
     return result
 

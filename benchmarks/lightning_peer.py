@@ -75,9 +75,7 @@ def _loaders(
 
         for ds in (train_set, val_set):  # plainloop's residency: the split's normalised array in memory
             if ds is not None and not ds.maybe_to_device(device):
-                raise RuntimeError(
-                    f"{type(ds).__name__} refused to be held on {device}: no like-for-like row"
-                )
+                raise RuntimeError(f"{type(ds).__name__} refused to be held on {device}: no like-for-like row")
         order = ShardedBatchSampler(len(train_set), batch_size, seed=seed, drop_last=True)
         train = DataLoader(GatherBatches(train_set), batch_size=None, sampler=order)
         val = None
@@ -162,9 +160,7 @@ def run_lightning(
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
             self.t_start = time.perf_counter()
 
-        def on_train_batch_end(
-            self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
-        ) -> None:
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             t = time.perf_counter()
             data, step, n = self.t_start - self.t_prev, t - self.t_prev, int(batch[0].shape[0])
             marks["samples"][-1] += n

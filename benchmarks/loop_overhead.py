@@ -8,9 +8,10 @@ source (indices gathered from tensors held in memory, no DataLoader workers):
   hand       the 10-line loop below (`hand_loop`): gather, forward, backward, step
   plainloop  trainer.loop.Trainer with TrainConfig defaults (max_steps), a dataset exposing gather()
   plain_model  the same Trainer with a user's own model (no `loss` method, default loss) and a TensorDataset
+  basetrainer  BaseTrainer (seed 000's door) with the user's own model class and TensorDataset class, no area
   lightning  lightning.Trainer, defaults except logger=False; a DataLoader yielding whole gathered batches
 Repetitions are interleaved (hand, plainloop, lightning, hand, ...) because the machine is shared; samples/s
-is timed between step `--warmup` and the last step; the table reports medians. Target: plainloop and plain_model >= 0.97x hand.
+is timed between step `--warmup` and the last step; the table reports medians. Target: plainloop, plain_model and basetrainer >= 0.97x hand.
 """
 
 from __future__ import annotations
@@ -104,8 +105,11 @@ def plainloop_loop(x: torch.Tensor, y: torch.Tensor, a: argparse.Namespace, plai
     # the default LOG_EVERY, or less when the timed window's ends are not log points (tiny test runs)
     log_every = math.gcd(TrainConfig.log_every, a.warmup, a.steps)
     model = make_model(a.dim, a.hidden, a.seed)
-    task = (Task("overhead", model, TensorDataset(x, y)) if plain
-            else Task("overhead", model, TensorPairs(x, y), loss_fn=mse_loss))
+    task = (
+        Task("overhead", model, TensorDataset(x, y))
+        if plain
+        else Task("overhead", model, TensorPairs(x, y), loss_fn=mse_loss)
+    )
     with tempfile.TemporaryDirectory() as tmp:
         cfg = TrainConfig(
             max_steps=a.steps,
@@ -171,7 +175,46 @@ def plain_model_loop(x: torch.Tensor, y: torch.Tensor, a: argparse.Namespace) ->
     return plainloop_loop(x, y, a, plain=True)
 
 
-LOOPS = {"hand": hand_loop, "plainloop": plainloop_loop, "plain_model": plain_model_loop, "lightning": lightning_loop}
+def basetrainer_loop(x: torch.Tensor, y: torch.Tensor, a: argparse.Namespace) -> float:
+    """The seed guides' door with a user's own model class and dataset class (no area, no `loss` method)."""
+    from torch.utils.data import TensorDataset
+
+    from trainer import BaseTrainer, TrainConfig
+
+    class Pairs(TensorDataset):  # the user's own dataset class
+        def __init__(self) -> None:
+            super().__init__(x, y)
+
+    class MLP(nn.Sequential):  # the user's own model class
+        def __init__(self) -> None:
+            torch.manual_seed(a.seed)
+            super().__init__(nn.Linear(a.dim, a.hidden), nn.GELU(), nn.Linear(a.hidden, 1))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tp = {
+            "max_steps": a.steps,
+            "batch_size": a.batch_size,
+            "lr": a.lr,
+            "seed": a.seed,
+            "output_dir": tmp,
+            "log_every": math.gcd(TrainConfig.log_every, a.warmup, a.steps),
+            "split_ratio": [1.0, 0.0],
+            "device": "cpu" if a.device == "cpu" else None,
+        }
+        bt = BaseTrainer("overhead", None, "bt", MLP, Pairs, Path(tmp) / "model.pt", trainer_params=tp)
+        bt.train()
+        rows = [json.loads(r) for r in (bt.trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    times = {r["step"]: r["time"] for r in rows if r["kind"] == "train"}
+    return (a.steps - a.warmup) * a.batch_size / (times[a.steps] - times[a.warmup])
+
+
+LOOPS = {
+    "hand": hand_loop,
+    "plainloop": plainloop_loop,
+    "plain_model": plain_model_loop,
+    "basetrainer": basetrainer_loop,
+    "lightning": lightning_loop,
+}
 
 
 def profile_plainloop(x: torch.Tensor, y: torch.Tensor, a: argparse.Namespace, top: int = 25) -> str:
@@ -201,11 +244,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--reps", type=int, default=7, help="interleaved repetitions (default: 7)")
     ap.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
     ap.add_argument("--device", default="cpu", help="device (default: cpu: the loop's overhead is host-side)")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads, 0 = torch's default (default: 1)")
     ap.add_argument(
-        "--threads", type=int, default=1, help="torch intra-op threads, 0 = torch's default (default: 1)"
+        "--loops",
+        default=",".join(LOOPS),
+        help=f"comma list (default: {','.join(LOOPS)})",
     )
-    ap.add_argument("--loops", default="hand,plainloop,plain_model,lightning",
-                    help="comma list (default: hand,plainloop,plain_model,lightning)")
     ap.add_argument("--profile", action="store_true", help="also cProfile one plainloop run and print it")
     ap.add_argument(
         "--out",
@@ -274,12 +318,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # met only when both the ratio of the medians and the median per-repetition ratio reach the target
         result["target_met_by"] = {
             n: min(result["vs_hand"][n], result["vs_hand_paired"][n]) >= TARGET_VS_HAND
-            for n in ("plainloop", "plain_model") if n in summ
+            for n in ("plainloop", "plain_model", "basetrainer")
+            if n in summ
         }
         result["target_met"] = all(result["target_met_by"].values())
-    table = md_table(
-        ["loop", "samples/s (median)", "min–max", "µs/step", "× hand (paired)", "µs/step vs hand"], rows
-    )
+    table = md_table(["loop", "samples/s (median)", "min–max", "µs/step", "× hand (paired)", "µs/step vs hand"], rows)
     env = result["environment"]
     verdict = "".join(
         f"\n\nTarget {n} ≥ {TARGET_VS_HAND}× hand: **{'met' if ok else 'missed'}** ({result['vs_hand'][n]:.3f}× "

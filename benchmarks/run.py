@@ -217,9 +217,7 @@ class UserSSTModel(nn.Module):
 
 
 def _user_model_params(b: Bench, width: int, height: int) -> dict[str, Any]:
-    return dict(
-        width=width, height=height, seq_len=2, lon_range=AREA["lon"], lat_range=AREA["lat"], **b.p["model"]
-    )
+    return dict(width=width, height=height, seq_len=2, lon_range=AREA["lon"], lat_range=AREA["lat"], **b.p["model"])
 
 
 def _peak_memory_mb(device: torch.device, mon: dict[str, Any] | None) -> tuple[float, str]:
@@ -341,9 +339,7 @@ def run_plainloop_config(b: Bench, name: str) -> dict[str, Any]:
     if name == "seed_loader":
         over["num_workers"] = b.p["lightning_workers"]
     if name == "tuned":
-        over.update(
-            compile_model=b.compile_mode != "none", compile_mode=b.compile_mode.replace("none", "default")
-        )
+        over.update(compile_model=b.compile_mode != "none", compile_mode=b.compile_mode.replace("none", "default"))
     task = _build_task(b, False if name == "seed_loader" else None)
     if name == "user_trainer":
         torch.manual_seed(b.seed)
@@ -536,9 +532,7 @@ def summarise(
             ("lightning", "vs_lightning"),
             ("lightning_data", "vs_lightning_data"),
         ):
-            s[key] = _ratio(
-                s["samples_per_s"]["median"], out.get(peer, {}).get("samples_per_s", {}).get("median")
-            )
+            s[key] = _ratio(s["samples_per_s"]["median"], out.get(peer, {}).get("samples_per_s", {}).get("median"))
             s[key + "_paired"] = _paired(reps[name], reps.get(peer))
     return out
 
@@ -582,8 +576,7 @@ def speedup_split(reps: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         "data_path": (
             "defaults",
             "seed_loader",
-            "the data path alone, in plainloop: held in memory vs the seed's loader (8 workers, pinned, "
-            "persistent)",
+            "the data path alone, in plainloop: held in memory vs the seed's loader (8 workers, pinned, persistent)",
         ),
     }
     out: dict[str, Any] = {}
@@ -670,9 +663,7 @@ def headline(summary: dict[str, dict[str, Any]], device: torch.device) -> dict[s
     out: dict[str, Any] = {"config": best, "samples_per_s": (s.get("samples_per_s") or {}).get("median")}
     out.update({k: s.get(k) for k in keys})
     out.update({k + "_paired": s.get(k + "_paired") for k in keys[:3]})
-    out["job_s_source"] = (
-        f"{JOB_EPOCHS} epochs x {_job_train_samples()} samples at the {best} row's median rate"
-    )
+    out["job_s_source"] = f"{JOB_EPOCHS} epochs x {_job_train_samples()} samples at the {best} row's median rate"
     out["gpu_util_mean_note"] = None if device.type == "cuda" else "n/a: no GPU in this run"
     return out
 
@@ -763,12 +754,7 @@ def render(result: dict[str, Any]) -> str:
 
 def _loads(result: dict[str, Any]) -> str:
     """The machine's load while measuring: at each repetition's start (when it waited for quiet) and per row."""
-    per_row = [
-        r["loadavg_1m"]
-        for rs in result["repetitions"].values()
-        for r in rs
-        if r.get("loadavg_1m") is not None
-    ]
+    per_row = [r["loadavg_1m"] for rs in result["repetitions"].values() for r in rs if r.get("loadavg_1m") is not None]
     out = (
         f"1-minute load average {min(per_row):.1f}–{max(per_row):.1f} after the rows"
         if per_row
@@ -839,8 +825,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
     add(
         "--cache-dir",
         default=None,
-        help="where the generated netCDF and the coarse cache go (default: "
-        "$PLAINLOOP_CACHE or ~/.cache/plainloop)",
+        help="where the generated netCDF and the coarse cache go (default: $PLAINLOOP_CACHE or ~/.cache/plainloop)",
     )
     add(
         "--data-path",
@@ -859,8 +844,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
         "--rerender",
         default=None,
         metavar="JSON",
-        help="recompute the summary, targets and table of an "
-        "earlier result from its raw repetitions (no run)",
+        help="recompute the summary, targets and table of an earlier result from its raw repetitions (no run)",
     )
     add(
         "--threads",
@@ -884,9 +868,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
     return ap, ap.parse_args(argv)
 
 
-def resolve_settings(
-    ap: argparse.ArgumentParser, args: argparse.Namespace
-) -> tuple[dict, tuple, torch.device]:
+def resolve_settings(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict, tuple, torch.device]:
     """The preset with the command line's overrides, the configurations to run and the device."""
     p = dict(PRESETS[args.preset])
     if args.file_grid is not None:
@@ -1062,9 +1044,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "notes": notes,
     }
     finish_result(result, device)
-    out = (
-        Path(args.out) if args.out else RESULTS_DIR / f"run_{'gpu' if device.type == 'cuda' else 'cpu'}.json"
-    )
+    out = Path(args.out) if args.out else RESULTS_DIR / f"run_{'gpu' if device.type == 'cuda' else 'cpu'}.json"
     write_result(out, result, render(result))
     print(f"[bench] wrote {out} and {out.with_suffix('.md')} ({time.perf_counter() - t0:.0f} s)")
     return result

@@ -86,9 +86,7 @@ def make_sets(seed: int = 0) -> list[PathMeta]:
     return [sysu, PathMeta("seed004", rgb, ir, seed)]
 
 
-def before_epoch(
-    ds: PathMeta, sampler: CachedModalAwarePKSampler, epoch: int, variant: str
-) -> list[list[int]]:
+def before_epoch(ds: PathMeta, sampler: CachedModalAwarePKSampler, epoch: int, variant: str) -> list[list[int]]:
     """The same epoch (identity order and P x K) with modalities inferred per batch, seed-004 style."""
     P, K = sampler.num_ids_per_batch, sampler.num_instances
     seq = sampler._id_sequence(sampler._rng(epoch))  # same identities per batch as the cached sampler
@@ -129,17 +127,11 @@ def before_epoch(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument(
-        "--reps", type=int, default=30, help="repetitions of construction and epoch (default: 30)"
-    )
-    ap.add_argument(
-        "--before_reps", type=int, default=3, help="repetitions of the slow 'before' epoch (default: 3)"
-    )
+    ap.add_argument("--reps", type=int, default=30, help="repetitions of construction and epoch (default: 30)")
+    ap.add_argument("--before_reps", type=int, default=3, help="repetitions of the slow 'before' epoch (default: 3)")
     ap.add_argument("--batch_size", type=int, default=32, help="P x K (default: 32)")
     ap.add_argument("--num_instances", type=int, default=4, help="K (default: 4)")
-    ap.add_argument(
-        "--out", default=str(RESULTS_DIR / "sampler_cpu.json"), help="JSON path (default: %(default)s)"
-    )
+    ap.add_argument("--out", default=str(RESULTS_DIR / "sampler_cpu.json"), help="JSON path (default: %(default)s)")
     args = ap.parse_args(argv)
     logging.getLogger("datasets.cached_sampler").setLevel(logging.WARNING)  # the summary line is timed too
 
@@ -203,9 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             "construction_from_python_lists_s": list_t,
             "construction_from_python_lists": stats(list_t),
             "before": before,
-            "speedup_epoch_vs_before": {
-                v: before[v]["stats"]["median"] / stats(epoch_t)["median"] for v in before
-            },
+            "speedup_epoch_vs_before": {v: before[v]["stats"]["median"] / stats(epoch_t)["median"] for v in before},
         }
         results["sets"][ds.name] = entry
         ms = 1e3

@@ -196,9 +196,7 @@ def measure_train(spec: dict[str, Any], isolated: bool) -> dict[str, Any]:
             seed=0,
             **TRAIN_MODEL,
         )
-        task_s = (
-            time.perf_counter() - t0
-        )  # datasets from the cache, the LIM prior fitted on the training months
+        task_s = time.perf_counter() - t0  # datasets from the cache, the LIM prior fitted on the training months
         t_start = time.time()  # metrics.jsonl "time" is wall clock
         cfg = TrainConfig(
             epochs=spec["epochs"], batch_size=spec["batch"], output_dir=tmp, device="cpu", progress_bar=False
@@ -300,8 +298,7 @@ def era5_grid(a: argparse.Namespace, sizes: dict[str, Any], cache_dir: Path, wor
                 out["train"].append({"years": years, **run_measure("train", tspec, not a.quick)})
             out["rows"].append(row)
             print(
-                f"[scaling] {layout} {years}y: "
-                + ", ".join(f"{k} {_short(row.get(k))}" for k in ("build", *a.peers)),
+                f"[scaling] {layout} {years}y: " + ", ".join(f"{k} {_short(row.get(k))}" for k in ("build", *a.peers)),
                 flush=True,
             )
             if not a.keep_caches:
@@ -442,8 +439,7 @@ def render(result: dict[str, Any]) -> str:
     header = ["layout", "years", "file GB", "build s", "build s/year", "peak RSS MB", "RSS above start MB"]
     header += ["cache MB", *(f"{p} (time / peak RSS)" for p in cfg["peers"])]
     parts.append(
-        "**Cache build** (plainloop) and the xarray peer doing the same area mean:\n\n"
-        + md_table(header, rows)
+        "**Cache build** (plainloop) and the xarray peer doing the same area mean:\n\n" + md_table(header, rows)
     )
     g = result["growth"]
     lines = []
@@ -529,9 +525,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     ap.add_argument("--years", default=None, help="comma list of file lengths (default: 5,10,20,40)")
     ap.add_argument("--layouts", default="legacy,cds2024", help="comma list (default: legacy,cds2024)")
-    ap.add_argument(
-        "--peers", default=None, help=f"comma list from {','.join(PEERS)} (default: those installed)"
-    )
+    ap.add_argument("--peers", default=None, help=f"comma list from {','.join(PEERS)} (default: those installed)")
     ap.add_argument(
         "--eager-max-gb",
         type=float,
@@ -539,12 +533,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="largest decoded field (GB, float64) the eager xarray peer is given (default: 1.5)",
     )
     ap.add_argument("--epochs", type=int, default=4, help="training epochs, the first one cold (default: 4)")
-    ap.add_argument(
-        "--batch", type=int, default=16, help="training batch (default: 16: 5 years have 47 samples)"
-    )
-    ap.add_argument(
-        "--threads", type=int, default=0, help="torch threads in training, 0 = default (default: 0)"
-    )
+    ap.add_argument("--batch", type=int, default=16, help="training batch (default: 16: 5 years have 47 samples)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads in training, 0 = default (default: 0)")
     ap.add_argument("--no-train", action="store_true", help="skip the training epochs")
     ap.add_argument("--sampler-scales", default=None, help="comma list of SYSU multiples (default: 1,4,16)")
     ap.add_argument("--sampler-reps", type=int, default=5, help="sampler repetitions (default: 5)")
@@ -554,9 +544,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=None,
         help="where the generated files go (default: $PLAINLOOP_CACHE or ~/.cache/plainloop)",
     )
-    ap.add_argument(
-        "--keep-caches", action="store_true", help="keep the built caches (default: deleted after use)"
-    )
+    ap.add_argument("--keep-caches", action="store_true", help="keep the built caches (default: deleted after use)")
     ap.add_argument("--quick", action="store_true", help="tiny files, in-process, 2 sizes (a test)")
     ap.add_argument(
         "--wait-load",

@@ -144,9 +144,7 @@ def run_one(
     cfg_kw.update(seed=seed, output_dir=str(out_dir), run_name=f"lead{lead}_ctx{context}_seed{seed}")
     cfg_kw.update(progress_bar=False, device="cpu", save_best=True, **(train_overrides or {}))
     known = {f.name for f in dataclasses.fields(TrainConfig)}
-    trainer = Trainer(
-        TrainConfig(**{k: v for k, v in cfg_kw.items() if k in known}), task, log=lambda m: None
-    )
+    trainer = Trainer(TrainConfig(**{k: v for k, v in cfg_kw.items() if k in known}), task, log=lambda m: None)
     summary = trainer.fit()
     best = trainer.run_dir / "checkpoints" / "best.pt"
     if best.is_file():  # the epoch with the lowest validation loss, whatever the engine tested
@@ -258,9 +256,7 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
                 rr = sorted((r for r in rows if r["context"] == ref_ctx), key=lambda r: r["lead"])
                 if metric == "rmse" and n in ("persistence",):
                     continue  # off the scale beside anomaly forecasts
-                ax.plot(
-                    [r["lead"] for r in rr], [r[f"{n}_{metric}"]["mean"] for r in rr], st, label=n, lw=1.2
-                )
+                ax.plot([r["lead"] for r in rr], [r[f"{n}_{metric}"]["mean"] for r in rr], st, label=n, lw=1.2)
             for k, c in enumerate(ctxs):
                 rr = sorted((r for r in rows if r["context"] == c), key=lambda r: r["lead"])
                 ax.errorbar(
@@ -303,9 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         help="extra real monthly SST files with their area and resolution",
     )
     p.add_argument("--leads", type=int, nargs="+", default=[1, 3, 6], help="months ahead (default: 1 3 6)")
-    p.add_argument(
-        "--contexts", type=int, nargs="+", default=[2, 6, 12], help="input months (default: 2 6 12)"
-    )
+    p.add_argument("--contexts", type=int, nargs="+", default=[2, 6, 12], help="input months (default: 2 6 12)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="model seeds (default: 0 1 2)")
     p.add_argument("--epochs", type=int, default=None, help="cap the epochs (default: era5_train_defaults)")
     p.add_argument(
@@ -334,9 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     specs: dict[str, tuple[str, tuple[float, float], tuple[float, float], float]] = {
         n: DATASETS[n] for n in args.datasets
     }
-    if (
-        args.quick
-    ):  # a small sample file (20 years at 2.5°) instead of the 1° built-in one: seconds, not minutes
+    if args.quick:  # a small sample file (20 years at 2.5°) instead of the 1° built-in one: seconds, not minutes
         from datasets.era5_sample import write_sample_file
 
         work.mkdir(parents=True, exist_ok=True)
@@ -378,9 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         for lead in args.leads:
             for ctx in args.contexts:
                 for seed in args.seeds:
-                    r = run_one(
-                        data_path, lon, lat, res, lead, ctx, seed, work / name, train_overrides=train_over
-                    )
+                    r = run_one(data_path, lon, lat, res, lead, ctx, seed, work / name, train_overrides=train_over)
                     runs.append(r)
                     s = r["scores"]
                     print(

@@ -26,9 +26,7 @@ class Area:
         description: str = "",
     ) -> None:
         if len(lon) != 2 or len(lat) != 2:
-            raise ValueError(
-                f"Area {title!r}: lon and lat must be [west, east] and [south, north], got {lon}, {lat}"
-            )
+            raise ValueError(f"Area {title!r}: lon and lat must be [west, east] and [south, north], got {lon}, {lat}")
         west, east = float(lon[0]), float(lon[1])
         south, north = float(lat[0]), float(lat[1])
         for name, v in (("west", west), ("east", east)):
@@ -39,9 +37,7 @@ class Area:
                 f"Area {title!r}: lat must be [south, north] with -90 <= south < north <= 90, got {list(lat)}"
             )
         if west == east:
-            raise ValueError(
-                f"Area {title!r}: lon=[{west}, {east}] has zero width; use [-180, 180] for a full circle"
-            )
+            raise ValueError(f"Area {title!r}: lon=[{west}, {east}] has zero width; use [-180, 180] for a full circle")
         self.title = title
         self.lon = [west, east]
         self.lat = [south, north]

@@ -121,9 +121,7 @@ def encode_modalities(
             if code is None:
                 names = (m,) if isinstance(m, str) else tuple(m)
                 if not names:
-                    raise ValueError(
-                        f"{where}[{i}]: empty modality set; every sample needs at least one modality"
-                    )
+                    raise ValueError(f"{where}[{i}]: empty modality set; every sample needs at least one modality")
                 code = 0
                 for name in names:
                     code |= _modality_bit(name, bits, f"{where}[{i}]")
@@ -234,9 +232,7 @@ class CachedModalAwarePKSampler:
     ) -> None:
         t0 = time.perf_counter()
         if not isinstance(num_instances, int | np.integer) or num_instances < 1:
-            raise ValueError(
-                f"num_instances={num_instances!r}: K must be an integer >= 1 (samples per identity)"
-            )
+            raise ValueError(f"num_instances={num_instances!r}: K must be an integer >= 1 (samples per identity)")
         if not isinstance(batch_size, int | np.integer) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r}: must be an integer >= 1")
         if batch_size % num_instances:
@@ -260,9 +256,7 @@ class CachedModalAwarePKSampler:
             rank, world_size = _dist_rank_world()
         assert world_size is not None
         if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(
-                f"rank={rank}, world_size={world_size}: need world_size >= 1 and 0 <= rank < world_size"
-            )
+            raise ValueError(f"rank={rank}, world_size={world_size}: need world_size >= 1 and 0 <= rank < world_size")
 
         self.batch_size, self.num_instances = int(batch_size), int(num_instances)
         self.num_ids_per_batch = self.batch_size // self.num_instances  # P
@@ -372,9 +366,7 @@ class CachedModalAwarePKSampler:
         valid = pids >= 0
         vp = pids[valid]
         if len(vp) == 0:
-            raise ValueError(
-                "CachedModalAwarePKSampler: every pid is negative (junk); there is nothing to sample"
-            )
+            raise ValueError("CachedModalAwarePKSampler: every pid is negative (junk); there is nothing to sample")
         # identity codes 0..n_ids-1: a lookup table when pids are small ints (O(N)), else np.unique
         pmax = int(vp.max())
         if pmax < 4 * len(vp) + 4096:
@@ -393,9 +385,7 @@ class CachedModalAwarePKSampler:
         key = codes * 4 + cls
         counts = np.bincount(key, minlength=n_all * 4).reshape(n_all, 4)
         # stable counting-sort order; a 32-bit key lets numpy use its radix sort
-        order = np.flatnonzero(valid)[
-            np.argsort(key.astype(np.int32 if n_all < 2**28 else np.int64), kind="stable")
-        ]
+        order = np.flatnonzero(valid)[np.argsort(key.astype(np.int32 if n_all < 2**28 else np.int64), kind="stable")]
         id_start = np.concatenate([[0], np.cumsum(counts.sum(1))[:-1]])
         rgb_count = counts[:, 0] + counts[:, 1] + counts[:, 2]
         nonrgb_count = counts[:, 1] + counts[:, 3] + (counts[:, 2] if self._full_has_nonrgb else 0)

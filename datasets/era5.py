@@ -54,9 +54,7 @@ log = logging.getLogger(__name__)
 def _split_counts(n: int, split_ratio: Sequence[float]) -> tuple[int, int, int]:
     r = [float(x) for x in split_ratio]
     if len(r) not in (2, 3) or any(x < 0 for x in r) or sum(r) > 1 + 1e-6 or r[0] <= 0:
-        raise ValueError(
-            f"split_ratio={tuple(split_ratio)}: give (train, val[, test]) fractions >= 0 summing to <= 1"
-        )
+        raise ValueError(f"split_ratio={tuple(split_ratio)}: give (train, val[, test]) fractions >= 0 summing to <= 1")
     n_train = int(n * r[0] + 1e-9)
     if n_train < 1:
         raise ValueError(f"split_ratio={tuple(split_ratio)} leaves no training sample out of {n}")
@@ -92,13 +90,9 @@ class ERA5SSTMonthlyDataset(Dataset):
         if split not in self.SPLITS:
             raise ValueError(f"split={split!r}: use 'train', 'val', 'test' or None (all samples)")
         if int(seq_len) != seq_len or seq_len < 2:
-            raise ValueError(
-                f"seq_len={seq_len}: must be an integer >= 2 (x holds the previous seq_len - 1 months)"
-            )
+            raise ValueError(f"seq_len={seq_len}: must be an integer >= 2 (x holds the previous seq_len - 1 months)")
         if int(offset) != offset or offset < 0:
-            raise ValueError(
-                f"offset={offset}: must be an integer >= 0 (extra months between input and target)"
-            )
+            raise ValueError(f"offset={offset}: must be an integer >= 0 (extra months between input and target)")
         if not resolution or resolution <= 0:
             raise ValueError(f"resolution={resolution}: must be > 0 degrees")
         self.area = area if area is not None else Area("area", lon=list(lon), lat=list(lat))

@@ -25,9 +25,7 @@ log = logging.getLogger("datasets.era5")
 
 # Temp files of a cache or sample build: `.era5_<name>.<pid>.tmp` or `.era5_<name>.<pid>.tmp.npy`.
 _TEMP_RE = re.compile(r"^\.era5_.+\.(\d+)\.tmp(\.npy)?$")
-ORPHAN_GRACE_S = (
-    120.0  # a temp file whose writer is gone is kept this long (its writer may be on another host)
-)
+ORPHAN_GRACE_S = 120.0  # a temp file whose writer is gone is kept this long (its writer may be on another host)
 ORPHAN_STALE_S = 3600.0  # a build rewrites its temp file steadily: untouched this long means nobody writes it
 
 
@@ -74,9 +72,7 @@ def remove_orphan_temp_files(
         except OSError:
             continue
         removed.append(Path(e.path))
-        log.warning(
-            "removed %s: left by an interrupted build (writer pid %d gone, %.0f s old)", e.path, pid, age
-        )
+        log.warning("removed %s: left by an interrupted build (writer pid %d gone, %.0f s old)", e.path, pid, age)
     return removed
 
 
@@ -106,11 +102,7 @@ def _load_cache(npy: Path, meta_path: Path, key: str) -> tuple[dict | None, str]
             log.warning("ERA5 cache %s is stale (source files, area or resolution changed): rebuilding", npy)
             return None, "stale"
         arr = np.load(npy, mmap_mode="r")
-        if (
-            arr.dtype != np.float32
-            or list(arr.shape) != meta["shape"]
-            or npy.stat().st_size != meta["nbytes_file"]
-        ):
+        if arr.dtype != np.float32 or list(arr.shape) != meta["shape"] or npy.stat().st_size != meta["nbytes_file"]:
             raise ValueError(f"shape/dtype/size {arr.shape} {arr.dtype} do not match the sidecar")
         del arr
         return meta, "hit"

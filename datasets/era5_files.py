@@ -61,9 +61,7 @@ def resolve_files(data_path: str | os.PathLike | Sequence[str | os.PathLike]) ->
     text = os.fspath(data_path)
     p = Path(text).expanduser()
     if p.is_dir():
-        files = sorted(
-            q for q in p.iterdir() if q.suffix.lower() in (".nc", ".nc4", ".netcdf") and q.is_file()
-        )
+        files = sorted(q for q in p.iterdir() if q.suffix.lower() in (".nc", ".nc4", ".netcdf") and q.is_file())
         if not files:
             raise FileNotFoundError(f"data_path directory {p} holds no .nc files")
         return files
@@ -159,9 +157,7 @@ def scan_file(path: Path, variable: str = "sst") -> FileEntry:
                 )
             var = cands[0]
         else:
-            raise ValueError(
-                f"{path}: no variable {variable!r}; variables found: {names}. Pass variable=NAME"
-            )
+            raise ValueError(f"{path}: no variable {variable!r}; variables found: {names}. Pass variable=NAME")
         v = nc.variables[var]
         dims = tuple(v.dimensions)
 
@@ -180,9 +176,7 @@ def scan_file(path: Path, variable: str = "sst") -> FileEntry:
                     return n
                 if what == "longitude" and units.startswith("degree") and units.endswith(("e", "east")):
                     return n
-            raise ValueError(
-                f"{path}: variable {var!r} has dims {dims}; found no {what} coordinate among them"
-            )
+            raise ValueError(f"{path}: variable {var!r} has dims {dims}; found no {what} coordinate among them")
 
         tname, latname, lonname = (
             pick(TIME_NAMES, "time"),
@@ -190,9 +184,7 @@ def scan_file(path: Path, variable: str = "sst") -> FileEntry:
             pick(LON_NAMES, "longitude"),
         )
         if dims[0] != tname or dims[-2:] != (latname, lonname):
-            raise ValueError(
-                f"{path}: {var!r} has dims {dims}; expected ({tname}, [expver,] {latname}, {lonname})"
-            )
+            raise ValueError(f"{path}: {var!r} has dims {dims}; expected ({tname}, [expver,] {latname}, {lonname})")
         expver_axis = None
         for i, d in enumerate(dims[1:-2], start=1):
             if d == "expver":
@@ -233,13 +225,9 @@ def scan_file(path: Path, variable: str = "sst") -> FileEntry:
             lat = np.asarray(nc.variables[latname][:], dtype=np.float64)
             lon = np.asarray(nc.variables[lonname][:], dtype=np.float64)
         except (OSError, RuntimeError) as e:
-            raise ValueError(
-                f"{path}: cannot read coordinates ({e}); the file is corrupt or truncated"
-            ) from e
+            raise ValueError(f"{path}: cannot read coordinates ({e}); the file is corrupt or truncated") from e
         if lat.ndim != 1 or lon.ndim != 1:
-            raise ValueError(
-                f"{path}: only regular 1-D lat/lon grids are supported (got {lat.shape}, {lon.shape})"
-            )
+            raise ValueError(f"{path}: only regular 1-D lat/lon grids are supported (got {lat.shape}, {lon.shape})")
         units = getattr(v, "units", None)
         note = "variable attribute"
         if units is None and hasattr(nc, "units"):

@@ -58,8 +58,7 @@ def make_plan(lat: np.ndarray, lon: np.ndarray, area: Area, resolution: float, w
     rows_hit = np.bincount(row[in_lat], minlength=height)[:height]
     cols_hit = np.bincount(col[in_lon], minlength=width)[:width]
     data_desc = (
-        f"data covers lat {lat.min():g}..{lat.max():g}, lon {lon.min():g}..{lon.max():g} "
-        f"({dlat:g}° x {dlon:g}° grid)"
+        f"data covers lat {lat.min():g}..{lat.max():g}, lon {lon.min():g}..{lon.max():g} ({dlat:g}° x {dlon:g}° grid)"
     )
     if not rows_hit.any() or not cols_hit.any():
         raise ValueError(
@@ -121,9 +120,7 @@ class NetCDFSource:
         entries = sorted((scan_file(Path(f), variable) for f in files), key=lambda e: e.first)
         for prev, cur in zip(entries, entries[1:]):
             if cur.first <= prev.last:
-                raise ValueError(
-                    f"{cur.path}: duplicated month {_month_str(cur.first)} (also in {prev.path})"
-                )
+                raise ValueError(f"{cur.path}: duplicated month {_month_str(cur.first)} (also in {prev.path})")
             if cur.first != prev.last + 1:
                 raise ValueError(
                     f"{cur.path}: gap: {_month_str(prev.last + 1)}..{_month_str(cur.first - 1)} missing "
@@ -176,9 +173,7 @@ class NetCDFSource:
         kelvin = entry.units == "K"
         if entry.units is None:  # no units anywhere: ocean SST above 100 can only be Kelvin
             if entry.path not in self._kelvin_guess:
-                self._kelvin_guess[entry.path] = (
-                    bool(np.nanmedian(a) > 100.0) if np.isfinite(a).any() else False
-                )
+                self._kelvin_guess[entry.path] = bool(np.nanmedian(a) > 100.0) if np.isfinite(a).any() else False
             kelvin = self._kelvin_guess[entry.path]
         elif entry.units == "C" and np.isfinite(a).any() and np.nanmedian(a) > 100.0:
             raise ValueError(

@@ -296,15 +296,11 @@ def ensure_sample_file(
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
-    )
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("out", help="output netCDF path")
     p.add_argument("--layout", choices=LAYOUTS, default="legacy", help="file layout (default: legacy)")
     p.add_argument("--years", type=int, default=30, help="number of years from 1990 (default: 30)")
-    p.add_argument(
-        "--grid", type=float, default=1.0, help="grid spacing in degrees; 0.25 = native ERA5 (default: 1.0)"
-    )
+    p.add_argument("--grid", type=float, default=1.0, help="grid spacing in degrees; 0.25 = native ERA5 (default: 1.0)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the noise (default: 0)")
     p.add_argument("--start-year", type=int, default=1990, help="first year (default: 1990)")
     args = p.parse_args(argv)

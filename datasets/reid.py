@@ -52,9 +52,7 @@ class _MetaMixin:
     modalities: np.ndarray
     labels: np.ndarray
 
-    def _set_meta(
-        self, pids: Sequence[int], camids: Sequence[int], modalities: Sequence[str], relabel: bool
-    ) -> None:
+    def _set_meta(self, pids: Sequence[int], camids: Sequence[int], modalities: Sequence[str], relabel: bool) -> None:
         self.pids = np.asarray(pids, dtype=np.int64)
         self.camids = np.asarray(camids, dtype=np.int64)
         self.modalities = np.asarray(modalities, dtype="<U3")
@@ -146,9 +144,7 @@ def _scan_market(folder: Path) -> tuple[list[str], list[int], list[int]]:
 
 def _check_fraction(val_fraction: float, what: str) -> None:
     if isinstance(val_fraction, bool) or not 0.0 <= float(val_fraction) < 1.0:
-        raise ValueError(
-            f"val_fraction={val_fraction!r} ({what}): must be in [0, 1); 0 = no validation identities"
-        )
+        raise ValueError(f"val_fraction={val_fraction!r} ({what}): must be in [0, 1); 0 = no validation identities")
 
 
 def _holdout_ids(pids: np.ndarray, val_fraction: float, seed: int, where: str) -> np.ndarray:
@@ -223,9 +219,7 @@ def _scan_sysu(root: Path, ids: Sequence[int]) -> tuple[list[str], list[int], li
     for cam in SYSU_RGB_CAMS + SYSU_IR_CAMS:
         cam_dir = root / f"cam{cam}"
         if not cam_dir.is_dir():
-            raise FileNotFoundError(
-                f"SYSU-MM01 folder {cam_dir} not found; --data_path must hold cam1..cam6/ and exp/"
-            )
+            raise FileNotFoundError(f"SYSU-MM01 folder {cam_dir} not found; --data_path must hold cam1..cam6/ and exp/")
         mod = "rgb" if cam in SYSU_RGB_CAMS else "ir"
         for pid in ids:
             d = cam_dir / f"{pid:04d}"
@@ -279,9 +273,7 @@ def read_sysu_mm01(
     )
 
 
-def sysu_protocols(
-    ds: _MetaMixin, trials: int = 10, seed: int = 0
-) -> dict[str, tuple[np.ndarray, list[np.ndarray]]]:
+def sysu_protocols(ds: _MetaMixin, trials: int = 10, seed: int = 0) -> dict[str, tuple[np.ndarray, list[np.ndarray]]]:
     """SYSU-MM01's evaluation (Wu et al., ICCV 2017): IR queries (cams 3, 6) against a single-shot RGB
     gallery of one random image per (identity, camera), drawn `trials` times (trial t seeded by seed + t);
     "allsearch" draws from RGB cams 1, 2, 4, 5 (outdoor and indoor), "indoor" from cams 1, 2. Together with
@@ -361,9 +353,7 @@ class SyntheticCrossModalReID(_MetaMixin, Dataset):
         noise: float = 0.08,
     ) -> None:
         if num_identities < 1 or samples_per_id < 2:
-            raise ValueError(
-                f"num_identities={num_identities} must be >= 1 and samples_per_id={samples_per_id} >= 2"
-            )
+            raise ValueError(f"num_identities={num_identities} must be >= 1 and samples_per_id={samples_per_id} >= 2")
         if not 0.0 < ir_fraction < 1.0:
             raise ValueError(
                 f"ir_fraction={ir_fraction} must be in (0, 1) so that every identity has RGB and IR samples"
@@ -399,9 +389,9 @@ class SyntheticCrossModalReID(_MetaMixin, Dataset):
         low_pattern = r.integers(0, 4)  # plain, checks, horizontal or vertical stripes
         bag_side = r.integers(0, 3)  # none, left, right
         bag_len = r.random()
-        return np.r_[
-            up, low, freq, orient, phase, logo_y, logo_x, logo_on, low_pattern, bag_side, bag_len
-        ].astype(np.float64)
+        return np.r_[up, low, freq, orient, phase, logo_y, logo_x, logo_on, low_pattern, bag_side, bag_len].astype(
+            np.float64
+        )
 
     @staticmethod
     def _render(
@@ -426,8 +416,7 @@ class SyntheticCrossModalReID(_MetaMixin, Dataset):
         coord = np.where(orient[:, None, None] == 0, y, np.where(orient[:, None, None] == 1, x, (x + y) / 2))
         stripes = np.where(
             freq[:, None, None] > 0,
-            0.5
-            + 0.5 * np.sign(np.sin(2 * math.pi * (coord * freq[:, None, None] * 3 + phase[:, None, None]))),
+            0.5 + 0.5 * np.sign(np.sin(2 * math.pi * (coord * freq[:, None, None] * 3 + phase[:, None, None]))),
             1.0,
         )
         tex_up = 0.55 + 0.45 * stripes  # stripes modulate brightness: survives the IR rendering

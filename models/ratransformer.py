@@ -68,8 +68,7 @@ class _Block(nn.Module):
 def _check_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(
-            f"RecursiveAttentionTransformer: {name} must be an int >= {minimum}, got {value!r} "
-            "(check model_params)"
+            f"RecursiveAttentionTransformer: {name} must be an int >= {minimum}, got {value!r} (check model_params)"
         )
     return value
 
@@ -78,9 +77,7 @@ def _pair(name: str, value: object) -> tuple[float, float]:
     try:
         a, b = (float(v) for v in value)  # type: ignore[union-attr]
     except (TypeError, ValueError):
-        raise ValueError(
-            f"RecursiveAttentionTransformer: {name} must be a pair of degrees, got {value!r}"
-        ) from None
+        raise ValueError(f"RecursiveAttentionTransformer: {name} must be a pair of degrees, got {value!r}") from None
     if not (math.isfinite(a) and math.isfinite(b)):
         raise ValueError(f"RecursiveAttentionTransformer: {name}={value!r} must be finite degrees")
     return a, b
@@ -110,8 +107,7 @@ def _check_lon(value: object) -> tuple[float, float, float]:
             )
     if west == east:
         raise ValueError(
-            f"RecursiveAttentionTransformer: lon_range={value!r} has zero width; use (-180, 180) for a "
-            "full circle"
+            f"RecursiveAttentionTransformer: lon_range={value!r} has zero width; use (-180, 180) for a full circle"
         )
     span = east - west
     width = 360.0 if span >= 360.0 else (span if span > 0 else span + 360.0)
@@ -199,13 +195,10 @@ class RecursiveAttentionTransformer(nn.Module):
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
             raise ValueError(f"RecursiveAttentionTransformer: dropout must be in [0, 1), got {dropout!r}")
         if learning_rate is not None and (
-            isinstance(learning_rate, bool)
-            or not isinstance(learning_rate, (int, float))
-            or learning_rate <= 0
+            isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) or learning_rate <= 0
         ):
             raise ValueError(
-                f"RecursiveAttentionTransformer: learning_rate must be a positive number or None, "
-                f"got {learning_rate!r}"
+                f"RecursiveAttentionTransformer: learning_rate must be a positive number or None, got {learning_rate!r}"
             )
         self.dropout = float(dropout)
         self.learning_rate = learning_rate
@@ -233,8 +226,7 @@ class RecursiveAttentionTransformer(nn.Module):
         self.emb_drop = nn.Dropout(self.dropout)
         # One stack, reused recursion_depth times: the parameter count does not depend on the depth.
         self.layers = nn.ModuleList(
-            _Block(self.d_model, self.num_heads, self.dim_feedforward, self.dropout)
-            for _ in range(self.num_layers)
+            _Block(self.d_model, self.num_heads, self.dim_feedforward, self.dropout) for _ in range(self.num_layers)
         )
         self.norm = nn.LayerNorm(self.d_model)
         self.head = nn.Linear(self.d_model, p * p)

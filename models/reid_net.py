@@ -40,18 +40,14 @@ class _ResBlock(nn.Module):
 class ReIDNet(nn.Module):
     """Residual CNN backbone + BNNeck. forward -> dict(features, bn_features, logits)."""
 
-    def __init__(
-        self, num_classes: int, width: int = 32, blocks_per_stage: int = 1, in_channels: int = 3
-    ) -> None:
+    def __init__(self, num_classes: int, width: int = 32, blocks_per_stage: int = 1, in_channels: int = 3) -> None:
         super().__init__()
         if num_classes < 2:
             raise ValueError(
                 f"ReIDNet: num_classes={num_classes}; the identity classifier needs >= 2 training identities"
             )
         if width < 4 or blocks_per_stage < 1:
-            raise ValueError(
-                f"ReIDNet: width={width} must be >= 4 and blocks_per_stage={blocks_per_stage} >= 1"
-            )
+            raise ValueError(f"ReIDNet: width={width} must be >= 4 and blocks_per_stage={blocks_per_stage} >= 1")
         self.stem = nn.Sequential(
             nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)
         )
@@ -81,9 +77,7 @@ class ReIDNet(nn.Module):
         return out
 
 
-def batch_hard_triplet_loss(
-    features: torch.Tensor, labels: torch.Tensor, margin: float = 0.3
-) -> torch.Tensor:
+def batch_hard_triplet_loss(features: torch.Tensor, labels: torch.Tensor, margin: float = 0.3) -> torch.Tensor:
     """Mean over anchors of relu(margin + hardest positive distance - hardest negative distance).
 
     Euclidean distances; the anchor itself counts as a (distance-0) positive, so a batch with K = 1 still

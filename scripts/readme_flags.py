@@ -1,7 +1,7 @@
 """Regenerate the README's flag tables from their one source (TrainConfig, RunOptions, the task builders).
 
-    python scripts/readme_flags.py           # rewrite the blocks between <!-- flags:NAME --> markers
-    python scripts/readme_flags.py --check   # exit 1 if README.md is out of date (tests/test_config.py runs it)
+python scripts/readme_flags.py           # rewrite the blocks between <!-- flags:NAME --> markers
+python scripts/readme_flags.py --check   # exit 1 if README.md is out of date (tests/test_config.py runs it)
 """
 
 from __future__ import annotations
@@ -32,8 +32,11 @@ def tables() -> dict[str, str]:
         for a in group._group_actions:
             if not a.option_strings or a.dest == "help":
                 continue
-            flag = max(a.option_strings, key=len) if not isinstance(a, argparse.BooleanOptionalAction) else (
-                f"{a.option_strings[0]}, {a.option_strings[1]}")
+            flag = (
+                max(a.option_strings, key=len)
+                if not isinstance(a, argparse.BooleanOptionalAction)
+                else (f"{a.option_strings[0]}, {a.option_strings[1]}")
+            )
             what = re.sub(r"\s*\(default: .*\)\s*$", "", a.help or "", flags=re.S).replace("%%", "%")
             if key == "train":
                 what = f"*{group.title}:* {what}"

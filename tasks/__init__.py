@@ -14,8 +14,16 @@ from typing import Any
 from trainer import Task
 
 MODULES = {"era5": ("tasks.era5", "build_era5_task"), "reid": ("tasks.reid", "build_reid_task")}
-ERA5_MODEL_KEYS = ("resolution", "d_model", "num_heads", "num_layers", "dim_feedforward", "recursion_depth",
-                   "dropout", "seq_len")
+ERA5_MODEL_KEYS = (
+    "resolution",
+    "d_model",
+    "num_heads",
+    "num_layers",
+    "dim_feedforward",
+    "recursion_depth",
+    "dropout",
+    "seq_len",
+)
 
 
 def task_module(name: str) -> ModuleType:
@@ -41,8 +49,10 @@ def resolve_task_args(task: str, kw: dict[str, Any], preset: str, on_gpu: bool) 
         return kw, ""
     lon, lat = kw.get("lon"), kw.get("lat")
     if (lon is not None and lon[0] == lon[1]) or (lat is not None and lat[0] >= lat[1]):
-        raise ValueError(f"--lon {' '.join(map(str, lon or ()))} / --lat {' '.join(map(str, lat or ()))}: give "
-                         f"W != E and S < N (W > E crosses the dateline, e.g. --lon 170 -120)")
+        raise ValueError(
+            f"--lon {' '.join(map(str, lon or ()))} / --lat {' '.join(map(str, lat or ()))}: give "
+            f"W != E and S < N (W > E crosses the dateline, e.g. --lon 170 -120)"
+        )
     ratio = kw.get("split_ratio")
     if ratio is not None and (sum(ratio) > 1 + 1e-6 or any(r < 0 for r in ratio)):
         raise ValueError(f"--split_ratio {' '.join(map(str, ratio))}: fractions must be >= 0 and sum to at most 1")
@@ -50,19 +60,22 @@ def resolve_task_args(task: str, kw: dict[str, Any], preset: str, on_gpu: bool) 
     name = preset if preset != "auto" else ("seed" if on_gpu else "cpu")
     values = mod.SEED_PRESET if name == "seed" else mod.CPU_PRESET
     kw = {**values, **{k: v for k, v in kw.items() if v is not None}}
-    note = (f"preset: {name} ({'seed 000 configuration' if name == 'seed' else 'reduced for a CPU'}: "
-            f"{kw['resolution']:g} deg, d_model {kw['d_model']}, {kw['num_layers']} layers x {kw['recursion_depth']} "
-            f"recursions); explicit settings override it")
+    note = (
+        f"preset: {name} ({'seed 000 configuration' if name == 'seed' else 'reduced for a CPU'}: "
+        f"{kw['resolution']:g} deg, d_model {kw['d_model']}, {kw['num_layers']} layers x {kw['recursion_depth']} "
+        f"recursions); explicit settings override it"
+    )
     return kw, note
 
 
 def train_defaults(task: str, on_gpu: bool, kw: dict[str, Any], n_train: int) -> dict[str, Any]:
     """TrainConfig values the task recommends for settings the user did not give."""
-    small = {"batch_size": 32, "epochs": 60} if kw.get("data_path") is None and not on_gpu else {}
     if task == "reid":  # the synthetic set: 32 steps of 8 x 4 per epoch; test with the weights val chose
+        small = {"batch_size": 32, "epochs": 60} if kw.get("data_path") is None and not on_gpu else {}
         return {**small, "test_with_best": True}
-    mod = task_module("era5")
-    if hasattr(mod, "era5_train_defaults"):
-        return mod.era5_train_defaults(on_gpu, kw.get("data_path") is None, n_train)
-    # the built-in sample is small: the seed's batch of 150 would leave one step per epoch
-    return small
+    out = task_module("era5").era5_train_defaults(on_gpu, kw.get("data_path") is None, n_train)
+    if not on_gpu and kw.get("d_model", 512) <= 128:
+        # a model this small gains nothing from a second thread, and threads that spin on shared cores lose a lot
+        # (the CPU demo's first 40 steps: 8-22 s with 1 thread, 21-44 s with 2, on this 2-core machine under load)
+        out["num_threads"] = 1
+    return out

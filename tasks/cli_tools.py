@@ -44,8 +44,7 @@ def profile(cfg: TrainConfig, task: Any, sections: dict[str, dict[str, Any]]) ->
     """A torch.profiler trace of 5 steps (after 2 warm-up steps, on a copy of the model) into RUN_DIR/profile."""
     from utils.profiling import profile_steps
 
-    t = Trainer(dataclasses.replace(cfg, resume=None, progress_bar=False), clone_task_model(task),
-                log=lambda _s: None)
+    t = Trainer(dataclasses.replace(cfg, resume=None, progress_bar=False), clone_task_model(task), log=lambda _s: None)
     run_dir, _ = claim_run_dir(cfg.output_dir, cfg.run_name, f"{task.name}-profile")
     res = profile_steps(step_fn(t), run_dir / "profile", steps=5, warmup=2)
     print(f"[plainloop] profiler trace: {res['trace']} (open in https://ui.perfetto.dev); top ops: {res['table']}")
@@ -66,10 +65,14 @@ def autotune(cfg: TrainConfig, task: Any, opts: Any) -> TrainConfig:
         from torch.utils.data import DataLoader
 
         ds = task.train_set
-        res = tune_num_workers(lambda n: DataLoader(ds, batch_size=cfg.batch_size, shuffle=True, num_workers=n,
-                                                    persistent_workers=False), batches=20)
-        print(f"[plainloop] auto_num_workers: {res['num_workers']} (samples/s by workers: "
-              f"{json.dumps({str(k): round(v) for k, v in res['samples_per_s'].items()})})")
+        res = tune_num_workers(
+            lambda n: DataLoader(ds, batch_size=cfg.batch_size, shuffle=True, num_workers=n, persistent_workers=False),
+            batches=20,
+        )
+        print(
+            f"[plainloop] auto_num_workers: {res['num_workers']} (samples/s by workers: "
+            f"{json.dumps({str(k): round(v) for k, v in res['samples_per_s'].items()})})"
+        )
         best = res["num_workers"]
         # workers only matter when the data is read through a DataLoader
         cfg = dataclasses.replace(cfg, num_workers=best, device_cache=False if best > 0 else cfg.device_cache)
@@ -90,34 +93,71 @@ def system_report(cfg: TrainConfig, opts: Any, task_kw: dict[str, Any]) -> int:
         nonlocal trial_no
         trial_no += 1
         task = build_task(opts.task, **task_kw)
-        c = dataclasses.replace(cfg, **overrides, max_steps=steps, progress_bar=False, save_best=False, resume=None,
-                                val_check_steps=None, validation_interval=10**6, output_dir=str(trials),
-                                run_name=f"trial{trial_no}")
-        t = Trainer(c, task, log=lambda m: None, monitor=TrainingMonitor(batch_size=c.batch_size),
-                    callbacks=[VerdictCallback()])
+        c = dataclasses.replace(
+            cfg,
+            **overrides,
+            max_steps=steps,
+            progress_bar=False,
+            save_best=False,
+            resume=None,
+            val_check_steps=None,
+            validation_interval=10**6,
+            output_dir=str(trials),
+            run_name=f"trial{trial_no}",
+        )
+        t = Trainer(
+            c,
+            task,
+            log=lambda m: None,
+            monitor=TrainingMonitor(batch_size=c.batch_size),
+            callbacks=[VerdictCallback()],
+        )
         warm = step_fn(t)
         for _ in range(2):  # warm-up outside the timing: worker start-up, compilation, allocator
             warm()
         s = t.fit()
         mon = s["monitor"]
-        return {"samples_per_s": s["samples_per_s"], "data_wait_frac": mon.get("data_wait_frac"),
-                "step_time_ms": 1000 * ((mon.get("iter_time_s") or {}).get("p50") or 0.0),
-                "peak_mem_mb": s["peak_memory_mb"], "monitor": mon, "device_type": t.rt.device.type,
-                "step_stats": {"num_workers": 0 if t.on_device else t.loader_kw.get("num_workers", 0),
-                               "torch_threads": torch.get_num_threads()}}
+        return {
+            "samples_per_s": s["samples_per_s"],
+            "data_wait_frac": mon.get("data_wait_frac"),
+            "step_time_ms": 1000 * ((mon.get("iter_time_s") or {}).get("p50") or 0.0),
+            "peak_mem_mb": s["peak_memory_mb"],
+            "monitor": mon,
+            "device_type": t.rt.device.type,
+            "step_stats": {
+                "num_workers": 0 if t.on_device else t.loader_kw.get("num_workers", 0),
+                "torch_threads": torch.get_num_threads(),
+            },
+        }
 
-    base = {k: getattr(cfg, k) for k in ("batch_size", "num_workers", "precision", "pin_memory", "compile_model",
-                                         "device_cache")}
-    probe = Trainer(dataclasses.replace(cfg, resume=None, progress_bar=False), build_task(opts.task, **task_kw),
-                    log=lambda m: None)
+    base = {
+        k: getattr(cfg, k)
+        for k in ("batch_size", "num_workers", "precision", "pin_memory", "compile_model", "device_cache")
+    }
+    probe = Trainer(
+        dataclasses.replace(cfg, resume=None, progress_bar=False),
+        build_task(opts.task, **task_kw),
+        log=lambda m: None,
+    )
     steps = cfg.max_steps or cfg.epochs * probe.steps_per_epoch  # the configured job, for the projection
     job_samples = steps * cfg.accumulate_grad_batches * cfg.batch_size * probe.rt.world_size
     del probe
-    path = run_system_report(run_trial, base, candidates=_report_candidates(cfg), steps=opts.report_steps,
-                             out_path=out / "report.md", config={"task": opts.task, **cfg.to_dict(), **task_kw},
-                             repeats=opts.report_repeats, job_samples=job_samples, price_per_kwh=opts.price_per_kwh,
-                             price_per_gpu_hour=opts.price_per_gpu_hour, currency=opts.currency,
-                             power_w=opts.power_w, gpus=1, trial_dir=trials)  # removes the trial runs
+    path = run_system_report(
+        run_trial,
+        base,
+        candidates=_report_candidates(cfg),
+        steps=opts.report_steps,
+        out_path=out / "report.md",
+        config={"task": opts.task, **cfg.to_dict(), **task_kw},
+        repeats=opts.report_repeats,
+        job_samples=job_samples,
+        price_per_kwh=opts.price_per_kwh,
+        price_per_gpu_hour=opts.price_per_gpu_hour,
+        currency=opts.currency,
+        power_w=opts.power_w,
+        gpus=1,
+        trial_dir=trials,
+    )  # removes the trial runs
     print(Path(path).read_text(encoding="utf-8"))
     print(f"[plainloop] report written to {path}")
     return 0

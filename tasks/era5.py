@@ -145,9 +145,7 @@ class PriorForecaster(nn.Module):
         return float(sum(m.flops_per_sample(training=training) for m in self.members))
 
 
-def _prior_tensors(
-    prior: str, fitted: dict[str, Any], lead: int, shape: tuple[int, int]
-) -> dict[str, torch.Tensor]:
+def _prior_tensors(prior: str, fitted: dict[str, Any], lead: int, shape: tuple[int, int]) -> dict[str, torch.Tensor]:
     """The fixed linear maps of the prior as tensors (land rows/columns zero)."""
     if prior == "damped_persistence":
         return {"damping": torch.from_numpy(np.nan_to_num(fitted["damped_persistence"].r))}
@@ -277,9 +275,7 @@ def build_era5_task(
     def reference(split: str, ds: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         if split not in refs:  # fixed for a split: computed once
             ref = ds.reference_c()
-            f = baseline_forecasts(
-                fitted, lead, ref["last_input_c"], ref["clim_target_c"], ref["clim_input_c"]
-            )
+            f = baseline_forecasts(fitted, lead, ref["last_input_c"], ref["clim_target_c"], ref["clim_input_c"])
             refs[split] = (ref, {k: v for k, v in f.items() if k in ("damped_persistence", "lim")})
         return refs[split]
 
@@ -322,6 +318,8 @@ def build_era5_task(
                 "label": np.array(f"test sample {k} (target month {int(ds.target_months[k]) + 1})"),
                 "year": np.array(ym // 12),
                 "month": np.array(ym % 12 + 1),
+                "clim_c": np.asarray(ref["clim_target_c"][k]),  # for the anomaly maps
+                "last_input_c": np.asarray(ref["last_input_c"][k]),  # persistence, for the map's title
             }
         return out
 

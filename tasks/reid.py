@@ -124,9 +124,7 @@ def build_reid_task(
     if num_instances < 1:
         raise ValueError(f"--num_instances {num_instances}: must be >= 1")
     if data_path is None and reid_format != "synthetic":
-        raise ValueError(
-            f"--reid_format {reid_format} reads image folders: give --data_path (the dataset root)"
-        )
+        raise ValueError(f"--reid_format {reid_format} reads image folders: give --data_path (the dataset root)")
     if data_path is not None and reid_format == "synthetic":
         raise ValueError(
             f"--data_path {data_path} given with --reid_format synthetic: add --reid_format market1501 or sysu"

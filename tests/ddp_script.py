@@ -18,8 +18,17 @@ x = torch.randn(512, 8, generator=g)
 y = x.sum(1, keepdim=True)
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 1))
-cfg = TrainConfig(epochs=1, batch_size=16, accumulate_grad_batches=2, num_workers=0, output_dir=out, run_name="ddp",
-                  progress_bar=False, log_every=2, validation_interval=1)
+cfg = TrainConfig(
+    epochs=1,
+    batch_size=16,
+    accumulate_grad_batches=2,
+    num_workers=0,
+    output_dir=out,
+    run_name="ddp",
+    progress_bar=False,
+    log_every=2,
+    validation_interval=1,
+)
 
 
 class SignalRank1:

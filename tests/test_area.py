@@ -23,9 +23,7 @@ def test_lon_offset_and_contains_across_dateline():
     nino = Area("Nino3.4", lon=[170, -120], lat=[-5, 5])
     assert nino.crosses_dateline
     lons = np.array([170.0, 180.0, -180.0, 200.0, -121.0, -120.0, 0.0, 169.0])
-    np.testing.assert_array_equal(
-        nino.contains_lon(lons), [True, True, True, True, True, False, False, False]
-    )
+    np.testing.assert_array_equal(nino.contains_lon(lons), [True, True, True, True, True, False, False, False])
     np.testing.assert_allclose(nino.lon_offset(np.array([190.0, -170.0])), [20.0, 20.0])
 
 

@@ -23,9 +23,7 @@ class MemoryLimitedModel(nn.Module):
         self.fixed = sum(p.numel() * 4 * 3 for p in self.parameters())  # weights + grads + SGD-momentum copy
 
     def bytes_for(self, bs: int) -> int:
-        act_per_sample = (
-            sum(m.out_features for m in self.net if isinstance(m, nn.Linear)) * 4 * 2
-        )  # fwd + bwd
+        act_per_sample = sum(m.out_features for m in self.net if isinstance(m, nn.Linear)) * 4 * 2  # fwd + bwd
         return self.fixed + bs * (act_per_sample + self.net[0].in_features * 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -97,9 +95,7 @@ def test_start_too_big_backs_off_and_errors() -> None:
 def test_is_oom_error() -> None:
     assert is_oom_error(torch.OutOfMemoryError("x"))
     assert is_oom_error(RuntimeError("CUDA error: out of memory"))
-    assert is_oom_error(
-        RuntimeError("[enforce fail at alloc_cpu.cpp] DefaultCPUAllocator: can't allocate memory")
-    )
+    assert is_oom_error(RuntimeError("[enforce fail at alloc_cpu.cpp] DefaultCPUAllocator: can't allocate memory"))
     assert not is_oom_error(RuntimeError("size mismatch"))
 
 

@@ -152,9 +152,7 @@ class Gridded(Rows):
 
 
 class IgnoresSplit(Rows):
-    def __init__(
-        self, split="train", n: int = 40
-    ):  # takes split= ... and returns the same data for every split
+    def __init__(self, split="train", n: int = 40):  # takes split= ... and returns the same data for every split
         super().__init__(n, split=split)
 
 
@@ -256,23 +254,16 @@ def test_own_dataset_without_area_or_split(tmp_path):
     tr, lines = make(tmp_path, data=Rows, dataset_params={"n": 50})
     task = tr.build_task()
     assert Rows.built == [{}]  # **kwargs absorbs anything, so neither lon/lat nor split was passed
-    assert list(task.train_set.indices) == list(range(40)) and list(task.val_set.indices) == list(
-        range(40, 50)
-    )
+    assert list(task.train_set.indices) == list(range(40)) and list(task.val_set.indices) == list(range(40, 50))
     tr.train()
-    assert (
-        "data: 50 samples split in order by split_ratio [0.8, 0.2]: train/val = 40/10 samples"
-        in "\n".join(lines)
-    )
+    assert "data: 50 samples split in order by split_ratio [0.8, 0.2]: train/val = 40/10 samples" in "\n".join(lines)
 
 
 def test_own_dataset_that_names_lon_lat_and_split(tmp_path):
     from datasets.area import Area
 
     Rows.built.clear()
-    tr, _ = make(
-        tmp_path, data=Gridded, area=Area("g", lon=[0, 10], lat=[0, 10]), tp={"split_ratio": [0.75, 0.25]}
-    )
+    tr, _ = make(tmp_path, data=Gridded, area=Area("g", lon=[0, 10], lat=[0, 10]), tp={"split_ratio": [0.75, 0.25]})
     task = tr.build_task()
     assert [b["split"] for b in Rows.built] == ["train", "val"]
     assert Rows.built[0]["lon"] == [0.0, 10.0] and Rows.built[0]["split_ratio"] == (0.75, 0.25)
@@ -381,9 +372,7 @@ def test_loader_settings_that_are_not_used_are_named(tmp_path):
     tr, _ = make(tmp_path, tp={"num_workers": 64})  # read through a loader: more workers than cores is named
     with warnings.catch_warnings():  # PyTorch's own DataLoader warning says the same
         warnings.simplefilter("ignore", UserWarning)
-        t = base_mod.Trainer(
-            tr.config, tr.build_task(), log=lambda _s: None
-        )  # built, not run: no 64 processes
+        t = base_mod.Trainer(tr.config, tr.build_task(), log=lambda _s: None)  # built, not run: no 64 processes
     assert any("num_workers: 64 per process x 1 process(es) is more than the" in n for n in t.notes)
     tr, lines = make(tmp_path, tp={"baseline": True, "num_workers": 1, "precision": "32"})
     tr.train()

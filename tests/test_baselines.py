@@ -42,9 +42,7 @@ def test_lim_recovers_a_known_propagator():
     shape = (6, 5)
     P, sw = _patterns(3, shape)
     c, s = np.cos(0.4), np.sin(0.4)
-    A = np.array(
-        [[0.85 * c, -0.85 * s, 0.0], [0.85 * s, 0.85 * c, 0.0], [0.0, 0.0, 0.6]]
-    )  # rotation + damping
+    A = np.array([[0.85 * c, -0.85 * s, 0.0], [0.85 * s, 0.85 * c, 0.0], [0.0, 0.0, 0.6]])  # rotation + damping
     rng = np.random.default_rng(2)
     T = 8000
     x = np.zeros((T, 3))

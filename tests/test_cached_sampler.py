@@ -254,15 +254,11 @@ def test_error_cases() -> None:
     _raises_quickly(lambda: S(ds, 32, 4, rank=0, world_size=2), ValueError, "eligible identities")
     _raises_quickly(lambda: S(ds, 44, 4), ValueError, "eligible identities")
     _raises_quickly(lambda: S(Meta([], [], np.asarray([], dtype="<U3")), 8, 4), ValueError, "empty")
-    _raises_quickly(
-        lambda: S(Meta([-1, -1], [1, 1], np.asarray(["rgb", "ir"])), 2, 1), ValueError, "negative"
-    )
+    _raises_quickly(lambda: S(Meta([-1, -1], [1, 1], np.asarray(["rgb", "ir"])), 2, 1), ValueError, "negative")
     _raises_quickly(lambda: S(ds, 8, 4, rank=2, world_size=2), ValueError, "rank=2")
     _raises_quickly(lambda: S(ds, 8, 4, rank=0), ValueError, "both or neither")
     _raises_quickly(lambda: S(ds, 8, 4, seed=-1), ValueError, "seed=-1")
-    _raises_quickly(
-        lambda: S(Meta([1, 2], [1, 1], np.asarray(["rgb"])), 2, 1), ValueError, "modalities has 1"
-    )
+    _raises_quickly(lambda: S(Meta([1, 2], [1, 1], np.asarray(["rgb"])), 2, 1), ValueError, "modalities has 1")
     _raises_quickly(lambda: S(Meta([1, 2], [1, 1], ["rgb", ""]), 2, 1), ValueError, "non-empty string")
     _raises_quickly(lambda: S(_NoMeta(), 2, 1), TypeError, "exposes no metadata")
     # only IR identities: nothing is eligible with ensure_rgb
@@ -407,9 +403,7 @@ def test_epoch_length_seed_and_fixed(world_size: int) -> None:
     auto = S(ds, 16, 4, rank=0, world_size=world_size)
     assert len(auto) == len(S(ds, 16, 4, epoch_length="auto", rank=0, world_size=world_size))
     for n in (1, 7, 40):  # shorter than one pass, and several passes
-        ranks = [
-            S(ds, 16, 4, epoch_length=n, seed=3, rank=r, world_size=world_size) for r in range(world_size)
-        ]
+        ranks = [S(ds, 16, 4, epoch_length=n, seed=3, rank=r, world_size=world_size) for r in range(world_size)]
         per_rank = [list(r) for r in ranks]
         assert all(len(b) == len(r) == n for b, r in zip(per_rank, ranks))
         for r, b in zip(ranks, per_rank):

@@ -15,8 +15,18 @@ import train_optimized as cli
 from trainer import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--resolution", "10", "--d_model", "32", "--dim_feedforward", "64", "--num_layers", "1",
-         "--no-progress_bar", "--no-plots"]
+SMALL = [
+    "--resolution",
+    "10",
+    "--d_model",
+    "32",
+    "--dim_feedforward",
+    "64",
+    "--num_layers",
+    "1",
+    "--no-progress_bar",
+    "--no-plots",
+]
 
 
 def settings(argv: list[str]) -> tuple:
@@ -32,20 +42,24 @@ def exit_code(argv: list[str]) -> int:
 
 
 def test_seed001_command_line_parses():
-    _, _, train_kw = settings(["--batch_size", "8", "--num_workers", "16", "--compile_model",
-                               "--validation_interval", "20"])
+    _, _, train_kw = settings(
+        ["--batch_size", "8", "--num_workers", "16", "--compile_model", "--validation_interval", "20"]
+    )
     cfg = TrainConfig(**train_kw)
     assert (cfg.batch_size, cfg.num_workers, cfg.compile_model, cfg.validation_interval) == (8, 16, True, 20)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--precision", "fp8"], "invalid choice: 'fp8'"),
-    (["--batch_size", "0"], "must be >= 1"),
-    (["--loss_scale", "huge"], "use 'dynamic' or a positive number"),
-    (["--compile_mode", "fast"], "invalid choice: 'fast'"),
-    (["--lat", "10", "-10"], "S < N"),
-    (["--min_lr_ratio", "x"], "invalid float value: 'x'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--precision", "fp8"], "invalid choice: 'fp8'"),
+        (["--batch_size", "0"], "must be >= 1"),
+        (["--loss_scale", "huge"], "use 'dynamic' or a positive number"),
+        (["--compile_mode", "fast"], "invalid choice: 'fast'"),
+        (["--lat", "10", "-10"], "S < N"),
+        (["--min_lr_ratio", "x"], "invalid float value: 'x'"),
+    ],
+)
 def test_bad_values_are_clear_errors_with_exit_2(argv, message, capsys):
     assert exit_code(argv) == 2
     err = capsys.readouterr().err
@@ -87,18 +101,44 @@ def test_resume_flag_continues_a_run(tmp_path, era5_cache):
 
 
 def test_shell_launcher_passes_env_and_arguments(tmp_path, era5_cache):
-    env = {**os.environ, "SKIP_SETUP": "1", "BATCH_SIZE": "8", "EPOCHS": "1", "OUTPUT_DIR": str(tmp_path),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    proc = subprocess.run(["bash", str(ROOT / "optimize_training.sh"), "--run_name", "sh", "--max_steps", "2", *SMALL],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "SKIP_SETUP": "1",
+        "BATCH_SIZE": "8",
+        "EPOCHS": "1",
+        "OUTPUT_DIR": str(tmp_path),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    proc = subprocess.run(
+        ["bash", str(ROOT / "optimize_training.sh"), "--run_name", "sh", "--max_steps", "2", *SMALL],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     cfg = json.loads((tmp_path / "sh" / "config.json").read_text())["effective"]
     assert cfg["batch_size"] == 8 and cfg["max_steps"] == 2
 
 
 def test_profile_and_auto_batch_size(tmp_path, era5_cache, capsys):
-    assert cli.main(["--profile", "--auto_batch_size", "--max_steps", "2", "--output_dir", str(tmp_path),
-                     "--run_name", "p", *SMALL]) == 0
+    assert (
+        cli.main(
+            [
+                "--profile",
+                "--auto_batch_size",
+                "--max_steps",
+                "2",
+                "--output_dir",
+                str(tmp_path),
+                "--run_name",
+                "p",
+                *SMALL,
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "auto_batch_size:" in out
     trace = tmp_path / "p" / "profile" / "trace.json"
@@ -109,39 +149,122 @@ def test_profile_and_auto_batch_size(tmp_path, era5_cache, capsys):
 
 
 def test_tensorboard_logger_writes_events_into_the_run_dir(tmp_path, era5_cache):
-    assert cli.main(["--logger", "tensorboard", "--max_steps", "2", "--output_dir", str(tmp_path), "--run_name", "tb",
-                     *SMALL]) == 0
+    assert (
+        cli.main(
+            [
+                "--logger",
+                "tensorboard",
+                "--max_steps",
+                "2",
+                "--output_dir",
+                str(tmp_path),
+                "--run_name",
+                "tb",
+                *SMALL,
+            ]
+        )
+        == 0
+    )
     assert list((tmp_path / "tb").rglob("events.out.tfevents.*"))
 
 
 def test_system_report_writes_markdown(tmp_path, era5_cache, capsys):
-    assert cli.main(["--system_report", "--report_steps", "3", "--report_repeats", "1", "--output_dir",
-                     str(tmp_path), "--run_name", "s", *SMALL]) == 0
+    assert (
+        cli.main(
+            [
+                "--system_report",
+                "--report_steps",
+                "3",
+                "--report_repeats",
+                "1",
+                "--output_dir",
+                str(tmp_path),
+                "--run_name",
+                "s",
+                *SMALL,
+            ]
+        )
+        == 0
+    )
     text = (tmp_path / "s" / "report.md").read_text()
     assert "## Verdict" in text and "your settings" in text and "## Hardware" in text
 
 
 def test_reid_task_runs(tmp_path, capsys):
-    assert cli.main(["--task", "reid", "--num_identities", "24", "--max_steps", "4", "--output_dir", str(tmp_path),
-                     "--run_name", "reid", "--no-progress_bar", "--no-plots"]) == 0
+    assert (
+        cli.main(
+            [
+                "--task",
+                "reid",
+                "--num_identities",
+                "24",
+                "--max_steps",
+                "4",
+                "--output_dir",
+                str(tmp_path),
+                "--run_name",
+                "reid",
+                "--no-progress_bar",
+                "--no-plots",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((tmp_path / "reid" / "summary.json").read_text())
     assert 0 <= summary["final_metrics"]["test_rgb2ir_mAP"] <= 1 and summary["steps"] == 4
 
 
 def test_shell_launcher_reid_task(tmp_path):
-    env = {**os.environ, "SKIP_SETUP": "1", "TASK": "reid", "OUTPUT_DIR": str(tmp_path),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    proc = subprocess.run(["bash", str(ROOT / "optimize_training.sh"), "--run_name", "r", "--max_steps", "2",
-                           "--num_identities", "24", "--no-progress_bar", "--no-plots"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "SKIP_SETUP": "1",
+        "TASK": "reid",
+        "OUTPUT_DIR": str(tmp_path),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    proc = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "optimize_training.sh"),
+            "--run_name",
+            "r",
+            "--max_steps",
+            "2",
+            "--num_identities",
+            "24",
+            "--no-progress_bar",
+            "--no-plots",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["task"] == "reid"
 
 
 def test_resume_run_dir_alone_restores_the_runs_settings(tmp_path, era5_cache, capsys):
     """Non-default model sizes and schedule: `--resume RUN_DIR` with no other flag continues the same job."""
-    assert cli.main(["--epochs", "2", "--max_steps", "6", "--batch_size", "16", "--output_dir", str(tmp_path),
-                     "--run_name", "sizes", *SMALL]) == 0
+    assert (
+        cli.main(
+            [
+                "--epochs",
+                "2",
+                "--max_steps",
+                "6",
+                "--batch_size",
+                "16",
+                "--output_dir",
+                str(tmp_path),
+                "--run_name",
+                "sizes",
+                *SMALL,
+            ]
+        )
+        == 0
+    )
     first = torch.load(tmp_path / "sizes" / "checkpoints" / "last.pt", weights_only=True)
     assert first["step"] == 6
     capsys.readouterr()
@@ -149,8 +272,10 @@ def test_resume_run_dir_alone_restores_the_runs_settings(tmp_path, era5_cache, c
     out = capsys.readouterr().out
     assert "resume: max_steps 6 -> 9 (given now)" in out and "now has 9 optimizer steps (was 6)" in out
     s = json.loads((tmp_path / "sizes" / "summary.json").read_text())
-    assert s["steps"] == 9 and json.loads((tmp_path / "sizes" / "config.json").read_text())["effective"][
-        "batch_size"] == 16
+    assert (
+        s["steps"] == 9
+        and json.loads((tmp_path / "sizes" / "config.json").read_text())["effective"]["batch_size"] == 16
+    )
     # a change the weights cannot follow is a clear error naming the settings
     assert exit_code(["--resume", str(tmp_path / "sizes"), "--max_steps", "12", "--d_model", "64"]) == 2
     err = capsys.readouterr().err
@@ -166,11 +291,14 @@ def test_resume_auto_continues_the_named_run_or_starts_it(tmp_path, era5_cache):
     assert not (tmp_path / "auto-2").exists()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--data_path", "/nonexistent/sst.nc"], "/nonexistent/sst.nc"),
-    (["--resume", "/nonexistent/run"], "--resume /nonexistent/run: no such checkpoint or run directory"),
-    (["--config", "/nonexistent.toml"], "--config /nonexistent.toml: no such file"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--data_path", "/nonexistent/sst.nc"], "/nonexistent/sst.nc"),
+        (["--resume", "/nonexistent/run"], "--resume /nonexistent/run: no such checkpoint or run directory"),
+        (["--config", "/nonexistent.toml"], "--config /nonexistent.toml: no such file"),
+    ],
+)
 def test_known_errors_are_one_line_with_exit_2(argv, message, capsys, tmp_path, era5_cache):
     assert exit_code([*argv, "--output_dir", str(tmp_path), *SMALL]) == 2
     err = capsys.readouterr().err
@@ -187,6 +315,8 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, era5_cache, capsys):
 
 def test_console_names_the_data_and_config_json_has_resolved_values(tmp_path, era5_cache, capsys):
     assert cli.main(["--max_steps", "2", "--output_dir", str(tmp_path), "--run_name", "d", *SMALL]) == 0
-    assert "data: the built-in SYNTHETIC sample" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "data: the built-in SYNTHETIC sample" in out
+    assert "-> 1 torch intra-op thread(s)" in out or torch.get_num_threads() == 1  # the small CPU preset: 1 thread
     eff = json.loads((tmp_path / "d" / "config.json").read_text())["effective"]
     assert eff["num_workers"] == 0 and eff["warmup_steps"] == 0 and eff["precision"] == "32"

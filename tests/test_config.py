@@ -16,8 +16,18 @@ from trainer import TrainConfig
 from trainer.options import ConfigError, function_parameters, load_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--resolution", "10", "--d_model", "32", "--dim_feedforward", "64", "--num_layers", "1",
-         "--no-progress_bar", "--no-plots"]
+SMALL = [
+    "--resolution",
+    "10",
+    "--d_model",
+    "32",
+    "--dim_feedforward",
+    "64",
+    "--num_layers",
+    "1",
+    "--no-progress_bar",
+    "--no-plots",
+]
 
 
 def flags() -> set[str]:
@@ -38,10 +48,51 @@ def test_every_setting_has_a_flag():
 
 
 # flags of other programs that the README quotes (pytest, pip, torchrun, benchmarks, the sample maker)
-OTHER_PROGRAMS = {"help", "logdir", "signal", "batch", "flag", "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "max_restarts", "standalone",
-                  "reps", "threads", "out", "preset", "layout", "years", "grid", "file_grid", "rerender", "loops",
-                  "quick", "seeds", "leads", "contexts", "datasets", "dry_run", "cases", "kills", "signals", "only",
-                  "steps", "warmup", "sizes"}
+OTHER_PROGRAMS = {
+    "help",
+    "elastic_args",
+    "rdzv_backend",
+    "rdzv_endpoint",
+    "rdzv_id",
+    "requeue",
+    "check",
+    "logdir",
+    "signal",
+    "batch",
+    "flag",
+    "data",
+    "deps",
+    "nproc_per_node",
+    "nnodes",
+    "node_rank",
+    "master_addr",
+    "master_port",
+    "max_restarts",
+    "standalone",
+    "reps",
+    "threads",
+    "out",
+    "preset",
+    "layout",
+    "years",
+    "grid",
+    "file_grid",
+    "rerender",
+    "loops",
+    "quick",
+    "seeds",
+    "leads",
+    "contexts",
+    "datasets",
+    "dry_run",
+    "cases",
+    "kills",
+    "signals",
+    "only",
+    "steps",
+    "warmup",
+    "sizes",
+}
 
 
 def test_every_flag_the_readme_names_exists():
@@ -55,8 +106,13 @@ def test_readme_flag_tables_are_generated_from_the_source():
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "scripts/readme_flags.py", "--check"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "scripts/readme_flags.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -64,7 +120,14 @@ def test_help_has_groups_and_defaults(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
-    for group in ("optimizer:", "data loading:", "robustness:", "era5 task:", "reid task:", "measurement tools:"):
+    for group in (
+        "optimizer:",
+        "data loading:",
+        "robustness:",
+        "era5 task:",
+        "reid task:",
+        "measurement tools:",
+    ):
         assert group in out
     assert "--min_lr_ratio MIN_LR_RATIO" in out and "(default: 0.05)" in out
     assert "--save_best, --no-save_best" in out and "--d_model D_MODEL" in out and "from --preset" in out
@@ -72,19 +135,22 @@ def test_help_has_groups_and_defaults(capsys):
 
 def test_config_file_is_read_and_flags_win(tmp_path):
     f = tmp_path / "run.toml"
-    f.write_text('[train]\nbatch_size = 12\nlr = 0.01\n[task]\nlon = [170.0, -120.0]\n', encoding="utf-8")
+    f.write_text("[train]\nbatch_size = 12\nlr = 0.01\n[task]\nlon = [170.0, -120.0]\n", encoding="utf-8")
     explicit = vars(cli.build_parser().parse_args(["--config", str(f), "--lr", "0.5"]))
     _, task_kw, train_kw = cli.split_settings(cli.resolve_settings(explicit, []))
     assert train_kw["batch_size"] == 12 and train_kw["lr"] == 0.5 and task_kw["lon"] == (170.0, -120.0)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("batch_sise = 12\n", "'batch_sise' (did you mean batch_size"),
-    ("[train]\nepochs = 'ten'\n", "epochs='ten' is not a valid int"),
-    ("[train]\nepochs = 2.5\n", "epochs=2.5 is not a valid int"),
-    ("[runner]\nmax_iter = 10\n", "unknown setting runner.max_iter"),
-    ("epochs = \n", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("batch_sise = 12\n", "'batch_sise' (did you mean batch_size"),
+        ("[train]\nepochs = 'ten'\n", "epochs='ten' is not a valid int"),
+        ("[train]\nepochs = 2.5\n", "epochs=2.5 is not a valid int"),
+        ("[runner]\nmax_iter = 10\n", "unknown setting runner.max_iter"),
+        ("epochs = \n", "not valid TOML"),
+    ],
+)
 def test_bad_config_files_are_clear_errors(tmp_path, capsys, text, message):
     f = tmp_path / "bad.toml"
     f.write_text(text, encoding="utf-8")
@@ -121,16 +187,33 @@ def test_unknown_keys_in_trainer_config_name_the_nearest():
 
 
 def test_min_lr_ratio_flag_exists_and_reaches_the_schedule(tmp_path, era5_cache):
-    assert cli.main(["--min_lr_ratio", "0.5", "--max_steps", "3", "--warmup_steps", "0", "--output_dir",
-                     str(tmp_path), "--run_name", "m", *SMALL]) == 0
+    assert (
+        cli.main(
+            [
+                "--min_lr_ratio",
+                "0.5",
+                "--max_steps",
+                "3",
+                "--warmup_steps",
+                "0",
+                "--output_dir",
+                str(tmp_path),
+                "--run_name",
+                "m",
+                *SMALL,
+            ]
+        )
+        == 0
+    )
     eff = json.loads((tmp_path / "m" / "config.json").read_text())["effective"]
     assert eff["min_lr_ratio"] == 0.5
 
 
 def test_rerun_from_the_written_config_is_bit_identical(tmp_path, era5_cache):
     """Every run writes config.toml; --config with it re-runs the same job, bit for bit on a CPU."""
-    assert cli.main(["--max_steps", "4", "--seq_len", "3", "--output_dir", str(tmp_path), "--run_name", "a",
-                     *SMALL]) == 0
+    assert (
+        cli.main(["--max_steps", "4", "--seq_len", "3", "--output_dir", str(tmp_path), "--run_name", "a", *SMALL]) == 0
+    )
     assert cli.main(["--config", str(tmp_path / "a" / "config.toml")]) == 0
     again = tmp_path / "a-2"  # the same name again: a new suffixed directory, the first run untouched
     a = torch.load(tmp_path / "a" / "checkpoints" / "last.pt", weights_only=True)["model"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SCRIPT = '''
+SCRIPT = """
 import json, sys
 import torch
 from torch import nn
@@ -29,7 +29,7 @@ cfg = TrainConfig(epochs=8, batch_size=32, lr=1e-2, output_dir=sys.argv[1], run_
 summary = Trainer(cfg, task).fit()
 print(json.dumps({"summary": summary["final_metrics"], "plainloop_root_on_path": any(
     p.rstrip("/") == sys.argv[2].rstrip("/") for p in sys.path)}))
-'''
+"""
 
 
 def test_trainer_folder_alone_trains_in_a_repo_with_its_own_utils(tmp_path):
@@ -38,14 +38,24 @@ def test_trainer_folder_alone_trains_in_a_repo_with_its_own_utils(tmp_path):
     (repo / "utils.py").write_text("def helper():\n    return 42\n", encoding="utf-8")
     (repo / "datasets.py").write_text(
         "import torch\n\ndef make_pairs():\n    g = torch.Generator().manual_seed(0)\n"
-        "    x = torch.randn(512, 4, generator=g)\n    return x, x.sum(1, keepdim=True)\n", encoding="utf-8")
+        "    x = torch.randn(512, 4, generator=g)\n    return x, x.sum(1, keepdim=True)\n",
+        encoding="utf-8",
+    )
     (repo / "models.py").write_text(
         "from torch import nn\n\nclass TinyNet(nn.Sequential):\n    def __init__(self):\n"
-        "        super().__init__(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))\n", encoding="utf-8")
+        "        super().__init__(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))\n",
+        encoding="utf-8",
+    )
     shutil.copytree(ROOT / "trainer", repo / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
     (repo / "train.py").write_text(SCRIPT, encoding="utf-8")
-    proc = subprocess.run([sys.executable, "train.py", str(tmp_path / "runs"), str(ROOT)], cwd=repo,
-                          capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [sys.executable, "train.py", str(tmp_path / "runs"), str(ROOT)],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["plainloop_root_on_path"] is False

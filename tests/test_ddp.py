@@ -9,13 +9,38 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_torchrun_two_processes_gloo(tmp_path):
+# torch's gloo backend sometimes aborts a finished process at interpreter exit ("terminate called without an
+# active exception", SIGABRT; seen here in 3 of 8 runs of this test before plainloop destroyed its process group at
+# exit, and about 1 in 10 after). Such an attempt is run once more; any other failure fails the test.
+GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
+def torchrun(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "tests" / "ddp_script.py"), str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    for attempt in range(2):
+        out = tmp_path / f"try{attempt}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(ROOT / "tests" / "ddp_script.py"),
+            str(out),
+            *extra,
+        ]
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+        proc.out = out
+        if GLOO_EXIT_ABORT not in proc.stdout + proc.stderr:
+            return proc
+    return proc
+
+
+def test_torchrun_two_processes_gloo(tmp_path):
+    proc = torchrun(tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run = tmp_path / "ddp"
+    run = proc.out / "ddp"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2
     assert summary["ddp_max_weight_diff"] == 0.0  # DDP kept both replicas identical
@@ -30,12 +55,9 @@ def test_torchrun_two_processes_gloo(tmp_path):
 
 
 def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "tests" / "ddp_script.py"), str(tmp_path), "signal"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode != 0  # the workers exit with 143: stopped, resumable
-    run = tmp_path / "ddp"
+    proc = torchrun(tmp_path, "signal")
+    assert proc.returncode != 0 and "exitcode  : 143" in proc.stdout + proc.stderr  # stopped by SIGTERM, resumable
+    run = proc.out / "ddp"
     import torch
 
     ck = torch.load(run / "checkpoints" / "last.pt", weights_only=True)

@@ -39,8 +39,17 @@ def make_task(dropout: float = 0.0, seed: int = 0, val: bool = True) -> Task:
 
 
 def cfg(tmp_path: Path, **kw) -> TrainConfig:
-    base = dict(epochs=2, batch_size=32, num_workers=0, output_dir=str(tmp_path), run_name="run",
-                progress_bar=False, log_every=4, validation_interval=1, warmup_steps=2)
+    base = dict(
+        epochs=2,
+        batch_size=32,
+        num_workers=0,
+        output_dir=str(tmp_path),
+        run_name="run",
+        progress_bar=False,
+        log_every=4,
+        validation_interval=1,
+        warmup_steps=2,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -69,12 +78,14 @@ def test_baseline_turns_every_optimisation_off():
 
 
 def test_loader_settings_correct_invalid_combinations_once():
-    kw, notes = loader_settings(TrainConfig(num_workers=0, persistent_workers=True, pin_memory=True),
-                                torch.device("cpu"))
+    kw, notes = loader_settings(
+        TrainConfig(num_workers=0, persistent_workers=True, pin_memory=True), torch.device("cpu")
+    )
     assert kw == {"num_workers": 0, "pin_memory": False}
     assert any("pin_memory" in n for n in notes) and any("persistent_workers" in n for n in notes)
-    kw, _ = loader_settings(TrainConfig(num_workers=2, multiprocessing_context="spawn", prefetch_factor=3),
-                            torch.device("cpu"))
+    kw, _ = loader_settings(
+        TrainConfig(num_workers=2, multiprocessing_context="spawn", prefetch_factor=3), torch.device("cpu")
+    )
     assert kw["multiprocessing_context"] == "spawn" and kw["prefetch_factor"] == 3 and kw["persistent_workers"]
 
 
@@ -132,11 +143,15 @@ def test_max_steps_and_val_check_steps(tmp_path):
 
 
 def test_accumulation_equals_one_large_batch(tmp_path):
-    a = Trainer(cfg(tmp_path, run_name="a", batch_size=8, accumulate_grad_batches=4, warmup_steps=2),
-                make_task(val=False))
+    a = Trainer(
+        cfg(tmp_path, run_name="a", batch_size=8, accumulate_grad_batches=4, warmup_steps=2),
+        make_task(val=False),
+    )
     a.fit()
-    b = Trainer(cfg(tmp_path, run_name="b", batch_size=32, accumulate_grad_batches=1, warmup_steps=2),
-                make_task(val=False))
+    b = Trainer(
+        cfg(tmp_path, run_name="b", batch_size=32, accumulate_grad_batches=1, warmup_steps=2),
+        make_task(val=False),
+    )
     b.fit()
     assert a.step == b.step == 2 * (N // 32)
     for p, q in zip(weights(a.raw_model), weights(b.raw_model)):
@@ -145,8 +160,10 @@ def test_accumulation_equals_one_large_batch(tmp_path):
 
 @pytest.mark.parametrize("algo", ["norm", "value"])
 def test_clipping_bounds_the_update(tmp_path, algo):
-    t = Trainer(cfg(tmp_path, gradient_clip_val=1e-3, gradient_clip_algorithm=algo, max_steps=1, warmup_steps=0),
-                make_task(val=False))
+    t = Trainer(
+        cfg(tmp_path, gradient_clip_val=1e-3, gradient_clip_algorithm=algo, max_steps=1, warmup_steps=0),
+        make_task(val=False),
+    )
     batch = next(iter(t.loader))
     t.forward_backward(batch, 1)
     grads_before = [p.grad.clone() for p in t.opt.params]
@@ -159,8 +176,9 @@ def test_clipping_bounds_the_update(tmp_path, algo):
 
 def test_fp16_scaler_skips_step_and_schedule_on_inf(tmp_path, monkeypatch):
     """fp16 with a GradScaler: an inf gradient skips optimizer.step() and the schedule does not advance."""
-    monkeypatch.setattr(build_mod, "resolve_runtime",
-                        lambda *a, **k: Runtime(torch.device("cpu"), "16-mixed", torch.float16))
+    monkeypatch.setattr(
+        build_mod, "resolve_runtime", lambda *a, **k: Runtime(torch.device("cpu"), "16-mixed", torch.float16)
+    )
     t = Trainer(cfg(tmp_path, warmup_steps=10, gradient_clip_val=1.0), make_task(val=False))
     assert t.opt.fp16
     # a scale at which this toy's fp16 backward does not overflow by itself
@@ -184,8 +202,9 @@ def test_fp16_scaler_skips_step_and_schedule_on_inf(tmp_path, monkeypatch):
 
 
 def test_static_loss_scale_is_kept(tmp_path, monkeypatch):
-    monkeypatch.setattr(build_mod, "resolve_runtime",
-                        lambda *a, **k: Runtime(torch.device("cpu"), "16-mixed", torch.float16))
+    monkeypatch.setattr(
+        build_mod, "resolve_runtime", lambda *a, **k: Runtime(torch.device("cpu"), "16-mixed", torch.float16)
+    )
     t = Trainer(cfg(tmp_path, loss_scale=256.0, max_steps=3), make_task(val=False))
     batch = next(iter(t.loader))
     t.forward_backward(batch, 1)
@@ -228,8 +247,18 @@ def test_sync_rule_only_at_log_points(tmp_path, monkeypatch):
     x, y = make_data(200 * 8)
     torch.manual_seed(0)
     task = Task("toy", nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)), TensorDataset(x, y))
-    t = Trainer(cfg(tmp_path, epochs=1, batch_size=8, log_every=50, norm_every=100, gradient_clip_val=1.0,
-                    validation_interval=100), task)
+    t = Trainer(
+        cfg(
+            tmp_path,
+            epochs=1,
+            batch_size=8,
+            log_every=50,
+            norm_every=100,
+            gradient_clip_val=1.0,
+            validation_interval=100,
+        ),
+        task,
+    )
     t.opt.host_reads = False  # walk the GPU path: the flag stays on the device
     counter = SyncCounter(monkeypatch)
     t.fit()
@@ -259,15 +288,28 @@ def test_resume_is_exact(tmp_path, workers):
     """4 epochs straight == 2 epochs + resume + 2 epochs, bit for bit (dropout RNG included)."""
     # workers=1 keeps the data in a DataLoader (device_cache off): both data paths must resume exactly
     dc = False if workers else None
-    straight = Trainer(cfg(tmp_path, run_name="straight", epochs=4, num_workers=workers, device_cache=dc),
-                       make_task(dropout=0.2))
+    straight = Trainer(
+        cfg(tmp_path, run_name="straight", epochs=4, num_workers=workers, device_cache=dc),
+        make_task(dropout=0.2),
+    )
     straight.fit()
-    first = Trainer(cfg(tmp_path, run_name="split", epochs=4, num_workers=workers, device_cache=dc),
-                    make_task(dropout=0.2))
+    first = Trainer(
+        cfg(tmp_path, run_name="split", epochs=4, num_workers=workers, device_cache=dc),
+        make_task(dropout=0.2),
+    )
     first.max_epochs = 2  # the job is interrupted after epoch 2
     first.fit()
-    second = Trainer(cfg(tmp_path, run_name="split", epochs=4, num_workers=workers, device_cache=dc,
-                         resume=str(tmp_path / "split")), make_task(dropout=0.2, seed=123))
+    second = Trainer(
+        cfg(
+            tmp_path,
+            run_name="split",
+            epochs=4,
+            num_workers=workers,
+            device_cache=dc,
+            resume=str(tmp_path / "split"),
+        ),
+        make_task(dropout=0.2, seed=123),
+    )
     second.fit()
     assert second.step == straight.step
     for p, q in zip(weights(straight.raw_model), weights(second.raw_model)):

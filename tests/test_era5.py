@@ -116,18 +116,13 @@ def test_land_is_masked_everywhere(files, tmp_path):
 def test_units_kelvin_heuristic_and_units_on_file(tmp_path):
     ref = None
     for tag, kw in (("none", {"units": None}), ("onfile", {"units_on_file": True}), ("var", {})):
-        p = write_sample_file(
-            tmp_path / f"u_{tag}.nc", layout="cds2024", grid=GRID, months=MONTHS, seed=SEED, **kw
-        )
+        p = write_sample_file(tmp_path / f"u_{tag}.nc", layout="cds2024", grid=GRID, months=MONTHS, seed=SEED, **kw)
         ds = make(p, tmp_path, lon=[-180, 180], lat=[-60, 60])
         got = cached(ds)
         ref = got if ref is None else ref
         np.testing.assert_allclose(got, ref, equal_nan=True)
         assert np.nanmax(got) < 35
-    assert (
-        "global attribute"
-        in make(tmp_path / "u_onfile.nc", tmp_path, lon=[0, 360], lat=[-60, 60]).info["units"]
-    )
+    assert "global attribute" in make(tmp_path / "u_onfile.nc", tmp_path, lon=[0, 360], lat=[-60, 60]).info["units"]
 
 
 def test_undeclared_fill_values_are_dropped(tmp_path):
@@ -156,9 +151,7 @@ def test_splits_share_statistics_and_are_ordered(files, tmp_path):
     raw = cached(tr)[: len(tr) + 1]
     cal = np.arange(len(tr) + 1) % 12
     np.testing.assert_allclose(tr.climatology_c[3], raw[cal == 3].mean(0), rtol=1e-5, equal_nan=True)
-    two = make(
-        files["legacy"], tmp_path, split="test", lon=[-180, 180], lat=[-80, 80], split_ratio=(0.8, 0.2)
-    )
+    two = make(files["legacy"], tmp_path, split="test", lon=[-180, 180], lat=[-80, 80], split_ratio=(0.8, 0.2))
     assert len(two) == 0
     # target of val sample 0 is the month right after the last training target
     np.testing.assert_array_equal(va.sample_c(0)[1], cached(tr)[len(tr) + 1])

@@ -37,9 +37,7 @@ def test_rmse_weights_rows_by_cosine_and_ignores_land():
     w = np.cos(np.deg2rad(LATS))[:, None] * np.ones((5, 6))
     expect = np.sqrt(np.sum((w * err[:, None] ** 2)[mask]) / np.sum(w[mask]))
     assert weighted_rmse(pred, truth, LATS, mask) == pytest.approx(expect)
-    assert weighted_rmse(torch.tensor(pred), torch.tensor(truth), LATS, torch.tensor(mask)) == pytest.approx(
-        expect
-    )
+    assert weighted_rmse(torch.tensor(pred), torch.tensor(truth), LATS, torch.tensor(mask)) == pytest.approx(expect)
 
 
 def test_acc_perfect_reversed_and_climatology():
@@ -61,9 +59,7 @@ def test_score_forecasts_baselines_follow_their_definitions():
     ap = clim_t + (last - clim_i)
     assert scores["anomaly_persistence"]["rmse"] == pytest.approx(weighted_rmse(ap, truth, LATS, mask))
     table = format_scores(scores)
-    assert (
-        "anomaly_persistence" in table and "RMSE" in table and f"{scores['persistence']['rmse']:.4f}" in table
-    )
+    assert "anomaly_persistence" in table and "RMSE" in table and f"{scores['persistence']['rmse']:.4f}" in table
 
 
 def test_shape_mismatch_and_empty_mask_are_errors():
@@ -79,9 +75,7 @@ def test_score_forecasts_scores_extra_baselines_by_name():
     extra = {"damped_persistence": clim_t + 0.3, "lim": truth}
     scores = score_forecasts(truth + 0.1, truth, truth, clim_t, clim_t, LATS, mask, extra=extra)
     assert list(scores)[-2:] == ["damped_persistence", "lim"]
-    assert scores["damped_persistence"]["rmse"] == pytest.approx(
-        weighted_rmse(clim_t + 0.3, truth, LATS, mask)
-    )
+    assert scores["damped_persistence"]["rmse"] == pytest.approx(weighted_rmse(clim_t + 0.3, truth, LATS, mask))
     assert scores["lim"]["rmse"] == 0.0 and scores["lim"]["acc"] == pytest.approx(1.0)
     assert "| lim |" in format_scores(scores)
     with pytest.raises(ValueError, match="clashes"):

@@ -42,12 +42,7 @@ def test_seed_001_snippet_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert s["data_wait_frac"] is None and s["compute_frac"] is None and s["data_wait_measured_steps"] == 0
     assert s["cpu_percent_mean"] is None and s["process_cpu_percent_mean"] is None
     nm = " | ".join(s["not_measured"])
-    assert (
-        "data_wait_frac" in nm
-        and "without data_seconds" in nm
-        and "too short" in nm
-        and "samples_per_s" in nm
-    )
+    assert "data_wait_frac" in nm and "without data_seconds" in nm and "too short" in nm and "samples_per_s" in nm
     assert "data wait not measured" in monitor.format_summary()
     v = diagnose(s, device_type="cpu")
     assert v["verdict"] == "undetermined" and v["headline"] == "undetermined: data wait was not measured"
@@ -66,9 +61,7 @@ def test_sleep_loop_without_data_time_is_not_called_host_bound() -> None:
     mon.stop_monitoring()
     s = mon.get_summary()
     assert s["data_wait_frac"] is None
-    assert (
-        s["process_cpu_percent_mean"] is not None and s["process_cpu_percent_mean"] < 50
-    )  # measured: ≥0.25 s
+    assert s["process_cpu_percent_mean"] is not None and s["process_cpu_percent_mean"] < 50  # measured: ≥0.25 s
     v = diagnose(s, device_type="cpu", step_stats={"num_workers": 0, "torch_threads": 1})
     assert v["verdict"] == "undetermined", v
     assert any("waiting" in e and "not computing" in e for e in v["evidence"])
@@ -180,9 +173,7 @@ def test_slow_dataset_is_data_loading_bound() -> None:
 def test_in_memory_heavier_model_is_not_data_bound() -> None:
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(512, 256), torch.randn(512, 1))
-    model = nn.Sequential(
-        nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 1)
-    )
+    model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 1))
     s = _train(DataLoader(data, batch_size=64), model, steps=8)
     v = diagnose(s, device_type="cpu")
     assert v["verdict"] in VERDICTS and v["verdict"] != "data-loading bound"
@@ -267,9 +258,7 @@ def test_nvml_path_mocked(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s["gpu_util_mean"] == pytest.approx(87.0)
     assert s["gpu_power_w_mean"] == pytest.approx(350.0) and s["gpu_power_limit_w"] == pytest.approx(700.0)
     assert s["gpu_temp_c_max"] == pytest.approx(61.0)
-    assert s["peak_gpu_mem_mb"] == pytest.approx(12 * 1024) and s["gpu_mem_total_mb"] == pytest.approx(
-        80 * 1024
-    )
+    assert s["peak_gpu_mem_mb"] == pytest.approx(12 * 1024) and s["gpu_mem_total_mb"] == pytest.approx(80 * 1024)
     assert s["energy_source"] == "nvml_energy_counter"
     assert s["energy_kwh"] == pytest.approx(250.0 / 3.6e6)  # counter delta between start and stop
     assert "shutdown" in calls
@@ -346,9 +335,7 @@ def test_busy_helper_process_gives_contended_verdict() -> None:
         s["other_processes_cpu_top"],
     )
     assert "busiest other processes" in mon.format_summary()
-    v = diagnose(
-        s, device_type="cpu", step_stats={"num_workers": 0, "torch_threads": torch.get_num_threads()}
-    )
+    v = diagnose(s, device_type="cpu", step_stats={"num_workers": 0, "torch_threads": torch.get_num_threads()})
     assert v["verdict"] == "contended", v
     assert v["headline"].startswith("contended: other processes used") and "CPU cores" in v["headline"]
     assert any("busiest other processes" in e for e in v["evidence"])
@@ -369,9 +356,7 @@ def _cpu_summary(**kw: object) -> dict:
 def test_contention_verdicts_from_synthetic_summaries() -> None:
     st = {"num_workers": 0, "torch_threads": 2}
     v = diagnose(_cpu_summary(), device_type="cpu", step_stats=st)
-    assert (
-        v["verdict"] == "contended" and v["headline"] == "contended: other processes used 1.1 of 2 CPU cores"
-    )
+    assert v["verdict"] == "contended" and v["headline"] == "contended: other processes used 1.1 of 2 CPU cores"
     assert any("python (pid 4242) 0.9 cores" in e for e in v["evidence"])
     assert any("98% busy" in e for e in v["evidence"])
     # an idle machine, or others that did not make our threads wait, is not contention
@@ -401,9 +386,7 @@ def test_gpu_contention_and_undetermined_verdicts() -> None:
     assert v["verdict"] == "contended" and v["headline"] == "contended: 1 other process on the GPU"
     assert any("python3 (pid 777, 20.0 GB)" in e for e in v["evidence"])
     assert (
-        diagnose(_gpu_summary(gpu_other_process_frac=0.1, gpu_other_processes_max=1), device_type="cuda")[
-            "verdict"
-        ]
+        diagnose(_gpu_summary(gpu_other_process_frac=0.1, gpu_other_processes_max=1), device_type="cuda")["verdict"]
         == "compute bound"
     )  # seen once in ten samples: a passing nvidia-smi, not a competitor
     v = diagnose(_gpu_summary(peak_gpu_mem_mb=78_000.0, **other), device_type="cuda")
@@ -448,11 +431,7 @@ def test_nvml_other_processes_on_our_gpu(monkeypatch: pytest.MonkeyPatch) -> Non
     time.sleep(0.2)
     mon.stop_monitoring()
     s = mon.get_summary()
-    assert (
-        s["gpu_own_pid_visible"] is False
-        and s["gpu_other_processes_max"] == 1
-        and s["gpu_other_processes"] == []
-    )
+    assert s["gpu_own_pid_visible"] is False and s["gpu_other_processes_max"] == 1 and s["gpu_other_processes"] == []
 
 
 def test_torchrun_siblings_are_the_same_job(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -65,9 +65,7 @@ def month_arrays(rng: np.random.Generator, clim: bool = True) -> dict[str, np.nd
     la, lo = np.meshgrid(lats, lons, indexing="ij")
     clim_c = 28 * np.cos(np.deg2rad(la)) ** 2 - 1.5
     anomaly = 1.2 * np.exp(-(((lo - 200) / 20) ** 2) - (la / 8) ** 2)  # an El Niño-like warm tongue
-    land = ((lo > 10) & (lo < 50) & (la > -35) & (la < 35)) | (
-        (lo > 250) & (lo < 300) & (la > 10) & (la < 60)
-    )
+    land = ((lo > 10) & (lo < 50) & (la > -35) & (la < 35)) | ((lo > 250) & (lo < 300) & (la > 10) & (la < 60))
     land |= la < -72
     truth = np.where(land, np.nan, clim_c + anomaly)
     pred = clim_c + 0.9 * anomaly + 0.05 * rng.standard_normal(truth.shape)
@@ -137,9 +135,7 @@ def test_bad_inputs_give_clear_errors(tmp_path: Path) -> None:
 def test_cli_module(tmp_path: Path) -> None:
     run = make_run_dir(tmp_path / "run", with_maps=False)
     root = Path(__file__).resolve().parents[1]
-    res = subprocess.run(
-        [sys.executable, "-m", "utils.plot", str(run)], cwd=root, capture_output=True, text=True
-    )
+    res = subprocess.run([sys.executable, "-m", "utils.plot", str(run)], cwd=root, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "curves.png" in res.stdout and (run / "plots" / "throughput.png").exists()
 
@@ -194,9 +190,7 @@ def test_reid_curves_show_the_selection_metric_and_both_directions(n_val: int) -
     axes = _panels(fig)
     assert [a.get_title() for a in axes] == ["loss", "validation mAP", "validation rank-1", "learning rate"]
     m_ap, rank1 = axes[1], axes[2]
-    assert _legend(m_ap)[0].startswith("RGB→IR (selects best.pt): ") and _legend(m_ap)[1].startswith(
-        "IR→RGB: "
-    )
+    assert _legend(m_ap)[0].startswith("RGB→IR (selects best.pt): ") and _legend(m_ap)[1].startswith("IR→RGB: ")
     assert [t.split(":")[0] for t in _legend(rank1)] == ["RGB→IR", "IR→RGB"]  # rank-5/10 stay in summary.json
     for line in m_ap.get_lines():  # every validation point has a marker: one point is a visible dot
         assert line.get_marker() == "o" and len(line.get_xdata()) == n_val

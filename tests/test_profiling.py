@@ -32,9 +32,7 @@ def _step_fn() -> tuple[nn.Module, Callable[[], None]]:
     return model, step
 
 
-def test_profile_steps_writes_trace_and_table_silently(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
-) -> None:
+def test_profile_steps_writes_trace_and_table_silently(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     _, step = _step_fn()
     out = tmp_path / "run" / "profile"  # the CLI passes RUN_DIR/profile; it is created
     r = profile_steps(step, out, steps=3, warmup=1)
@@ -77,21 +75,13 @@ def test_profile_in_a_fresh_process_prints_nothing(tmp_path: Path) -> None:
 def test_native_output_filter_keeps_real_messages(capfd: pytest.CaptureFixture[str]) -> None:
     msgs: list[str] = []
     with _native_output_to(msgs):
-        os.write(
-            2, b"USDT:2026-11-22 03:05:35 5953:5953 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
-        )
-        os.write(
-            2, b"STAGE:2026-11-22 03:05:42 6017:6017 SyncActivityProfilerHandler.cpp:51] Completed Stage\n"
-        )
-        os.write(
-            1, b"WARNING:2026-11-22 03:05:42 1:1 CuptiActivityProfiler.cpp:1] CUPTI insufficient privileges\n"
-        )
+        os.write(2, b"USDT:2026-11-22 03:05:35 5953:5953 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"STAGE:2026-11-22 03:05:42 6017:6017 SyncActivityProfilerHandler.cpp:51] Completed Stage\n")
+        os.write(1, b"WARNING:2026-11-22 03:05:42 1:1 CuptiActivityProfiler.cpp:1] CUPTI insufficient privileges\n")
     print("console is back")
     captured = capfd.readouterr()
     assert captured.out == "console is back\n" and captured.err == ""
-    assert msgs == [
-        "WARNING:2026-11-22 03:05:42 1:1 CuptiActivityProfiler.cpp:1] CUPTI insufficient privileges"
-    ]
+    assert msgs == ["WARNING:2026-11-22 03:05:42 1:1 CuptiActivityProfiler.cpp:1] CUPTI insufficient privileges"]
 
 
 def test_step_errors_surface_and_the_profiler_stops(tmp_path: Path) -> None:

@@ -91,10 +91,7 @@ def test_synthetic_set_shapes_modalities_and_determinism() -> None:
     again = SyntheticCrossModalReID(num_identities=6, samples_per_id=8, image_size=(32, 16), seed=3)
     assert torch.equal(ds.images, again.images)
     batch = ds.gather(torch.tensor([0, 5, 9]))
-    assert (
-        torch.equal(batch["image"], ds.images[[0, 5, 9]])
-        and batch["pid"].tolist() == ds.pids[[0, 5, 9]].tolist()
-    )
+    assert torch.equal(batch["image"], ds.images[[0, 5, 9]]) and batch["pid"].tolist() == ds.pids[[0, 5, 9]].tolist()
 
 
 def test_synthetic_train_val_test_identities_disjoint() -> None:
@@ -166,9 +163,7 @@ def test_sysu_reader(tmp_path: Path) -> None:
     train, val, ev = read_sysu_mm01(tmp_path, image_size=(16, 8), seed=0)
     assert sorted(set(train.pids.tolist())) == [1, 2] and train.num_classes == 2, "val ids held out"
     assert set(val.dataset.pids.tolist()) == {3} and set(ev.dataset.pids.tolist()) == {4, 5}
-    assert set(train.modalities[train.camids == 3]) == {"ir"} and set(
-        train.modalities[train.camids == 1]
-    ) == {"rgb"}
+    assert set(train.modalities[train.camids == 3]) == {"ir"} and set(train.modalities[train.camids == 1]) == {"rgb"}
     assert train[len(train) - 1]["image"].shape == (3, 16, 8)  # grey IR file -> 3 channels
     q, galleries = ev.protocols["allsearch"]
     assert len(q) == 2 * 2 * 2  # all IR images of the 2 test ids
@@ -236,9 +231,7 @@ def test_task_short_training_beats_chance() -> None:
     rng = np.random.default_rng(0)
     chance = np.mean(
         [
-            retrieval_metrics(rng.standard_normal((len(ds), 16)), ds.pids, ds.camids, ev.protocols)[
-                "rgb2ir_mAP"
-            ]
+            retrieval_metrics(rng.standard_normal((len(ds), 16)), ds.pids, ds.camids, ev.protocols)["rgb2ir_mAP"]
             for _ in range(5)
         ]
     )
@@ -270,9 +263,7 @@ def test_task_short_training_beats_chance() -> None:
         "test_ir2rgb_mAP",
         "test_ir2rgb_rank1",
     }
-    assert "val_rgb2ir_mAP" in val_scores and val_scores != {
-        k.replace("test_", "val_"): v for k, v in scores.items()
-    }
+    assert "val_rgb2ir_mAP" in val_scores and val_scores != {k.replace("test_", "val_"): v for k, v in scores.items()}
     assert task.model.training, "evaluate_fn restores train mode"
     assert scores["test_rgb2ir_mAP"] > 2 * chance, (scores, chance, steps)
 
@@ -283,19 +274,14 @@ def test_market1501_holds_out_validation_identities(tmp_path: Path) -> None:
     for pid in range(1, 11):
         for cam in (1, 2):
             for k in range(2):
-                _write_img(
-                    tmp_path / "bounding_box_train" / f"{pid:04d}_c{cam}s1_{k:06d}_00.jpg", (10 * pid, 0, 0)
-                )
+                _write_img(tmp_path / "bounding_box_train" / f"{pid:04d}_c{cam}s1_{k:06d}_00.jpg", (10 * pid, 0, 0))
     _write_img(tmp_path / "query" / "0101_c1s1_000001_00.jpg", (0, 0, 0))
     _write_img(tmp_path / "bounding_box_test" / "0101_c2s1_000001_00.jpg", (0, 0, 0))
     train, val, test = read_market1501(tmp_path, image_size=(16, 8), val_fraction=0.2, seed=3)
     va = set(val.dataset.pids.tolist())
     assert len(va) == 2 and not va & set(train.pids.tolist()) and train.num_classes == 8
     assert (val.dataset.labels == -1).all(), "validation identities are not classes"
-    assert (
-        read_market1501(tmp_path, image_size=(16, 8), val_fraction=0.2, seed=3)[1].dataset.paths
-        == val.dataset.paths
-    )
+    assert read_market1501(tmp_path, image_size=(16, 8), val_fraction=0.2, seed=3)[1].dataset.paths == val.dataset.paths
     q, g = val.protocols[""]
     assert len(q) == 2 * 2 and len(g) == 2 * 2 * 2 - 4  # one query per (id, camera), the rest is gallery
     feats = np.eye(20)[val.dataset.pids]  # perfect features: every query finds its identity first
@@ -335,15 +321,11 @@ def test_sysu_protocol_draws_and_cam2_cam3_exclusion() -> None:
     for g in all_g:  # single shot: one image per (id, camera), RGB cameras only
         assert len(g) == 3 * 4 and set(Meta.camids[g].tolist()) == {1, 2, 4, 5}
     assert all(set(Meta.camids[g].tolist()) == {1, 2} for g in prot["indoor"][1])
-    assert [tuple(g) for g in sysu_protocols(Meta, trials=10, seed=5)["allsearch"][1]] == [
-        tuple(g) for g in all_g
-    ]
+    assert [tuple(g) for g in sysu_protocols(Meta, trials=10, seed=5)["allsearch"][1]] == [tuple(g) for g in all_g]
     # features that match a cam3 query only with its identity's cam2 images: excluded, so not a hit
     feats = np.zeros((len(Meta.pids), 6))
     feats[np.arange(len(Meta.pids)), Meta.pids] = 1.0
-    feats[(Meta.camids == 2) | (Meta.camids == 3), 3 + Meta.pids[(Meta.camids == 2) | (Meta.camids == 3)]] = (
-        5.0
-    )
+    feats[(Meta.camids == 2) | (Meta.camids == 3), 3 + Meta.pids[(Meta.camids == 2) | (Meta.camids == 3)]] = 5.0
     cam3 = {"allsearch": (q[Meta.camids[q] == 3], all_g)}
     with_rule = retrieval_metrics(feats, Meta.pids, Meta.camids, cam3, SYSU_EXCLUDED_CAMERA_PAIRS)
     without = retrieval_metrics(feats, Meta.pids, Meta.camids, cam3)
@@ -358,9 +340,7 @@ def test_task_options_help_and_validation() -> None:
 
     from tasks.reid import ARGS_HELP, build_reid_task
 
-    params = [
-        p for p in inspect.signature(build_reid_task).parameters.values() if p.kind is not p.VAR_KEYWORD
-    ]
+    params = [p for p in inspect.signature(build_reid_task).parameters.values() if p.kind is not p.VAR_KEYWORD]
     assert set(ARGS_HELP) == {p.name for p in params}, "one help entry per option"
     sig = inspect.signature(build_reid_task).parameters
     for k, v in ARGS_HELP.items():  # a default in the text only where the signature's is None (per format)
@@ -446,9 +426,7 @@ def test_sysu_task_scores_the_standard_protocol(tmp_path: Path) -> None:
             for k in range(2):
                 _write_img(tmp_path / f"cam{cam}" / f"{pid:04d}" / f"{k:04d}.jpg", (30 * pid, 20 * cam, 9 * k),
                            mode="RGB" if cam in (1, 2, 4, 5) else "L")  # fmt: skip
-    task = build_reid_task(
-        data_path=str(tmp_path), reid_format="sysu", image_size=(16, 8), width=4, num_instances=2
-    )
+    task = build_reid_task(data_path=str(tmp_path), reid_format="sysu", image_size=(16, 8), width=4, num_instances=2)
     assert task.monitor_metric == "val_allsearch_mAP"
     assert task.info["train_identities"] == 3 and task.info["val_identities"] == 2
     assert task.info["protocols"]["allsearch"] == [2 * 2 * 2, "10 trials"]
@@ -457,11 +435,7 @@ def test_sysu_task_scores_the_standard_protocol(tmp_path: Path) -> None:
         for key in ("mAP", "rank1", "rank10", "rank20"):
             assert 0 <= scores[f"test_{name}_{key}"] <= 1 and f"test_{name}_{key}_std" in scores
         assert scores[f"test_{name}_trials"] == 10
-    assert set(task.evaluate_fn(task.model, "val", torch.device("cpu"))) == {
-        k.replace("test_", "val_") for k in scores
-    }
+    assert set(task.evaluate_fn(task.model, "val", torch.device("cpu"))) == {k.replace("test_", "val_") for k in scores}
     with pytest.raises(ValueError, match="exp/val_id.txt"):
         build_reid_task(data_path=str(tmp_path), reid_format="sysu", val_fraction=0.2)
-    assert (
-        build_reid_task(data_path=str(tmp_path), reid_format="sysu", val_fraction=0, width=4).val_set is None
-    )
+    assert build_reid_task(data_path=str(tmp_path), reid_format="sysu", val_fraction=0, width=4).val_set is None

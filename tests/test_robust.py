@@ -34,8 +34,17 @@ def toy(seed: int = 0, dropout: float = 0.0) -> nn.Module:
 
 
 def cfg(tmp_path: Path, **kw) -> TrainConfig:
-    base = dict(epochs=2, batch_size=32, num_workers=0, output_dir=str(tmp_path), run_name="run", progress_bar=False,
-                log_every=4, validation_interval=1, warmup_steps=2)
+    base = dict(
+        epochs=2,
+        batch_size=32,
+        num_workers=0,
+        output_dir=str(tmp_path),
+        run_name="run",
+        progress_bar=False,
+        log_every=4,
+        validation_interval=1,
+        warmup_steps=2,
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -108,8 +117,10 @@ def test_a_model_that_always_gives_nan_stops_with_exit_code_3(tmp_path, capsys):
 
 
 def test_huge_lr_never_writes_nonfinite_weights(tmp_path):
-    t = Trainer(cfg(tmp_path, epochs=20, lr=1e3, warmup_steps=0, max_consecutive_skips=3),
-                Task("toy", toy(), TensorDataset(*data())))
+    t = Trainer(
+        cfg(tmp_path, epochs=20, lr=1e3, warmup_steps=0, max_consecutive_skips=3),
+        Task("toy", toy(), TensorDataset(*data())),
+    )
     try:
         t.fit()
     except TrainingDiverged:
@@ -133,11 +144,16 @@ class SignalAt:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])
 def test_a_signal_finishes_the_step_saves_and_resumes_exactly(tmp_path, sig, capsys):
-    straight = Trainer(cfg(tmp_path, run_name="s", epochs=2, log_every=1), Task("toy", toy(dropout=0.2),
-                                                                            TensorDataset(*data())))
+    straight = Trainer(
+        cfg(tmp_path, run_name="s", epochs=2, log_every=1),
+        Task("toy", toy(dropout=0.2), TensorDataset(*data())),
+    )
     straight.fit()
-    t = Trainer(cfg(tmp_path, run_name="p", epochs=2, log_every=1), Task("toy", toy(dropout=0.2),
-                                                                     TensorDataset(*data())), callbacks=[SignalAt(5, sig)])
+    t = Trainer(
+        cfg(tmp_path, run_name="p", epochs=2, log_every=1),
+        Task("toy", toy(dropout=0.2), TensorDataset(*data())),
+        callbacks=[SignalAt(5, sig)],
+    )
     with pytest.raises(TrainingStopped) as e:
         t.fit()
     assert e.value.code == 128 + sig
@@ -146,8 +162,10 @@ def test_a_signal_finishes_the_step_saves_and_resumes_exactly(tmp_path, sig, cap
     ck = load_checkpoint(t.run_dir / "checkpoints" / "last.pt")
     assert ck["step"] == 5 and ck["batches_done"] == 5  # mid-epoch: exact resume from batch 5
     assert json.loads((t.run_dir / "summary.json").read_text())["stopped_by"] == signal.Signals(sig).name
-    rest = Trainer(cfg(tmp_path, run_name="p", epochs=2, log_every=1, resume=str(t.run_dir)),
-                   Task("toy", toy(seed=7, dropout=0.2), TensorDataset(*data())))
+    rest = Trainer(
+        cfg(tmp_path, run_name="p", epochs=2, log_every=1, resume=str(t.run_dir)),
+        Task("toy", toy(seed=7, dropout=0.2), TensorDataset(*data())),
+    )
     rest.fit()
     for p, q in zip(straight.raw_model.parameters(), rest.raw_model.parameters()):
         assert torch.equal(p, q)
@@ -157,12 +175,18 @@ def test_a_signal_finishes_the_step_saves_and_resumes_exactly(tmp_path, sig, cap
 def test_a_reused_run_name_never_overwrites_a_finished_run(tmp_path):
     first = Trainer(cfg(tmp_path, epochs=1), Task("toy", toy(), TensorDataset(*data())))
     first.fit()
-    before = (first.run_dir / "summary.json").read_bytes(), (first.run_dir / "checkpoints" / "last.pt").read_bytes()
+    before = (
+        (first.run_dir / "summary.json").read_bytes(),
+        (first.run_dir / "checkpoints" / "last.pt").read_bytes(),
+    )
     second = Trainer(cfg(tmp_path, epochs=1, seed=3), Task("toy", toy(1), TensorDataset(*data())))
     second.fit()
     assert second.run_dir == tmp_path / "run-2"
     assert any("already holds a run" in n for n in second.notes)
-    after = (first.run_dir / "summary.json").read_bytes(), (first.run_dir / "checkpoints" / "last.pt").read_bytes()
+    after = (
+        (first.run_dir / "summary.json").read_bytes(),
+        (first.run_dir / "checkpoints" / "last.pt").read_bytes(),
+    )
     assert before == after
 
 
@@ -175,8 +199,9 @@ def test_a_second_live_process_on_one_run_dir_is_refused(tmp_path):
 
 
 def test_default_names_are_unique(tmp_path):
-    runs = [Trainer(cfg(tmp_path, epochs=1, run_name=None), Task("toy", toy(), TensorDataset(*data(64))))
-            for _ in range(3)]
+    runs = [
+        Trainer(cfg(tmp_path, epochs=1, run_name=None), Task("toy", toy(), TensorDataset(*data(64)))) for _ in range(3)
+    ]
     for t in runs:
         t.fit()
     assert len({t.run_dir for t in runs}) == 3
@@ -225,16 +250,26 @@ def test_out_of_memory_halves_the_micro_batch_and_keeps_the_effective_batch(tmp_
 
 def test_early_stopping_and_testing_with_the_best_weights(tmp_path):
     x, y = data()
-    t = Trainer(cfg(tmp_path, epochs=40, lr=3e-2, early_stopping_patience=2, test_with_best=True),
-                Task("toy", toy(), TensorDataset(x, y), TensorDataset(x[:64], y[:64] + 5.0),
-                     TensorDataset(x[:64], y[:64]), evaluate_fn=None))
+    t = Trainer(
+        cfg(tmp_path, epochs=40, lr=3e-2, early_stopping_patience=2, test_with_best=True),
+        Task(
+            "toy",
+            toy(),
+            TensorDataset(x, y),
+            TensorDataset(x[:64], y[:64] + 5.0),
+            TensorDataset(x[:64], y[:64]),
+            evaluate_fn=None,
+        ),
+    )
     s = t.fit()
     assert s["epochs"] < 40 and any("early stopping" in n for n in s["notes"])
 
 
 def test_max_batches_counts_batches_and_the_last_step_validates_once(tmp_path):
-    t = Trainer(cfg(tmp_path, epochs=100, max_batches=12, accumulate_grad_batches=2, val_check_batches=6),
-                Task("toy", toy(), TensorDataset(*data()), TensorDataset(*data(64))))
+    t = Trainer(
+        cfg(tmp_path, epochs=100, max_batches=12, accumulate_grad_batches=2, val_check_batches=6),
+        Task("toy", toy(), TensorDataset(*data()), TensorDataset(*data(64))),
+    )
     s = t.fit()
     assert s["steps"] == 6  # 12 batches = 6 optimizer steps of 2 micro-batches
     assert [r["step"] for r in rows(t.run_dir) if r["kind"] == "val"] == [3, 6]
@@ -242,8 +277,12 @@ def test_max_batches_counts_batches_and_the_last_step_validates_once(tmp_path):
 
 def test_optimizer_step_state_round_trips():
     p = nn.Parameter(torch.ones(2))
-    o = OptimizerStep(torch.optim.SGD([p], lr=0.1), type("S", (), {"step": lambda *a: None})(), torch.device("cpu"),
-                      fp16=False)
+    o = OptimizerStep(
+        torch.optim.SGD([p], lr=0.1),
+        type("S", (), {"step": lambda *a: None})(),
+        torch.device("cpu"),
+        fp16=False,
+    )
     p.grad = torch.tensor([float("inf"), 0.0])
     o.step()
     assert o.skip_counts() == (1, 1)

@@ -154,9 +154,7 @@ def test_seed000_3_torch_compile(quickstart, monkeypatch):
     lines: list[str] = []
     BaseTrainer(**quickstart, trainer_params=trainer_params, log=lines.append).train()
     assert calls == [{"mode": "reduce-overhead"}]
-    assert "compile: torch.compile(mode='reduce-overhead'); the first steps include compiling" in logged(
-        lines
-    )
+    assert "compile: torch.compile(mode='reduce-overhead'); the first steps include compiling" in logged(lines)
 
 
 def test_seed000_4_debug_mode_is_the_before_loop(quickstart):
@@ -295,9 +293,7 @@ def test_seed000_8_gradient_checkpointing(quickstart):
     if "use_gradient_checkpointing" not in inspect.signature(RecursiveAttentionTransformer).parameters:
         pytest.skip("RecursiveAttentionTransformer has no use_gradient_checkpointing yet (issue 11, point 7)")
     model_params = {**quickstart.pop("model_params"), "use_gradient_checkpointing": True}
-    tr = BaseTrainer(
-        **quickstart, model_params=model_params, trainer_params={"epochs": 1, "progress_bar": False}
-    )
+    tr = BaseTrainer(**quickstart, model_params=model_params, trainer_params={"epochs": 1, "progress_bar": False})
     tr.train()
     assert tr.trainer.raw_model.use_gradient_checkpointing and tr.summary["steps"] >= 1
 
@@ -380,9 +376,7 @@ def test_seed001_training_monitor_snippet(tmp_path):
         },
     )
     tr.train()
-    assert (
-        tr.summary["monitor"]["iterations"] == tr.summary["steps"] == len(tr.trainer.task.train_set) // 32 > 0
-    )
+    assert tr.summary["monitor"]["iterations"] == tr.summary["steps"] == len(tr.trainer.task.train_set) // 32 > 0
 
 
 def test_seed001_command_line(tmp_path, era5_cache, monkeypatch, capsys):
@@ -416,9 +410,7 @@ def test_seed001_command_line(tmp_path, era5_cache, monkeypatch, capsys):
     )
     assert calls == [{"mode": "default"}]
     val_epochs = [
-        r["epoch"]
-        for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-        if r["kind"] == "val"
+        r["epoch"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "val"
     ]
     assert val_epochs == [20, 21]  # every 20 epochs, and the last one
     assert "num_workers=16, prefetch_factor and persistent_workers are not used" in capsys.readouterr().out
@@ -460,9 +452,7 @@ def test_seed002_mmseg_config_knobs(tmp_path, era5_cache, capsys):
     eff = json.loads((run / "config.json").read_text())["effective"]
     assert (eff["batch_size"], eff["accumulate_grad_batches"], eff["loss_scale"]) == (16, 2, "512.0")
     summary = json.loads((run / "summary.json").read_text())
-    assert (
-        summary["steps"] == 400 // 2
-    )  # 400 mmseg iterations = 400 batches = 200 optimizer steps with accumulation 2
+    assert summary["steps"] == 400 // 2  # 400 mmseg iterations = 400 batches = 200 optimizer steps with accumulation 2
     val_steps = [r["step"] for r in read_rows(run) if r["kind"] == "val"]
     assert val_steps == [100, 200]  # every 200 batches, and the last step validated once, not twice
 
@@ -845,9 +835,7 @@ def test_readme_seed_table_points_at_real_flags_keys_and_apis():
 
     flags = {o for a in cli.build_parser()._actions for o in a.option_strings}
     keys = (
-        set(TrainConfig.__dataclass_fields__)
-        | set(base_mod._OWN_KEYS)
-        | set(inspect.signature(BaseTrainer).parameters)
+        set(TrainConfig.__dataclass_fields__) | set(base_mod._OWN_KEYS) | set(inspect.signature(BaseTrainer).parameters)
     )
     launcher = (ROOT / "optimize_training.sh").read_text(encoding="utf-8")
     mmseg = {f"{t}.{k}" for t, k in _MMSEG if t} | {"fp16.loss_scale"}

@@ -51,9 +51,7 @@ def test_orthonormal_by_gauss_legendre_quadrature(max_degree: int) -> None:
     weights = torch.from_numpy((w[:, None] * np.full(n_lon, 2 * np.pi / n_lon)[None, :]).reshape(-1))
     Y = real_spherical_harmonics(torch.from_numpy(lat_g), torch.from_numpy(lon_g), max_degree, torch.float64)
     gram = Y.T @ (Y * weights[:, None])
-    torch.testing.assert_close(
-        gram, torch.eye(num_harmonics(max_degree), dtype=torch.float64), atol=1e-10, rtol=0
-    )
+    torch.testing.assert_close(gram, torch.eye(num_harmonics(max_degree), dtype=torch.float64), atol=1e-10, rtol=0)
 
 
 def test_orthonormal_on_fine_latlon_grid_with_cos_weights() -> None:

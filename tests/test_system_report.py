@@ -135,9 +135,7 @@ def generate(out: Path, steps: int, read_ms: float, batch_size: int = 16, repeat
         "task": "stand-in SST-like CNN",
         **base,
     }
-    return run_system_report(
-        make_standin_run_trial(base, read_ms), base, CANDIDATES, steps, out, cfg, repeats=repeats
-    )
+    return run_system_report(make_standin_run_trial(base, read_ms), base, CANDIDATES, steps, out, cfg, repeats=repeats)
 
 
 # --------------------------------------------------------------------------- tests
@@ -157,9 +155,7 @@ def test_hardware_info_and_cli() -> None:
     assert hw["torch"] == torch.__version__ and hw["cpu_logical_cores"] >= 1
     md = render_hardware(hw)
     assert "| CPU |" in md and "| RAM |" in md
-    res = subprocess.run(
-        [sys.executable, "-m", "utils.system_report"], cwd=ROOT, capture_output=True, text=True
-    )
+    res = subprocess.run([sys.executable, "-m", "utils.system_report"], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0 and "## Hardware" in res.stdout and hw["cpu_model"] in res.stdout
 
 
@@ -190,10 +186,7 @@ def test_render_report_judges_against_the_noise() -> None:
     assert "## Verdict: **data-loading bound**" in md
     assert "1. **num_workers=4** — 2.50× your samples/s" in md
     assert "| 4 workers | num_workers=4 | 250.0 (240–260) | 2.50× | faster |" in md
-    assert (
-        "**No difference** (inside the noise: yours ranged 96.0–104.0" in md
-        and "device_cache=False (1.03×)" in md
-    )
+    assert "**No difference** (inside the noise: yours ranged 96.0–104.0" in md and "device_cache=False (1.03×)" in md
     assert "2. **" not in md, "a difference inside the noise is never a recommendation"
     assert "failed: OutOfMemoryError" in md
     # one repetition: nothing is judged, nothing recommended (issue 11: a 1.54x from noise was recommended)
@@ -343,9 +336,7 @@ class _FakeNvml:
         return 1590
 
 
-def test_nvml_utilisation_and_clocks_with_a_mocked_nvml(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_nvml_utilisation_and_clocks_with_a_mocked_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml())
     assert nvml_clocks() == [{"index": 0, "sm_clock_mhz": 1755, "sm_clock_max_mhz": 1980, "sm_clock_base_mhz": 1590,
                               "mem_clock_mhz": 2619, "mem_clock_max_mhz": 2619}]  # fmt: skip
@@ -376,7 +367,9 @@ def test_run_system_report_with_standin_trainer(tmp_path: Path) -> None:
     out = generate(tmp_path / "report" / "system_report.md", steps=3, read_ms=100.0, batch_size=4)
     md = out.read_text()
     raw = json.loads(out.with_suffix(".json").read_text())
-    assert raw["verdict"]["verdict"] == "data-loading bound"  # 400 ms of "reading" per step, 0 workers: robust to a busy CPU
+    assert (
+        raw["verdict"]["verdict"] == "data-loading bound"
+    )  # 400 ms of "reading" per step, 0 workers: robust to a busy CPU
     names = [t["name"] for t in raw["trials"]]
     assert names[0] == "your settings"
     # only candidates relevant to a data-loading verdict were measured (plus maybe their combination)

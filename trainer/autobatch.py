@@ -180,17 +180,13 @@ def auto_batch_size(cfg: TrainConfig, task: Any) -> tuple[TrainConfig, str]:
     target = cfg.batch_size * cfg.accumulate_grad_batches
     keep_effective = cfg.accumulate_grad_batches > 1
     try:
-        res = find_max_batch_size(
-            try_batch, start=2, max_batch=cap, target=target if keep_effective else None
-        )
+        res = find_max_batch_size(try_batch, start=2, max_batch=cap, target=target if keep_effective else None)
     finally:
         probe = None  # the probe's model copy and optimizer state go before the real run allocates its own
         _release_memory()
     best = res["batch_size"]
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        t = torch.tensor(
-            best, device=dev
-        )  # every rank must train with the same batch: the smallest that fits
+        t = torch.tensor(best, device=dev)  # every rank must train with the same batch: the smallest that fits
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
         best = int(t.item())
         if keep_effective:

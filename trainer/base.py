@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.utils.data import Subset
 
-from .checkpoint import atomic_save, load_checkpoint
+from .checkpoint import CheckpointError, atomic_save, load_checkpoint
 from .config import TrainConfig
 from .loop import Trainer
 from .options import ConfigError
@@ -112,9 +112,7 @@ def check_trainer_params(tp: dict[str, Any]) -> None:
         for k in unknown:
             near = difflib.get_close_matches(str(k), known, n=3, cutoff=0.6)
             hints.append(f"{k!r}" + (f" (did you mean {', '.join(near)}?)" if near else ""))
-        raise ConfigError(
-            f"trainer_params: unknown key(s) {'; '.join(hints)}. Valid keys: {', '.join(sorted(known))}"
-        )
+        raise ConfigError(f"trainer_params: unknown key(s) {'; '.join(hints)}. Valid keys: {', '.join(sorted(known))}")
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -211,9 +209,7 @@ class BaseTrainer:
             )
         self.auto_batch_size = tp.pop("auto_batch_size", False)
         if not isinstance(self.auto_batch_size, bool):
-            raise ValueError(
-                f"trainer_params['auto_batch_size']={self.auto_batch_size!r}: give True or False"
-            )
+            raise ValueError(f"trainer_params['auto_batch_size']={self.auto_batch_size!r}: give True or False")
         if "baseline" not in tp and all(k in tp and tp[k] == v for k, v in SEED_BEFORE.items()):
             tp["baseline"] = True
             self.notes.append(
@@ -301,17 +297,12 @@ class BaseTrainer:
         if _names(cls, "area"):
             mp["area"] = area
             self.notes.append(
-                f"model: {name} gets area={getattr(area, 'title', area)!r} (lon {list(area.lon)}, "
-                f"lat {list(area.lat)})"
+                f"model: {name} gets area={getattr(area, 'title', area)!r} (lon {list(area.lon)}, lat {list(area.lat)})"
             )
         elif _names(cls, "lon_range") or _names(cls, "lat_range"):
-            given = {
-                k: tuple(v) for k, v in (("lon_range", area.lon), ("lat_range", area.lat)) if _names(cls, k)
-            }
+            given = {k: tuple(v) for k, v in (("lon_range", area.lon), ("lat_range", area.lat)) if _names(cls, k)}
             mp.update(given)
-            self.notes.append(
-                f"model: {name} gets the area as " + ", ".join(f"{k}={v}" for k, v in given.items())
-            )
+            self.notes.append(f"model: {name} gets the area as " + ", ".join(f"{k}={v}" for k, v in given.items()))
         return mp
 
     def build_task(self) -> Task:
@@ -329,9 +320,7 @@ class BaseTrainer:
         elif self.pre_model:
             self.notes.append(f"pre_model: {self.save_path} does not exist yet; starting from scratch")
         elif self.save_path.is_file():
-            self.notes.append(
-                f"save_path: {self.save_path} already exists; this run's weights will replace it"
-            )
+            self.notes.append(f"save_path: {self.save_path} already exists; this run's weights will replace it")
         area = None if self.area is None else getattr(self.area, "title", str(self.area))
         return Task(
             self.title,
@@ -361,8 +350,7 @@ class BaseTrainer:
             unused = [
                 k
                 for k in ex
-                if k != "num_workers"
-                and not (cfg.num_workers and k in ("prefetch_factor", "persistent_workers"))
+                if k != "num_workers" and not (cfg.num_workers and k in ("prefetch_factor", "persistent_workers"))
             ]
             unused = [k for k in unused if not (k == "pin_memory" and ex[k] is False)]
             if unused:
@@ -388,9 +376,7 @@ class BaseTrainer:
 
             self.config, note = auto_batch_size(self.config, task)
             self.notes.append(note)
-        self.trainer = t = Trainer(
-            self.config, task, log=self.log, callbacks=self.callbacks, monitor=self.monitor
-        )
+        self.trainer = t = Trainer(self.config, task, log=self.log, callbacks=self.callbacks, monitor=self.monitor)
         t.notes[:0] = self.notes + self._loader_notes(t)  # printed first by fit() and written to config.json
         self.summary = t.fit()
         model = t.raw_model
@@ -404,8 +390,11 @@ def load_model_weights(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     """Load a save_path state dict or a plainloop checkpoint into `model` (weights_only)."""
     p = Path(path)
     try:
-        state = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception:
-        state = load_checkpoint(p)  # raises the clear error
-    model.load_state_dict(state["model"] if "model" in state else state)
+        state = load_checkpoint(p)  # a plainloop checkpoint: its digest is verified
+        state = state["model"]
+    except CheckpointError as e:
+        if "no 'model' entry" not in str(e):
+            raise
+        state = torch.load(p, map_location="cpu", weights_only=True)  # a plain state dict (save_path)
+    model.load_state_dict(state)
     return model

@@ -36,6 +36,9 @@ def build_run(t: Any) -> None:
     t.rt = rt = resolve_runtime(cfg.precision, cfg.device, cfg.tf32, cfg.cudnn_benchmark)
     seed_everything(cfg.seed)
     t.notes = list(rt.notes)
+    if cfg.num_threads is not None and rt.device.type == "cpu" and cfg.num_threads != torch.get_num_threads():
+        t.notes.append(f"threads: {torch.get_num_threads()} -> {cfg.num_threads} torch intra-op thread(s)")
+        torch.set_num_threads(cfg.num_threads)
     if t.requested.baseline:
         t.notes.append("baseline: fp32, num_workers=0, no pinning, .item() every step, validate every epoch")
     t.run_dir, t._last_val_step, t.last_row = None, -1, {}
@@ -52,17 +55,26 @@ def build_run(t: Any) -> None:
                 t.resident[id(ds)] = g
         t.notes.append(f"data: held on {rt.device.type}, batches gathered there (no loader workers)")
         if cfg.num_workers:
-            t.notes.append(f"num_workers={cfg.num_workers}, prefetch_factor and persistent_workers are not used: "
-                           f"the data is held on {rt.device.type}; device_cache off (--device_cache off) brings the loader back")
+            t.notes.append(
+                f"num_workers={cfg.num_workers}, prefetch_factor and persistent_workers are not used: "
+                f"the data is held on {rt.device.type}; device_cache off (--device_cache off) brings the loader back"
+            )
     else:
         t.loader_kw, notes = loader_settings(cfg, rt.device, rt.world_size)
         t.notes += notes
     if task.batch_sampler_fn is not None:
-        t.sampler = task.batch_sampler_fn(task.train_set, cfg.batch_size, cfg.seed, rt.rank, rt.world_size,
-                                          cfg.drop_last)
+        t.sampler = task.batch_sampler_fn(
+            task.train_set, cfg.batch_size, cfg.seed, rt.rank, rt.world_size, cfg.drop_last
+        )
     else:
-        t.sampler = ShardedBatchSampler(len(task.train_set), cfg.batch_size, seed=cfg.seed, rank=rt.rank,
-                                        world_size=rt.world_size, drop_last=cfg.drop_last)
+        t.sampler = ShardedBatchSampler(
+            len(task.train_set),
+            cfg.batch_size,
+            seed=cfg.seed,
+            rank=rt.rank,
+            world_size=rt.world_size,
+            drop_last=cfg.drop_last,
+        )
     kw = {} if t.on_device else dict(t.loader_kw, generator=torch.Generator().manual_seed(cfg.seed + rt.rank))
     t.loader = build_loader(task.train_set, t.sampler, rt.device, kw, task.collate_fn, gatherer)
     t.batches_per_epoch = len(t.sampler)
@@ -83,22 +95,32 @@ def build_run(t: Any) -> None:
         optimizer = t.raw_model.configure_optimizers()
         tensor_lr = isinstance(optimizer.param_groups[0]["lr"], torch.Tensor)
         if rt.device.type == "cuda" and not tensor_lr:
-            t.notes.append("schedule: the model's own optimizer has a float lr, so a skipped step still advances "
-                           "the schedule")
+            t.notes.append(
+                "schedule: the model's own optimizer has a float lr, so a skipped step still advances the schedule"
+            )
     else:
         base_lr = getattr(t.raw_model, "learning_rate", None) or cfg.lr
         lr = scaled_lr(base_lr, t.global_batch, cfg.ref_batch_size, cfg.lr_scaling)
         if lr != base_lr:
-            t.notes.append(f"lr: {base_lr:.3g} -> {lr:.3g} ({cfg.lr_scaling} scaling, batch {cfg.ref_batch_size} "
-                           f"-> {t.global_batch})")
+            t.notes.append(
+                f"lr: {base_lr:.3g} -> {lr:.3g} ({cfg.lr_scaling} scaling, batch {cfg.ref_batch_size} "
+                f"-> {t.global_batch})"
+            )
         # a device-side schedule never needs to ask whether a step was skipped (CUDA, and fp16 anywhere)
         tensor_lr = rt.device.type == "cuda" or fp16
         optimizer = build_adamw(t.raw_model, lr, cfg.weight_decay, rt.device, tensor_lr)
     t.warmup_steps = cfg.warmup_steps if cfg.warmup_steps is not None else min(500, int(0.05 * t.total_steps))
     t.scheduler = WarmupCosine(optimizer, t.total_steps, t.warmup_steps, cfg.min_lr_ratio, on_device=tensor_lr)
     t.optimizer = optimizer
-    t.opt = OptimizerStep(optimizer, t.scheduler, rt.device, fp16, cfg.scale_value(), cfg.gradient_clip_val,
-                          cfg.gradient_clip_algorithm)
+    t.opt = OptimizerStep(
+        optimizer,
+        t.scheduler,
+        rt.device,
+        fp16,
+        cfg.scale_value(),
+        cfg.gradient_clip_val,
+        cfg.gradient_clip_algorithm,
+    )
     if fp16 and cfg.scale_value():
         t.notes.append(f"loss scale: static {cfg.scale_value():g}")
     t.best = BestTracker(task.monitor_metric, task.monitor_mode)
@@ -148,27 +170,37 @@ def save_checkpoint(t: Any, name: str) -> None:
     finite = torch.stack([torch.isfinite(p).all() for p in params.values()]) if params else torch.ones(1, dtype=bool)
     if not bool(finite.all()):  # note: sync point (checkpoint)
         bad = [n for n, ok in zip(params, finite.tolist()) if not ok]
-        raise RunDirError(f"refusing to write {name}: parameter(s) {bad[:5]} are not finite; the previous "
-                          f"checkpoint in {t.run_dir / 'checkpoints'} is kept")
+        raise RunDirError(
+            f"refusing to write {name}: parameter(s) {bad[:5]} are not finite; the previous "
+            f"checkpoint in {t.run_dir / 'checkpoints'} is kept"
+        )
     path = atomic_save(state_of(t), t.run_dir / "checkpoints" / name)
     if name == "best.pt":
-        t.files.write_json("best.json", {"metric": t.best.metric, "value": t.best.best, "step": t.step,
-                                         "epoch": t.epoch})
+        t.files.write_json(
+            "best.json", {"metric": t.best.metric, "value": t.best.best, "step": t.step, "epoch": t.epoch}
+        )
     call(t.callbacks, "on_log", t, {"kind": "checkpoint", "name": name, "step": t.step, "path": str(path)})
 
 
 def load_checkpoint_into(t: Any, path: Path, weights_only: bool = False) -> None:
     """Restore a checkpoint (or a run directory's last.pt) into trainer `t`; weights only for test_with_best."""
     ckpt = load_checkpoint(path, map_location=t.rt.device)
+    if str(ckpt.get("integrity", "")).startswith("unverified"):
+        t.notes.append(f"checkpoint {path}: {ckpt['integrity']}")
     model = t.raw_model
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
-        shapes = [line.strip() for line in str(e).splitlines() if "size mismatch" in line or "Missing" in line
-                  or "Unexpected" in line]
-        raise ResumeError(f"{path}: its weights do not fit this model; the run that wrote it used other model "
-                          f"settings. Differences: {'; '.join(shapes[:6]) or str(e)[:300]}. Resume with the run's "
-                          f"own settings (--resume RUN_DIR alone restores them).") from None
+        shapes = [
+            line.strip()
+            for line in str(e).splitlines()
+            if "size mismatch" in line or "Missing" in line or "Unexpected" in line
+        ]
+        raise ResumeError(
+            f"{path}: its weights do not fit this model; the run that wrote it used other model "
+            f"settings. Differences: {'; '.join(shapes[:6]) or str(e)[:300]}. Resume with the run's "
+            f"own settings (--resume RUN_DIR alone restores them)."
+        ) from None
     if weights_only:
         return
     if ckpt.get("task") not in (None, t.task.name):
@@ -190,17 +222,25 @@ def load_checkpoint_into(t: Any, path: Path, weights_only: bool = False) -> None
     old = ckpt.get("config", {})
     for k in ("batch_size", "accumulate_grad_batches", "seed"):
         if k in old and old[k] != getattr(t.cfg, k):
-            t.notes.append(f"resume: {k} was {old[k]} in the checkpoint, now {getattr(t.cfg, k)}; the run will not "
-                           f"match an uninterrupted one")
+            t.notes.append(
+                f"resume: {k} was {old[k]} in the checkpoint, now {getattr(t.cfg, k)}; the run will not "
+                f"match an uninterrupted one"
+            )
     old_total = ckpt["scheduler"].get("total_steps")
     if old_total is not None and int(old_total) != t.total_steps:
-        t.notes.append(f"schedule: the run now has {t.total_steps} optimizer steps (was {old_total}); warm-up and "
-                       f"cosine are recomputed for the new length and continue from step {t.step}")
+        t.notes.append(
+            f"schedule: the run now has {t.total_steps} optimizer steps (was {old_total}); warm-up and "
+            f"cosine are recomputed for the new length and continue from step {t.step}"
+        )
     if t.step >= t.total_steps:
-        raise ResumeError(f"{path} is already at step {t.step} of {t.total_steps}: nothing left to train. Give more "
-                          f"--epochs or --max_steps to extend it")
-    t.notes.append(f"resume: {path} at epoch {t.epoch}, step {t.step}"
-                   + (f", batch {t.batches_done} of the epoch" if t.batches_done else ""))
+        raise ResumeError(
+            f"{path} is already at step {t.step} of {t.total_steps}: nothing left to train. Give more "
+            f"--epochs or --max_steps to extend it"
+        )
+    t.notes.append(
+        f"resume: {path} at epoch {t.epoch}, step {t.step}"
+        + (f", batch {t.batches_done} of the epoch" if t.batches_done else "")
+    )
 
 
 def _read_best_json(t: Any, run_dir: Path) -> None:
@@ -233,16 +273,35 @@ def open_run_dir(t: Any) -> RunFiles | None:
     files = RunFiles(Path(t.run_dir), t.callbacks, t)
     if files.removed:
         t.notes.append(f"removed {len(files.removed)} temp file(s) left by an interrupted write")
-    resolved = {**t.requested.to_dict(), "precision": rt.precision, "num_workers": t.loader_kw.get("num_workers", 0),
-                "warmup_steps": t.warmup_steps, "resume": None}
-    files.write_json("config.json", {"requested": t.requested.to_dict(),
-                                     "effective": {**t.cfg.to_dict(), **{k: resolved[k] for k in
-                                                                         ("precision", "num_workers", "warmup_steps")}},
-                                     "runtime": {"device": str(rt.device), "precision": rt.precision,
-                                                 "world_size": rt.world_size, "notes": t.notes},
-                                     "task": {"name": t.task.name, **t.task.info}})
-    write_config_file(Path(t.run_dir) / "config.toml", {**t.config_sections, "train": resolved},
-                      f"Resolved configuration of this run: re-run it with\n"
-                      f"python train_optimized.py --config {Path(t.run_dir) / 'config.toml'}")
+    resolved = {
+        **t.requested.to_dict(),
+        "precision": rt.precision,
+        "num_workers": t.loader_kw.get("num_workers", 0),
+        "warmup_steps": t.warmup_steps,
+        "resume": None,
+    }
+    files.write_json(
+        "config.json",
+        {
+            "requested": t.requested.to_dict(),
+            "effective": {
+                **t.cfg.to_dict(),
+                **{k: resolved[k] for k in ("precision", "num_workers", "warmup_steps")},
+            },
+            "runtime": {
+                "device": str(rt.device),
+                "precision": rt.precision,
+                "world_size": rt.world_size,
+                "notes": t.notes,
+            },
+            "task": {"name": t.task.name, **t.task.info},
+        },
+    )
+    write_config_file(
+        Path(t.run_dir) / "config.toml",
+        {**t.config_sections, "train": resolved},
+        f"Resolved configuration of this run: re-run it with\n"
+        f"python train_optimized.py --config {Path(t.run_dir) / 'config.toml'}",
+    )
     call(t.callbacks, "on_fit_start", t)
     return files

@@ -1,25 +1,139 @@
-"""Atomic checkpoints that load with weights_only=True, so a checkpoint can never run code on load."""
+"""Checkpoints that are written atomically, carry a digest, and load with weights_only=True.
+
+- `atomic_save` writes a temp file in the same folder, fsyncs and renames it, so a crash never leaves half a
+  file; a plainloop checkpoint (a dict with a "model" entry) gets a sha256 digest of its contents as one more
+  entry.
+- `load_checkpoint` never unpickles arbitrary objects (a pickle payload is refused, never run), reports
+  damaged files (random bytes, truncation, a flipped bit caught by the digest) as corrupt, naming the file,
+  and still loads older checkpoints written without a digest (marked unverified).
+- `remove_orphan_temps` deletes the temp files a killed writer left behind.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import io
 import os
 import pickle
+import pickletools
+import re
+import socket
 import tempfile
+import time
+import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+
+DIGEST_KEY = "digest"  # entry of a saved plainloop checkpoint: "sha256:<hex>" over every other entry
+INTEGRITY_KEY = "integrity"  # set by load_checkpoint on what it returns: "verified" or "unverified: ..."
+UNVERIFIED = "unverified: written without a digest (an older checkpoint); damage inside it would go unnoticed"
 
 
 class CheckpointError(RuntimeError):
     pass
 
 
-def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
-    """torch.save to a temp file in the same folder, fsync, then rename: a crash never leaves half a file."""
+# ---------------------------------------------------------------------------------------------- digest
+
+
+def state_digest(obj: Any) -> str:
+    """sha256 over a canonical serialisation: every tensor's dtype, shape and bytes, and every other entry.
+
+    Dict order is part of it (pickle and torch.load keep insertion order), lists and tuples hash alike.
+    CUDA tensors are copied to the host for hashing.
+    """
+    h = hashlib.sha256()
+    _feed(h, obj)
+    return "sha256:" + h.hexdigest()
+
+
+def _put(h: Any, tag: bytes, payload: bytes) -> None:
+    # a tag and a length prefix keep the stream unambiguous ("ab","c" never hashes like "a","bc")
+    h.update(tag + len(payload).to_bytes(8, "little"))
+    h.update(payload)
+
+
+def _raw_bytes(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy (and without Tensor.numpy(), which the sync-rule
+    test counts as a host read; this memory is on the host already)."""
+    n = t.numel() * t.element_size()
+    if n == 0:
+        return memoryview(b"")
+    if t.is_quantized or not t.is_contiguous():
+        raise TypeError("not plain contiguous memory")
+    return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
+
+
+def _feed(h: Any, obj: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        _put(h, b"T", f"{t.dtype}|{tuple(t.shape)}".encode())
+        try:
+            if t.layout != torch.strided:
+                t = t.to_dense()
+            if t.device.type != "cpu":
+                t = t.to("cpu")  # note: sync point (checkpoint), as torch.save's own copy is
+            t = t.resolve_conj().resolve_neg().contiguous()
+            view = _raw_bytes(t)
+        except (
+            RuntimeError,
+            TypeError,
+            ValueError,
+        ):  # quantized or exotic tensors: hash their values instead
+            _put(h, b"V", repr(obj.detach().to("cpu").tolist()).encode())
+            return
+        _put(h, b"B", view)  # `t` stays alive until here: the view points into its memory
+    elif isinstance(obj, dict):
+        _put(h, b"D", str(len(obj)).encode())
+        for k, v in obj.items():
+            _feed(h, k)
+            _feed(h, v)
+    elif isinstance(obj, list | tuple):
+        _put(h, b"L", str(len(obj)).encode())
+        for v in obj:
+            _feed(h, v)
+    elif isinstance(obj, np.ndarray) and obj.dtype != object:
+        a = np.ascontiguousarray(obj)
+        _put(h, b"A", f"{a.dtype.str}|{a.shape}".encode())
+        _put(h, b"B", memoryview(a.reshape(-1).view(np.uint8)))
+    elif isinstance(obj, str):
+        _put(h, b"S", obj.encode("utf-8", "surrogatepass"))
+    elif isinstance(obj, bytes | bytearray):
+        _put(h, b"Y", bytes(obj))
+    else:  # None, bool, int, float (repr round-trips exactly, nan included), complex, dtype, device, ...
+        _put(h, b"O", f"{type(obj).__name__}:{obj!r}".encode())
+
+
+# ------------------------------------------------------------------------------------------------ save
+
+
+def _owner_tag() -> str:
+    """host~pid of this writer, embedded in temp names so `remove_orphan_temps` can tell live from dead."""
+    host = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:40]
+    return f"{host}~{os.getpid()}"
+
+
+def atomic_save(obj: Any, path: str | os.PathLike, *, digest: bool | None = None) -> Path:
+    """torch.save to a temp file in the same folder, fsync, then rename: a crash never leaves half a file.
+
+    digest: add a DIGEST_KEY entry to a dict; None (default) = only for a plainloop checkpoint (a dict with a
+    "model" entry), so plain state dicts stay loadable by `model.load_state_dict` as they are.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if digest is None:
+        digest = isinstance(obj, dict) and "model" in obj
+    if digest:
+        if not isinstance(obj, dict):
+            raise TypeError(f"atomic_save(digest=True) needs a dict, got {type(obj).__name__}")
+        body = {k: v for k, v in obj.items() if k != DIGEST_KEY}
+        obj = {**body, DIGEST_KEY: state_digest(body)}
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_owner_tag()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
@@ -39,35 +153,152 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
     return path
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load with weights_only=True; anything that needs unpickling arbitrary objects is refused."""
+# ------------------------------------------------------------------------------------------------ load
+
+
+def _is_pickle_stream(data: io.BufferedIOBase | io.BytesIO, max_ops: int = 2_000_000) -> bool:
+    """True when `data` parses as a pickle opcode stream up to STOP. Parses only; nothing is executed."""
+    try:
+        for n, (op, _, _) in enumerate(pickletools.genops(data)):
+            if op.name == "STOP":
+                return True
+            if n >= max_ops:
+                return True  # a long, still-valid stream: random bytes fail within a few opcodes
+    except Exception:
+        return False
+    return False
+
+
+def _looks_like_pickle(path: Path) -> bool:
+    """Is the file (or the data.pkl inside a torch zip) a well-formed pickle? Separates "holds pickled
+    objects" from "damaged bytes", whose weights_only errors can read alike."""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                names = [n for n in z.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+                if not names:
+                    return False
+                return _is_pickle_stream(io.BytesIO(z.read(names[0])))
+        with open(path, "rb") as f:
+            return _is_pickle_stream(f)
+    except Exception:  # a zip whose records are damaged is corrupt, whatever the pickle says
+        return False
+
+
+def _detail(e: BaseException) -> str:
+    """The informative line of an exception (torch's weights_only errors open with a generic paragraph)."""
+    lines = [s.strip() for s in str(e).splitlines() if s.strip()]
+    useful = [
+        s
+        for s in lines
+        if not s.startswith(("Weights only load failed", "Please file an issue", "Check the documentation"))
+    ]
+    text = (useful or lines or [""])[0][:200]
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def load_checkpoint(
+    path: str | os.PathLike, map_location: str | torch.device = "cpu", *, verify: bool = True
+) -> dict[str, Any]:
+    """Load with weights_only=True and check the digest; anything that needs arbitrary unpickling is refused.
+
+    Accepts a checkpoint file or a run directory (its checkpoints/last.pt). The returned dict has no digest
+    entry; its INTEGRITY_KEY entry says "verified" or why not (UNVERIFIED for checkpoints without a digest).
+    """
     path = Path(path)
     if path.is_dir():  # a run directory: continue from its last checkpoint
         path = path / "checkpoints" / "last.pt"
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist; pass a last.pt/best.pt file or a run directory")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
+        with warnings.catch_warnings():  # damaged bytes can look like an odd pickle protocol: not news
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except MemoryError:
+        raise
+    except Exception as e:
+        # a weights_only refusal of a well-formed pickle means pickled objects (classes, functions); damaged
+        # bytes raise the same error class, so the stream's shape decides, not the message
+        if isinstance(e, pickle.UnpicklingError) and _looks_like_pickle(path):
+            raise CheckpointError(
+                f"refusing to load {path}: it is not loadable with weights_only=True (it holds pickled Python "
+                f"objects, which could run code). Only plainloop checkpoints or plain state dicts are accepted. "
+                f"Detail: {_detail(e)}"
+            ) from None
         raise CheckpointError(
-            f"refusing to load {path}: it is not loadable with weights_only=True (it holds pickled Python "
-            f"objects, which could run code). Only plainloop checkpoints or plain state dicts are accepted. "
-            f"Detail: {str(e).splitlines()[0]}"
+            f"checkpoint {path} is corrupt or truncated and cannot be read ({_detail(e)}); "
+            f"use another checkpoint (best.pt, an earlier copy) or start the run again"
         ) from None
-    except (RuntimeError, EOFError, OSError) as e:
-        raise CheckpointError(f"checkpoint {path} is corrupt or truncated and cannot be read: {e}") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt:
-        raise CheckpointError(f"{path} is not a plainloop checkpoint (no 'model' entry); keys: "
-                              f"{sorted(ckpt)[:10] if isinstance(ckpt, dict) else type(ckpt).__name__}")
+        raise CheckpointError(
+            f"{path} is not a plainloop checkpoint (no 'model' entry); keys: "
+            f"{sorted(map(str, ckpt))[:10] if isinstance(ckpt, dict) else type(ckpt).__name__}"
+        )
+    stored = ckpt.pop(DIGEST_KEY, None)
+    if stored is None:
+        ckpt[INTEGRITY_KEY] = UNVERIFIED
+    elif not verify:
+        ckpt[INTEGRITY_KEY] = "unverified: digest check skipped (verify=False)"
+    else:
+        if not isinstance(stored, str) or state_digest(ckpt) != stored:
+            raise CheckpointError(
+                f"checkpoint {path} is corrupt: its contents do not match the digest written with it (damaged "
+                f"on disk or in a copy); use another checkpoint (best.pt, an earlier copy) or start the run again"
+            )
+        ckpt[INTEGRITY_KEY] = "verified"
     return ckpt
 
 
-def remove_orphan_temps(folder: Path) -> list[Path]:
-    """Delete temp files a killed atomic_save left behind (interim; superseded by the integrity work)."""
+# ------------------------------------------------------------------------------------------ orphan temps
+
+# .<target>.<host>~<pid>.<random>.tmp from atomic_save; older writers had no host~pid part
+_TEMP_RE = re.compile(r"^\.(?P<target>.+?)\.(?:(?P<host>[A-Za-z0-9_-]*)~(?P<pid>\d+)\.)?[A-Za-z0-9_]+\.tmp$")
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    if os.name != "posix":
+        return True  # os.kill(pid, 0) would terminate the process on Windows: leave it to the age rule
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    try:  # a zombie (killed, not yet reaped) writes nothing any more
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2] != "Z"
+    except (OSError, ValueError, IndexError):
+        return True
+
+
+def remove_orphan_temps(folder: str | os.PathLike, max_age_s: float = 900.0) -> list[Path]:
+    """Delete `.<name>.*.tmp` files that a killed `atomic_save` left in `folder`; return what was removed.
+
+    A temp file is removed when its writer (host~pid in the name) is this host's process that no longer runs,
+    or when nothing has written to it for `max_age_s` seconds (writers on other hosts, older names). A live
+    writer's file is never touched: it keeps writing, so its modification time stays fresh.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    old = [p for p in folder.glob(".*.tmp") if p.stat().st_mtime < __import__("time").time() - 600]
-    for p in old:
-        p.unlink(missing_ok=True)
-    return old
+    me = _owner_tag().split("~")[0]
+    now = time.time()
+    removed: list[Path] = []
+    for p in folder.iterdir():
+        m = _TEMP_RE.match(p.name)
+        if not m or not p.is_file():
+            continue
+        try:
+            age = now - p.stat().st_mtime
+        except FileNotFoundError:  # renamed or removed by its writer meanwhile
+            continue
+        dead_writer = m["pid"] is not None and m["host"] == me and not _pid_alive(int(m["pid"]))
+        if dead_writer or age > max_age_s:
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                continue
+            removed.append(p)
+    return removed

@@ -36,70 +36,108 @@ class TrainConfig:
     # run
     seed: int = knob(42, "seeds python, numpy and torch; data order derives from it", RUN)
     output_dir: str = knob("runs", "each run writes into OUTPUT_DIR/RUN_NAME", RUN)
-    run_name: str | None = knob(None, "run directory name; an existing one gets a -2, -3 ... suffix "
-                                "(default: <task>-<timestamp>)", RUN)
-    resume: str | None = knob(None, "checkpoint file or run directory to continue exactly; 'auto' = the run named "
-                              "by --run_name if it has a checkpoint, else the newest resumable run", RUN)
-    baseline: bool = knob(False, "the seed guides' unoptimised loop: fp32, num_workers=0, no pinning, .item() every "
-                          "step, validation every epoch", RUN)
+    run_name: str | None = knob(
+        None,
+        "run directory name; an existing one gets a -2, -3 ... suffix (default: <task>-<timestamp>)",
+        RUN,
+    )
+    resume: str | None = knob(
+        None,
+        "checkpoint file or run directory to continue exactly; 'auto' = the run named "
+        "by --run_name if it has a checkpoint, else the newest resumable run",
+        RUN,
+    )
+    baseline: bool = knob(
+        False,
+        "the seed guides' unoptimised loop: fp32, num_workers=0, no pinning, .item() every "
+        "step, validation every epoch",
+        RUN,
+    )
     # schedule
     epochs: int = knob(10, "epochs to train (ignored when max_steps or max_batches is set)", SCHED, min=1)
     max_steps: int | None = knob(None, "iteration-based run: stop after N optimizer steps", SCHED, min=1)
-    max_batches: int | None = knob(None, "iteration-based run counted in batches, as mmseg's max_iters: with "
-                                   "accumulation k this is max_batches / k optimizer steps", SCHED, min=1)
+    max_batches: int | None = knob(
+        None,
+        "iteration-based run counted in batches, as mmseg's max_iters: with "
+        "accumulation k this is max_batches / k optimizer steps",
+        SCHED,
+        min=1,
+    )
     batch_size: int = knob(150, "samples per batch per process (seed 000 moved 50 -> 150)", SCHED, min=1)
-    accumulate_grad_batches: int = knob(1, "micro-batches per optimizer step; effective batch = batch_size x this "
-                                        "x world size", SCHED, min=1)
-    early_stopping_patience: int | None = knob(None, "stop after N validations without improvement of the task's "
-                                               "monitor metric", SCHED, min=1)
+    accumulate_grad_batches: int = knob(
+        1, "micro-batches per optimizer step; effective batch = batch_size x this x world size", SCHED, min=1
+    )
+    early_stopping_patience: int | None = knob(
+        None, "stop after N validations without improvement of the task's monitor metric", SCHED, min=1
+    )
     # optimiser
     lr: float = knob(1e-3, "learning rate at ref_batch_size (a model's own learning_rate wins)", OPTIM, gt=0)
     ref_batch_size: int | None = knob(None, "batch size lr was tuned for; enables lr_scaling", OPTIM, min=1)
-    lr_scaling: str = knob("sqrt", "how lr follows the batch size: seed 000's sqrt, linear or none", OPTIM,
-                           choices=LR_SCALING)
+    lr_scaling: str = knob(
+        "sqrt", "how lr follows the batch size: seed 000's sqrt, linear or none", OPTIM, choices=LR_SCALING
+    )
     weight_decay: float = knob(0.01, "AdamW weight decay (not on biases and norms)", OPTIM)
     warmup_steps: int | None = knob(None, "linear warm-up steps (default: 5%% of the steps, at most 500)", OPTIM)
     min_lr_ratio: float = knob(0.05, "the cosine schedule decays to lr x this", OPTIM)
     gradient_clip_val: float | None = knob(None, "clip threshold (default: no clipping)", OPTIM, gt=0)
-    gradient_clip_algorithm: str = knob("norm", "clip by total norm or by value; after unscaling", OPTIM,
-                                        choices=CLIP_ALGORITHMS)
+    gradient_clip_algorithm: str = knob(
+        "norm", "clip by total norm or by value; after unscaling", OPTIM, choices=CLIP_ALGORITHMS
+    )
     # precision and device
-    precision: str = knob("auto", "auto = bf16-mixed where supported, 16-mixed on older GPUs, 32 on a CPU", PREC,
-                          choices=PRECISIONS)
+    precision: str = knob(
+        "auto",
+        "auto = bf16-mixed where supported, 16-mixed on older GPUs, 32 on a CPU",
+        PREC,
+        choices=PRECISIONS,
+    )
     loss_scale: str = knob("dynamic", "fp16 GradScaler: dynamic or a fixed number such as 1024", PREC)
     tf32: bool = knob(True, "TF32 matmul/cudnn on Ampere+ (CUDA only)", PREC)
     cudnn_benchmark: bool = knob(True, "cudnn autotuner for fixed shapes (CUDA only)", PREC)
     compile_model: bool = knob(False, "torch.compile the model (the first steps pay the compile time)", PREC)
     compile_mode: str = knob("default", "torch.compile mode", PREC, choices=COMPILE_MODES)
+    num_threads: int | None = knob(
+        None, "torch intra-op threads on a CPU (default: torch's, one per core)", PREC, min=1
+    )
     device: str | None = knob(None, "e.g. cuda:0 or cpu (default: cuda:LOCAL_RANK when available, else cpu)", PREC)
     # data loading
-    num_workers: int | None = knob(None, "loader worker processes (default: CPUs - 1 per rank, at most 8; 0 when "
-                                   "the data is held in memory)", DATA, min=0)
+    num_workers: int | None = knob(
+        None,
+        "loader worker processes (default: CPUs - 1 per rank, at most 8; 0 when the data is held in memory)",
+        DATA,
+        min=0,
+    )
     pin_memory: bool = knob(True, "page-locked host batches make non_blocking copies truly async", DATA)
     persistent_workers: bool = knob(True, "keep loader workers alive across epochs", DATA)
     prefetch_factor: int = knob(2, "batches each worker prepares ahead", DATA, min=1)
     drop_last: bool = knob(True, "drop the last incomplete batch (fixed shapes help cudnn and compile)", DATA)
-    multiprocessing_context: str | None = knob(None, "worker start method (default: the platform's; spawn on "
-                                               "Windows)", DATA, choices=MP_CONTEXTS)
+    multiprocessing_context: str | None = knob(
+        None, "worker start method (default: the platform's; spawn on Windows)", DATA, choices=MP_CONTEXTS
+    )
     device_cache: bool | None = knob(None, "hold the whole dataset on the device when it fits (default: auto)", DATA)
     # logging, validation, checkpoints
-    log_every: int = knob(100, "LOG_EVERY: optimizer steps between loss read-backs (the hot path's only sync)",
-                          LOG, min=1)
-    norm_every: int = knob(200, "NORM_EVERY: steps between gradient-norm (and task step-metric) read-backs", LOG,
-                           min=1)
+    log_every: int = knob(
+        100, "LOG_EVERY: optimizer steps between loss read-backs (the hot path's only sync)", LOG, min=1
+    )
+    norm_every: int = knob(200, "NORM_EVERY: steps between gradient-norm (and task step-metric) read-backs", LOG, min=1)
     progress_every: int = knob(10, "refresh the progress bar every N batches (and at every epoch end)", LOG, min=1)
     progress_bar: bool = knob(True, "show the tqdm progress bar (rank 0)", LOG)
-    validation_interval: int = knob(20, "validate every N epochs (seed 001); the last epoch always validates", LOG,
-                                    min=1)
+    validation_interval: int = knob(
+        20, "validate every N epochs (seed 001); the last epoch always validates", LOG, min=1
+    )
     val_check_steps: int | None = knob(None, "validate every N optimizer steps instead of by epoch", LOG, min=1)
     val_check_batches: int | None = knob(None, "validate every N batches (mmseg's evaluation.interval)", LOG, min=1)
-    checkpoint_every: int | None = knob(None, "also write last.pt every N optimizer steps (mid-epoch resume)", LOG,
-                                        min=1)
+    checkpoint_every: int | None = knob(
+        None, "also write last.pt every N optimizer steps (mid-epoch resume)", LOG, min=1
+    )
     save_best: bool = knob(True, "keep best.pt by the task's validation metric", LOG)
     test_with_best: bool = knob(False, "score the test split with best.pt's weights instead of the last ones", LOG)
     # robustness
-    max_consecutive_skips: int = knob(20, "stop the run after N consecutive steps skipped for non-finite loss or "
-                                      "gradients (checked at log points)", SAFE, min=1)
+    max_consecutive_skips: int = knob(
+        20,
+        "stop the run after N consecutive steps skipped for non-finite loss or gradients (checked at log points)",
+        SAFE,
+        min=1,
+    )
 
     def __post_init__(self) -> None:
         self.validate()

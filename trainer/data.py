@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from .config import TrainConfig, default_num_workers, usable_cpus
 
@@ -25,8 +25,17 @@ class ShardedBatchSampler:
     generator is used: the global RNGs are never touched.
     """
 
-    def __init__(self, n: int, batch_size: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, drop_last: bool = True) -> None:
+    def __init__(
+        self,
+        n: int,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = True,
+    ) -> None:
         if n <= 0:
             raise ValueError("ShardedBatchSampler: the dataset is empty")
         self.n, self.batch_size, self.shuffle, self.seed = n, batch_size, shuffle, seed
@@ -112,8 +121,10 @@ def loader_settings(cfg: TrainConfig, device: torch.device, world_size: int = 1)
         workers = default_num_workers(world_size)
         notes.append(f"num_workers: auto -> {workers}")
     elif workers * world_size > usable_cpus():
-        notes.append(f"num_workers: {workers} per process x {world_size} process(es) is more than the "
-                     f"{usable_cpus()} usable CPU cores; workers will compete with the training process")
+        notes.append(
+            f"num_workers: {workers} per process x {world_size} process(es) is more than the "
+            f"{usable_cpus()} usable CPU cores; workers will compete with the training process"
+        )
     pin = cfg.pin_memory
     if pin and device.type != "cuda":
         pin = False
@@ -133,6 +144,15 @@ def loader_settings(cfg: TrainConfig, device: torch.device, world_size: int = 1)
     return kw, notes
 
 
+def batch_size_of(batch: Any) -> int:
+    """Samples in a batch: the leading size of its first tensor."""
+    if isinstance(batch, (tuple, list)):  # noqa: UP038  (a tuple of types is faster than X | Y here)
+        batch = batch[0]
+    elif isinstance(batch, dict):
+        batch = next(iter(batch.values()))
+    return batch.shape[0]
+
+
 def split_batch(batch: Any, k: int) -> list[Any]:
     """A nested batch cut into k micro-batches along the first dimension (for the OOM fallback)."""
     if isinstance(batch, torch.Tensor):
@@ -149,8 +169,14 @@ def split_batch(batch: Any, k: int) -> list[Any]:
     return [batch] * k
 
 
-def build_loader(dataset: Dataset, batch_sampler: Any, device: torch.device, loader_kw: dict[str, Any],
-                 collate_fn: Any = None, gatherer: Any = None) -> Any:
+def build_loader(
+    dataset: Dataset,
+    batch_sampler: Any,
+    device: torch.device,
+    loader_kw: dict[str, Any],
+    collate_fn: Any = None,
+    gatherer: Any = None,
+) -> Any:
     """Device-resident batches when the data is held on the device (`gatherer`), else a DataLoader."""
     if gatherer is not None:
         return DeviceBatches(gatherer, batch_sampler, device)
@@ -181,18 +207,30 @@ def _fits(nbytes: int, device: torch.device) -> bool:
     return False
 
 
+def _tensors_of(dataset: Any) -> tuple[torch.Tensor, ...] | None:
+    """The tensors behind a TensorDataset, or behind a Subset of one (BaseTrainer's splits), else None."""
+    if isinstance(dataset, TensorDataset):
+        return tuple(dataset.tensors)
+    if isinstance(dataset, Subset) and isinstance(dataset.dataset, TensorDataset):
+        idx = torch.as_tensor(list(dataset.indices), dtype=torch.long)
+        return tuple(t[idx] for t in dataset.dataset.tensors)
+    return None
+
+
 def place_on_device(dataset: Dataset | None, cfg: TrainConfig, device: torch.device) -> Any:
     """Hold the dataset on the device if it can be and fits; returns what serves batches there, or None.
 
-    Two kinds qualify: a torch TensorDataset (its tensors are moved; the user's object is untouched), and a
-    dataset that speaks the residency protocol, `maybe_to_device(device) -> bool` + `gather(index_tensor)`.
+    Two kinds qualify: a torch TensorDataset or a Subset of one (the tensors are copied over; the user's object
+    is untouched), and a dataset that speaks the residency protocol, `maybe_to_device(device) -> bool` +
+    `gather(index_tensor)`.
     """
     if dataset is None or cfg.device_cache is False:
         return None
-    if isinstance(dataset, TensorDataset):
-        nbytes = sum(t.numel() * t.element_size() for t in dataset.tensors)
+    tensors = _tensors_of(dataset)
+    if tensors is not None:
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
         if cfg.device_cache or _fits(nbytes, device):
-            return TensorGather(dataset.tensors, device)
+            return TensorGather(tensors, device)
         return None
     if not (hasattr(dataset, "gather") and hasattr(dataset, "maybe_to_device")):
         return None

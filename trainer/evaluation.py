@@ -6,24 +6,25 @@ import math
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from .data import ShardedBatchSampler, build_loader, to_device
+from .data import ShardedBatchSampler, batch_size_of, build_loader, to_device
 from .setup import Runtime
 from .task import Task
 
 
-def batch_size_of(batch: Any) -> int:
-    """Samples in a batch: the leading size of its first tensor."""
-    if isinstance(batch, (tuple, list)):  # noqa: UP038  (a tuple of types is faster than X | Y here)
-        batch = batch[0]
-    elif isinstance(batch, dict):
-        batch = next(iter(batch.values()))
-    return batch.shape[0]
-
-
-def evaluate(task: Task, model: nn.Module, split: str, rt: Runtime, loss_fn: Any, batch_size: int,
-             loader_kw: dict[str, Any], resident: dict[int, Any], seed: int) -> dict[str, float]:
+def evaluate(
+    task: Task,
+    model: nn.Module,
+    split: str,
+    rt: Runtime,
+    loss_fn: Any,
+    batch_size: int,
+    loader_kw: dict[str, Any],
+    resident: dict[int, Any],
+    seed: int,
+) -> dict[str, float]:
     """The task's scores on `split` ("val" or "test") in eval mode, without gradients; {} without that split."""
     ds = task.val_set if split == "val" else task.test_set
     if ds is None:
@@ -35,15 +36,27 @@ def evaluate(task: Task, model: nn.Module, split: str, rt: Runtime, loss_fn: Any
             if task.evaluate_fn is not None:
                 out = task.evaluate_fn(model, split, rt.device)
             else:
-                out = {f"{split}_loss": mean_loss(ds, model, rt, loss_fn, batch_size, loader_kw, resident, seed,
-                                                  task.collate_fn)}
+                out = {
+                    f"{split}_loss": mean_loss(
+                        ds, model, rt, loss_fn, batch_size, loader_kw, resident, seed, task.collate_fn
+                    )
+                }
     finally:
         model.train(was_training)
     return {k: float(v) for k, v in out.items()}
 
 
-def mean_loss(ds: Any, model: nn.Module, rt: Runtime, loss_fn: Any, batch_size: int, loader_kw: dict[str, Any],
-              resident: dict[int, Any], seed: int, collate_fn: Any = None) -> float:
+def mean_loss(
+    ds: Any,
+    model: nn.Module,
+    rt: Runtime,
+    loss_fn: Any,
+    batch_size: int,
+    loader_kw: dict[str, Any],
+    resident: dict[int, Any],
+    seed: int,
+    collate_fn: Any = None,
+) -> float:
     gatherer = resident.get(id(ds))
     sampler = ShardedBatchSampler(len(ds), min(batch_size, len(ds)), shuffle=False, drop_last=False)
     # a private generator: evaluation must not advance the global RNG (exact resume)
@@ -78,9 +91,7 @@ class BestTracker:
         if key is None:
             return False
         v = metrics[key]
-        better = math.isfinite(v) and (
-            self.best is None or (v < self.best if self.mode == "min" else v > self.best)
-        )
+        better = math.isfinite(v) and (self.best is None or (v < self.best if self.mode == "min" else v > self.best))
         if better:
             self.best, self.stale = v, 0
         else:
@@ -92,3 +103,41 @@ class BestTracker:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best, self.stale = state.get("best"), int(state.get("stale", 0))
+
+
+def validate(self: Any) -> dict[str, float]:
+    """Score the val split on rank 0, log it, keep best.pt when it improved; every rank waits for it."""
+    self._last_val_step = self.step
+    if self.task.val_set is None:
+        return {}
+    metrics: dict[str, float] = {}
+    if self.rt.is_main:
+        metrics = self.evaluate("val")
+        epoch = self.epoch + (1 if self.batches_done else 0)  # 1-based, also mid-epoch
+        self._row({"kind": "val", "step": self.step, "epoch": epoch, **metrics})
+        improved = self.best.update(metrics)
+        shown = self.task.console_metrics or tuple(metrics)
+        self.log(
+            f"[val] step {self.step} epoch {epoch}: "
+            + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k in shown)
+            + (" (best so far; best.pt saved)" if improved and self.cfg.save_best else "")
+        )
+        if improved and self.cfg.save_best:
+            self._save("best.pt")
+    if self.rt.distributed:
+        dist.barrier()
+    return metrics
+
+
+def evaluate_split(self: Any, split: str) -> dict[str, float]:
+    return evaluate(
+        self.task,
+        self.raw_model,
+        split,
+        self.rt,
+        self.loss_fn,
+        self.cfg.batch_size,
+        self.loader_kw,
+        self.resident,
+        self.cfg.seed,
+    )

@@ -23,28 +23,35 @@ class TrainingDiverged(SystemExit):
 def test_split(self: Any) -> dict[str, float]:
     if self.task.test_set is None or self.task.evaluate_fn is None:
         return {}
+    if not self.rt.is_main:  # rank 0 scores the test split
+        return {}
     best = self.run_dir / "checkpoints" / "best.pt"
     if self.cfg.test_with_best and best.is_file():
         load_checkpoint_into(self, best, weights_only=True)
-        self.notes.append(f"test: scored with the weights of {best} ({self.best.metric}={self.best.best:.4g})")
-    return self.evaluate("test") if self.rt.is_main else {}
+        value = f"{self.best.best:.4g}" if self.best.best is not None else "?"
+        self.notes.append(f"test: scored with the weights of {best} ({self.best.metric}={value})")
+    return self.evaluate("test")
 
 
 def early_stop(self: Any) -> bool:
     patience = self.cfg.early_stopping_patience
     if patience is None or self.best.stale < patience:
         return False
-    self.notes.append(f"early stopping: {self.best.metric} did not improve for {patience} validations "
-                      f"(best {self.best.best:.4g}); stopped at step {self.step}")
+    self.notes.append(
+        f"early stopping: {self.best.metric} did not improve for {patience} validations "
+        f"(best {self.best.best:.4g}); stopped at step {self.step}"
+    )
     self.log(f"[plainloop] {self.notes[-1]}")
     return True
 
 
 def diverged(self: Any, run: int) -> None:
-    msg = (f"stopped at step {self.step}: the last {run} optimizer steps had non-finite loss or gradients and "
-           f"were skipped (--max_consecutive_skips {self.cfg.max_consecutive_skips}). Nothing non-finite was "
-           f"saved; {self.run_dir / 'checkpoints'} holds the last finite weights. Try a lower --lr, "
-           f"--gradient_clip_val 1.0, precision 32, or check the data for NaN/inf values.")
+    msg = (
+        f"stopped at step {self.step}: the last {run} optimizer steps had non-finite loss or gradients and "
+        f"were skipped (--max_consecutive_skips {self.cfg.max_consecutive_skips}). Nothing non-finite was "
+        f"saved; {self.run_dir / 'checkpoints'} holds the last finite weights. Try a lower --lr, "
+        f"--gradient_clip_val 1.0, precision 32, or check the data for NaN/inf values."
+    )
     self._row({"kind": "event", "step": self.step, "event": "diverged", "message": msg})
     self.log(f"[plainloop] {msg}")
     if self.files is not None:
@@ -54,9 +61,11 @@ def diverged(self: Any, run: int) -> None:
 
 def stopped_by_signal(self: Any, signum: int, train_time: float) -> None:
     name = self.stop.name
-    msg = (f"{name}: stopped after step {self.step} (epoch {self.epoch + 1}, batch {self.batches_done}); "
-           f"{self.run_dir / 'checkpoints' / 'last.pt'} written. Resume with: python train_optimized.py "
-           f"--resume {self.run_dir}")
+    msg = (
+        f"{name}: stopped after step {self.step} (epoch {self.epoch + 1}, batch {self.batches_done}); "
+        f"{self.run_dir / 'checkpoints' / 'last.pt'} written. Resume with: python train_optimized.py "
+        f"--resume {self.run_dir}"
+    )
     self._row({"kind": "event", "step": self.step, "event": "stopped", "signal": name})
     self.log(f"[plainloop] {msg}")
     if self.rt.is_main:

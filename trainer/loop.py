@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 from .build import build_run, open_run_dir, save_checkpoint
 from .config import TrainConfig
-from .data import split_batch, to_device
-from .evaluation import batch_size_of, evaluate
+from .data import batch_size_of, split_batch, to_device
+from .evaluation import evaluate_split, validate
 from .finish import (
     diverged,
     early_stop,
@@ -37,7 +37,8 @@ from .hooks import Monitor, call
 from .progress import epoch_line, open_bar
 from .runfiles import RunFiles
 from .signals import StopRequest
-from .task import Task
+from .step import shrink_micro_batch
+from .task import Task, read_step_metrics
 
 _NULL = contextlib.nullcontext()  # stateless, so one instance serves every step
 
@@ -49,9 +50,15 @@ class Trainer:
     seed 001's TrainingMonitor API, fed every iteration's time, data wait and batch size.
     """
 
-    def __init__(self, cfg: TrainConfig, task: Task, log: Callable[[str], None] = print,
-                 callbacks: list[Any] | None = None, monitor: Any = None,
-                 config_sections: dict[str, dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        task: Task,
+        log: Callable[[str], None] = print,
+        callbacks: list[Any] | None = None,
+        monitor: Any = None,
+        config_sections: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
         self.requested, self.cfg, self.task = cfg, cfg.effective(), task
         self._print, self.callbacks, self.monitor = log, list(callbacks or []), monitor or Monitor()
         self.config_sections = config_sections or {}  # task/run settings written beside [train] in config.toml
@@ -73,11 +80,13 @@ class Trainer:
                 if self.chunks == 1:
                     return self._forward_backward(batch, window, sync_grads)
                 parts = split_batch(batch, self.chunks)
-                losses = [self._forward_backward(b, window * len(parts), sync_grads and j == len(parts) - 1)
-                          for j, b in enumerate(parts)]
+                losses = [
+                    self._forward_backward(b, window * len(parts), sync_grads and j == len(parts) - 1)
+                    for j, b in enumerate(parts)
+                ]
                 return torch.stack(losses).mean()
             except torch.OutOfMemoryError:
-                self._shrink_micro_batch(batch)
+                shrink_micro_batch(self, batch)
 
     def _forward_backward(self, batch: Any, window: int, sync_grads: bool) -> torch.Tensor:
         with self.model.no_sync() if self.rt.distributed and not sync_grads else _NULL:
@@ -86,31 +95,17 @@ class Trainer:
             self.opt.backward(loss, window)
         return loss.detach()
 
-    def _shrink_micro_batch(self, batch: Any) -> None:
-        """CUDA OOM: cut every batch into twice as many micro-batches; the effective batch stays the same."""
-        size = batch_size_of(batch)
-        for p in self.opt.params:  # a failed backward may have left partial gradients
-            p.grad = None
-        if self.chunks * 2 > size:
-            raise torch.OutOfMemoryError(f"out of memory even with micro-batches of 1 sample (batch {size})")
-        self.chunks *= 2
-        if self.rt.device.type == "cuda":
-            torch.cuda.empty_cache()
-        msg = (f"out of memory at step {self.step + 1}: micro-batch {-(-size // (self.chunks // 2))} -> "
-               f"{-(-size // self.chunks)} ({self.chunks} per batch, gradients accumulated; effective batch "
-               f"unchanged{'; this accumulation window restarts' if self.cfg.accumulate_grad_batches > 1 else ''})")
-        self.notes.append(msg)
-        self.log(f"[plainloop] {msg}")
-
     # ------------------------------------------------------------------ the run
     def fit(self) -> dict[str, Any]:
         cfg, rt = self.cfg, self.rt
         self.files = open_run_dir(self)
         for n in self.notes:
             self.log(f"[plainloop] {n}")
-        self.log(f"[plainloop] {self.task.name}: {len(self.task.train_set)} train samples, {self.batches_per_epoch} "
-                 f"batches/epoch, {self.total_steps} optimizer steps, device {rt.device}, precision {rt.precision}, "
-                 f"run dir {self.run_dir}")
+        self.log(
+            f"[plainloop] {self.task.name}: {len(self.task.train_set)} train samples, {self.batches_per_epoch} "
+            f"batches/epoch, {self.total_steps} optimizer steps, device {rt.device}, precision {rt.precision}, "
+            f"run dir {self.run_dir}"
+        )
         self.monitor.start_monitoring()
         t0, stopped, last_val = time.perf_counter(), None, {}
         self.stats = {"samples": 0, "data_s": 0.0, "iters": 0, "iter_s": 0.0}
@@ -128,7 +123,7 @@ class Trainer:
                     if stop.signum:
                         break
                     if cfg.val_check_steps is None and (last or self.epoch % cfg.validation_interval == 0):
-                        last_val = self._validate() or last_val
+                        last_val = validate(self) or last_val
                     if early_stop(self):
                         break
                 stopped = stop.signum
@@ -141,7 +136,7 @@ class Trainer:
         if stopped:
             stopped_by_signal(self, stopped, train_time)
         if cfg.val_check_steps is not None and self.task.val_set is not None and self._last_val_step != self.step:
-            last_val = self._validate()
+            last_val = validate(self)
         test = test_split(self)
         summary = summary_of(self, train_time, last_val, test)
         if rt.is_main:
@@ -160,9 +155,19 @@ class Trainer:
             self.sampler.load_state_dict({**self.sampler.state_dict(), "epoch": self.epoch, "batches_done": start})
         pending: list[torch.Tensor] = []  # per-batch losses, kept on the device until the next log point
         # locals: this loop runs once per batch, and on small models its Python cost is measurable
-        perf, fb, opt_step, log_iter = time.perf_counter, self.forward_backward, self.opt.step, self.monitor.log_iteration
+        perf, fb, opt_step, log_iter = (
+            time.perf_counter,
+            self.forward_backward,
+            self.opt.step,
+            self.monitor.log_iteration,
+        )
         log_every, norm_every, total = cfg.log_every, cfg.norm_every, self.total_steps
-        val_steps, ckpt_steps, bar, bar_every = cfg.val_check_steps, cfg.checkpoint_every, self.bar, cfg.progress_every
+        val_steps, ckpt_steps, bar, bar_every = (
+            cfg.val_check_steps,
+            cfg.checkpoint_every,
+            self.bar,
+            cfg.progress_every,
+        )
         move, stop, ddp = (None if self.on_device else self.rt.device), self.stop, self.rt.distributed
         n_samples = n_iters = 0  # this epoch's totals, and since the last log point (i_*)
         data_s = iter_s = i_data = 0.0
@@ -195,7 +200,7 @@ class Trainer:
                 elif want_norm:
                     self._log_norm(norm)
                 if val_steps is not None and self.step % val_steps == 0:
-                    self._validate()
+                    validate(self)
                     model.train()
                 if ckpt_steps is not None and self.step % ckpt_steps == 0 and i + 1 < nb:
                     self._save("last.pt")
@@ -217,8 +222,14 @@ class Trainer:
             self.batches_done = 0
         del it
 
-    def _log_point(self, pending: list[torch.Tensor], samples: int, data_s: float, t_last: float,
-                   norm: torch.Tensor | None) -> float:
+    def _log_point(
+        self,
+        pending: list[torch.Tensor],
+        samples: int,
+        data_s: float,
+        t_last: float,
+        norm: torch.Tensor | None,
+    ) -> float:
         # note: sync point (LOG_EVERY): the only read of the loss in the hot path; the skip counters ride along
         vals = torch.cat([torch.stack(pending).float().mean().reshape(1), self.opt.device_counts()]).tolist()
         pending.clear()
@@ -226,59 +237,42 @@ class Trainer:
         skipped, run = self.opt.skip_counts(vals[1:])
         now = time.perf_counter()
         elapsed = max(now - t_last, 1e-9)
-        row = {"kind": "train", "step": self.step, "epoch": self.epoch + 1, "loss": loss,
-               "lr": self.scheduler.current_lr(), "samples_per_s": samples * self.rt.world_size / elapsed,
-               "data_wait_frac": data_s / elapsed, "skipped_steps": skipped}
+        row = {
+            "kind": "train",
+            "step": self.step,
+            "epoch": self.epoch + 1,
+            "loss": loss,
+            "lr": self.scheduler.current_lr(),
+            "samples_per_s": samples * self.rt.world_size / elapsed,
+            "data_wait_frac": data_s / elapsed,
+            "skipped_steps": skipped,
+        }
         if norm is not None:
             row["grad_norm"] = norm.item()  # note: sync point (NORM_EVERY)
-            row.update(self._step_metrics())
+            row.update(read_step_metrics(self.task))
         self._row(row)
         self.last_row = row
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{loss:.4g}", sps=f"{row['samples_per_s']:.0f}",
-                                 wait=f"{100 * row['data_wait_frac']:.0f}%", refresh=False)
+            self.bar.set_postfix(
+                loss=f"{loss:.4g}",
+                sps=f"{row['samples_per_s']:.0f}",
+                wait=f"{100 * row['data_wait_frac']:.0f}%",
+                refresh=False,
+            )
         if run >= self.cfg.max_consecutive_skips:
             diverged(self, run)
         return now
 
     def _log_norm(self, norm: torch.Tensor | None) -> None:
-        row = {"kind": "norm", "step": self.step, **self._step_metrics()}
+        row = {"kind": "norm", "step": self.step, **read_step_metrics(self.task)}
         if norm is not None:
             row["grad_norm"] = norm.item()  # note: sync point (NORM_EVERY)
         self._row(row)
 
-    def _step_metrics(self) -> dict[str, float]:
-        fn = self.task.step_metrics
-        if fn is None:
-            return {}
-        m = fn()
-        # note: sync point (NORM_EVERY): the task's device scalars, read back together
-        return dict(zip(m, torch.stack([v.float().reshape(()) for v in m.values()]).tolist())) if m else {}
-
     # ------------------------------------------------------------------ validation, stopping, files
-    def _validate(self) -> dict[str, float]:
-        self._last_val_step = self.step
-        if self.task.val_set is None:
-            return {}
-        metrics: dict[str, float] = {}
-        if self.rt.is_main:
-            metrics = self.evaluate("val")
-            epoch = self.epoch + (1 if self.batches_done else 0)  # 1-based, also mid-epoch
-            self._row({"kind": "val", "step": self.step, "epoch": epoch, **metrics})
-            improved = self.best.update(metrics)
-            shown = self.task.console_metrics or tuple(metrics)
-            self.log(f"[val] step {self.step} epoch {epoch}: "
-                     + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k in shown)
-                     + (" (best so far; best.pt saved)" if improved and self.cfg.save_best else ""))
-            if improved and self.cfg.save_best:
-                self._save("best.pt")
-        if self.rt.distributed:
-            dist.barrier()
-        return metrics
-
     def evaluate(self, split: str) -> dict[str, float]:
-        return evaluate(self.task, self.raw_model, split, self.rt, self.loss_fn, self.cfg.batch_size,
-                        self.loader_kw, self.resident, self.cfg.seed)
+        """The task's scores on "val" or "test" with the current weights."""
+        return evaluate_split(self, split)
 
     def batches_total_done(self) -> int:
         return self.epoch * self.batches_per_epoch + self.batches_done

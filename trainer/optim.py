@@ -16,8 +16,9 @@ def scaled_lr(lr: float, batch_size: int, ref_batch_size: int | None, rule: str)
     return lr * (math.sqrt(ratio) if rule == "sqrt" else ratio)
 
 
-def build_adamw(model: nn.Module, lr: float, weight_decay: float, device: torch.device,
-                tensor_lr: bool) -> torch.optim.Optimizer:
+def build_adamw(
+    model: nn.Module, lr: float, weight_decay: float, device: torch.device, tensor_lr: bool
+) -> torch.optim.Optimizer:
     """AdamW with decay on matrices only (not on biases/norms); the fused kernel (CUDA and CPU)."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
@@ -38,8 +39,14 @@ class WarmupCosine:
     live on the device and advance by (1 - found_inf). Otherwise plain Python floats are used.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int,
-                 min_lr_ratio: float = 0.05, on_device: bool = False) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        total_steps: int,
+        warmup_steps: int,
+        min_lr_ratio: float = 0.05,
+        on_device: bool = False,
+    ) -> None:
         self.optimizer = optimizer
         self.total_steps = max(1, total_steps)
         self.warmup_steps = max(0, warmup_steps)

@@ -143,9 +143,15 @@ def function_parameters(fn: Callable[..., Any]) -> dict[str, tuple[Any, Any]]:
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}  # fmt: skip
 
 
-def add_function_arguments(parser: argparse.ArgumentParser, fn: Callable[..., Any], helps: dict[str, str],
-                           title: str, skip: Iterable[str] = (), seen: set[str] | None = None,
-                           default_text: dict[str, str] | None = None) -> list[str]:
+def add_function_arguments(
+    parser: argparse.ArgumentParser,
+    fn: Callable[..., Any],
+    helps: dict[str, str],
+    title: str,
+    skip: Iterable[str] = (),
+    seen: set[str] | None = None,
+    default_text: dict[str, str] | None = None,
+) -> list[str]:
     """One `--flag` per keyword parameter of `fn` (a task builder), help text from `helps`."""
     default_text = default_text or {}
     seen = set() if seen is None else seen
@@ -169,8 +175,10 @@ def check_keys(d: dict[str, Any], known: Iterable[str], where: str) -> None:
         for k in unknown:
             near = difflib.get_close_matches(k, known, n=3, cutoff=0.6)
             hints.append(f"{k!r}" + (f" (did you mean {', '.join(near)}?)" if near else ""))
-        raise ConfigError(f"{where}: unknown setting(s) {'; '.join(hints)}. Valid settings are the --flags of "
-                          f"train_optimized.py --help")
+        raise ConfigError(
+            f"{where}: unknown setting(s) {'; '.join(hints)}. Valid settings are the --flags of "
+            f"train_optimized.py --help"
+        )
 
 
 # seed 002's mmseg/mmcv names: (table, key) -> (our key, converter)
@@ -192,9 +200,16 @@ _MMSEG: dict[tuple[str, str], tuple[str, Callable[[Any], Any]]] = {
     ("optimizer", "weight_decay"): ("weight_decay", float),
     ("checkpoint_config", "interval"): ("checkpoint_every", int),
 }
-_IGNORED_MMSEG = {("runner", "type"), ("optimizer", "type"), ("evaluation", "metric"), ("optimizer", "momentum"),
-                  ("checkpoint_config", "by_epoch"), ("evaluation", "pre_eval"), ("checkpoint_config", "max_keep_ckpts"),
-                  ("evaluation", "efficient_test")}
+_IGNORED_MMSEG = {
+    ("runner", "type"),
+    ("optimizer", "type"),
+    ("evaluation", "metric"),
+    ("optimizer", "momentum"),
+    ("checkpoint_config", "by_epoch"),
+    ("evaluation", "pre_eval"),
+    ("checkpoint_config", "max_keep_ckpts"),
+    ("evaluation", "efficient_test"),
+}
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -208,8 +223,10 @@ def _read(path: Path) -> dict[str, Any]:
                 try:
                     import tomli as tomllib
                 except ImportError:
-                    raise ConfigError(f"{path}: reading TOML needs Python 3.11+ or `pip install tomli`; or give "
-                                      f"the same keys as a .json file") from None
+                    raise ConfigError(
+                        f"{path}: reading TOML needs Python 3.11+ or `pip install tomli`; or give "
+                        f"the same keys as a .json file"
+                    ) from None
             return tomllib.loads(text)
         if suffix == ".json":
             return json.loads(text)
@@ -251,11 +268,14 @@ def load_config_file(path: str | Path, notes: list[str] | None = None) -> dict[s
                     notes.append(f"config: mmseg {key}.{sub}={v} -> {ours}={flat[ours]}")
                 elif key == "optimizer_config" and sub == "grad_clip" and isinstance(v, dict) and "max_norm" in v:
                     flat["gradient_clip_val"] = float(v["max_norm"])
-                    notes.append(f"config: mmseg optimizer_config.grad_clip.max_norm={v['max_norm']} -> "
-                                 f"gradient_clip_val")
+                    notes.append(
+                        f"config: mmseg optimizer_config.grad_clip.max_norm={v['max_norm']} -> gradient_clip_val"
+                    )
                 elif (key, sub) not in _IGNORED_MMSEG:
-                    raise ConfigError(f"{path}: unknown setting {key}.{sub}; mmseg names understood: "
-                                      f"{', '.join(sorted(f'{t}.{k}' if t else k for t, k in _MMSEG))}")
+                    raise ConfigError(
+                        f"{path}: unknown setting {key}.{sub}; mmseg names understood: "
+                        f"{', '.join(sorted(f'{t}.{k}' if t else k for t, k in _MMSEG))}"
+                    )
         elif ("", key) in _MMSEG:
             ours, conv = _MMSEG[("", key)]
             flat[ours] = conv(value)

@@ -26,8 +26,14 @@ def _hms(seconds: float) -> str:
 def open_bar(self: Any) -> None:
     if tqdm is not None and self.cfg.progress_bar and self.rt.is_main:
         total = min(self.max_epochs * self.batches_per_epoch, self.total_steps * self.cfg.accumulate_grad_batches)
-        self.bar = tqdm(total=total, initial=self.batches_total_done(), desc="train", dynamic_ncols=True,
-                        mininterval=0.5, unit="batch")
+        self.bar = tqdm(
+            total=total,
+            initial=self.batches_total_done(),
+            desc="train",
+            dynamic_ncols=True,
+            mininterval=0.5,
+            unit="batch",
+        )
 
 
 def epoch_line(self: Any, t0: float) -> None:
@@ -36,6 +42,8 @@ def epoch_line(self: Any, t0: float) -> None:
     total = min(self.max_epochs * self.batches_per_epoch, self.total_steps * self.cfg.accumulate_grad_batches)
     ran = done - self._start_batches
     eta = (time.perf_counter() - t0) / ran * (total - done) if ran > 0 else float("nan")
-    self.log(f"[epoch {self.epoch}/{self.max_epochs}] step {self.step}/{self.total_steps}: loss "
-             f"{row.get('loss', float('nan')):.4g}, {row.get('samples_per_s', 0):.0f} samples/s, data wait "
-             f"{100 * row.get('data_wait_frac', 0):.0f}%, ETA {_hms(eta)}; last.pt saved")
+    self.log(
+        f"[epoch {self.epoch}/{self.max_epochs}] step {self.step}/{self.total_steps}: loss "
+        f"{row.get('loss', float('nan')):.4g}, {row.get('samples_per_s', 0):.0f} samples/s, data wait "
+        f"{100 * row.get('data_wait_frac', 0):.0f}%, ETA {_hms(eta)}; last.pt saved"
+    )

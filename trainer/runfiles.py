@@ -35,12 +35,17 @@ def claim_run_dir(output_dir: str | Path, name: str | None, prefix: str) -> tupl
             cand.mkdir()  # atomic: of two simultaneous launches exactly one gets each name
         except FileExistsError:
             if i == 1 and name is not None and _unused(cand):
-                return cand, f"run dir: reusing {cand} (an earlier start left no checkpoint and no summary there)"
+                return (
+                    cand,
+                    f"run dir: reusing {cand} (an earlier start left no checkpoint and no summary there)",
+                )
             continue
         note = None
         if name is not None and i > 1:
-            note = (f"run dir: {root / base} already holds a run; writing to {cand} instead (to continue that run, "
-                    f"resume from it: --resume {root / base}, or BaseTrainer(checkpoint_path=...))")
+            note = (
+                f"run dir: {root / base} already holds a run; writing to {cand} instead (to continue that run, "
+                f"resume from it: --resume {root / base}, or BaseTrainer(checkpoint_path=...))"
+            )
         return cand, note
     raise RunDirError(f"no free run directory name under {root} for {base!r}")
 
@@ -84,8 +89,10 @@ class RunLock:
             self._fh.seek(0)
             holder = self._fh.read().strip() or "unknown"
             self._fh.close()
-            raise RunDirError(f"{run_dir} is being written by another live process (pid {holder}); wait for it, "
-                              f"or use another --run_name") from None
+            raise RunDirError(
+                f"{run_dir} is being written by another live process (pid {holder}); wait for it, "
+                f"or use another --run_name"
+            ) from None
         self._fh.seek(0)
         self._fh.truncate()
         self._fh.write(str(os.getpid()))

@@ -6,6 +6,7 @@ once and reported in one line; the loop never re-checks per step.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import random
@@ -53,10 +54,14 @@ def init_distributed(backend: str | None = None) -> tuple[int, int, int]:
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
         dist.init_process_group(backend=backend)
+        # a process group still alive at interpreter exit can abort the process (gloo's threads): end it first
+        atexit.register(cleanup_distributed)
     return rank, local_rank, world_size
 
 
-def resolve_runtime(precision: str, device: str | None = None, tf32: bool = True, cudnn_benchmark: bool = True) -> Runtime:
+def resolve_runtime(
+    precision: str, device: str | None = None, tf32: bool = True, cudnn_benchmark: bool = True
+) -> Runtime:
     """Pick the device and the precision that works on it; set TF32 / cudnn.benchmark on CUDA."""
     rank, local_rank, world_size = init_distributed()
     notes: list[str] = []
@@ -107,8 +112,12 @@ def rng_state() -> dict:
     np_state = np.random.get_state()
     state = {
         "python": random.getstate(),
-        "numpy": {"key": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "gauss": float(np_state[4])},
+        "numpy": {
+            "key": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "gauss": float(np_state[4]),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():

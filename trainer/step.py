@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from .data import batch_size_of
+
 
 def nonfinite_flag(grads: list[torch.Tensor], out: torch.Tensor, one: torch.Tensor | None = None) -> torch.Tensor:
     """Set `out` (a 0-dim float tensor) to 1.0 if any gradient holds a NaN or inf, else leave it.
@@ -49,9 +51,17 @@ def step_unless(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> bo
 class OptimizerStep:
     """Backward and optimizer step for one model; `step()` returns (grad norm or None, found_inf)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, scheduler: Any, device: torch.device, fp16: bool,
-                 static_scale: float | None = None, clip_val: float | None = None, clip_algorithm: str = "norm",
-                 guard: bool = True) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        device: torch.device,
+        fp16: bool,
+        static_scale: float | None = None,
+        clip_val: float | None = None,
+        clip_algorithm: str = "norm",
+        guard: bool = True,
+    ) -> None:
         self.optimizer, self.scheduler, self.device = optimizer, scheduler, device
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.fp16, self.static_scale, self.guard = fp16, static_scale, guard
@@ -132,3 +142,21 @@ class OptimizerStep:
         self.scaler.load_state_dict(state["scaler"])
         self.skips, self.skip_run = int(state.get("skips", 0)), int(state.get("skip_run", 0))
 
+
+def shrink_micro_batch(self: Any, batch: Any) -> None:
+    """CUDA OOM: cut every batch into twice as many micro-batches; the effective batch stays the same."""
+    size = batch_size_of(batch)
+    for p in self.opt.params:  # a failed backward may have left partial gradients
+        p.grad = None
+    if self.chunks * 2 > size:
+        raise torch.OutOfMemoryError(f"out of memory even with micro-batches of 1 sample (batch {size})")
+    self.chunks *= 2
+    if self.rt.device.type == "cuda":
+        torch.cuda.empty_cache()
+    msg = (
+        f"out of memory at step {self.step + 1}: micro-batch {-(-size // (self.chunks // 2))} -> "
+        f"{-(-size // self.chunks)} ({self.chunks} per batch, gradients accumulated; effective batch "
+        f"unchanged{'; this accumulation window restarts' if self.cfg.accumulate_grad_batches > 1 else ''})"
+    )
+    self.notes.append(msg)
+    self.log(f"[plainloop] {msg}")

@@ -87,10 +87,23 @@ def pick_default_loss(model: nn.Module, first_batch: Any) -> tuple[LossFn, str |
         return mse_loss, None
     y = first_batch[1] if isinstance(first_batch, list | tuple) and len(first_batch) > 1 else None
     if isinstance(y, torch.Tensor) and y.is_floating_point() and not bool(torch.isfinite(y).all()):
-        return masked_mse_loss, "loss: targets hold NaN/inf, so the default MSE is taken over finite targets only"
+        return (
+            masked_mse_loss,
+            "loss: targets hold NaN/inf, so the default MSE is taken over finite targets only",
+        )
     return plain_mse_loss, None
 
 
 def clone_task_model(task: Task) -> Task:
     """A copy of the task with its own model, so a trial run does not train the real one."""
     return dataclasses.replace(task, model=copy.deepcopy(task.model))
+
+
+def read_step_metrics(task: Task) -> dict[str, float]:
+    """The task's extra device scalars (NORM_EVERY), read back in one go."""
+    fn = task.step_metrics
+    if fn is None:
+        return {}
+    m = fn()
+    # note: sync point (NORM_EVERY): the task's device scalars, read back together
+    return dict(zip(m, torch.stack([v.float().reshape(()) for v in m.values()]).tolist())) if m else {}

@@ -35,9 +35,7 @@ def _check_anoms(anom: np.ndarray, mask: np.ndarray | None, what: str) -> tuple[
     if not m.any():
         raise ValueError(f"{what}: no ocean cell to fit")
     if not np.isfinite(a[:, m]).all():
-        raise ValueError(
-            f"{what}: training anomalies are not finite on every ocean cell (land must be masked)"
-        )
+        raise ValueError(f"{what}: training anomalies are not finite on every ocean cell (land must be masked)")
     return a, m
 
 
@@ -55,9 +53,7 @@ class DampedPersistence:
         if int(lead) != lead or lead < 1:
             raise ValueError(f"DampedPersistence.fit: lead={lead} must be an integer >= 1 (months)")
         if a.shape[0] <= lead + 1:
-            raise ValueError(
-                f"DampedPersistence.fit: {a.shape[0]} training months are too few for lead {lead}"
-            )
+            raise ValueError(f"DampedPersistence.fit: {a.shape[0]} training months are too few for lead {lead}")
         x0, x1 = a[:-lead][:, m], a[lead:][:, m]
         num = np.sum(x0 * x1, axis=0)
         den = np.sqrt(np.sum(x0**2, axis=0) * np.sum(x1**2, axis=0))

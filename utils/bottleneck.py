@@ -66,9 +66,7 @@ def _wanted_cores(summary: dict[str, Any], st: dict[str, Any]) -> float:
     return float(min(usable, threads + (st.get("num_workers") or 0)))
 
 
-def contention(
-    summary: dict[str, Any], step_stats: dict[str, Any] | None = None
-) -> tuple[str, list[str]] | None:
+def contention(summary: dict[str, Any], step_stats: dict[str, Any] | None = None) -> tuple[str, list[str]] | None:
     """(headline detail, evidence) when other processes took this run's CPU or GPU; None otherwise.
 
     CPU: the machine was ≥85% busy, processes outside this run (and its loader workers) held ≥0.5 core,
@@ -110,9 +108,7 @@ def contention(
                 )
     if steal is not None and steal >= T["steal_pct"]:
         heads.append(f"the hypervisor stole {steal:.0f}% of the CPU time")
-        evidence.append(
-            f"{steal:.0f}% of CPU time was stolen by the hypervisor (other virtual machines on the host)"
-        )
+        evidence.append(f"{steal:.0f}% of CPU time was stolen by the hypervisor (other virtual machines on the host)")
     g_frac, g_max = summary.get("gpu_other_process_frac"), summary.get("gpu_other_processes_max")
     if g_frac is not None and g_max and g_frac >= T["gpu_other_process_frac"]:
         heads.append(f"{g_max} other process{'es' if g_max > 1 else ''} on the GPU")
@@ -127,11 +123,7 @@ def contention(
             f"up to {g_max} other process{'es' if g_max > 1 else ''} held a context on this GPU, in "
             f"{_pct(g_frac)} of the samples"
             + (f": {named}" if named else "")
-            + (
-                "; GPU utilisation counts their kernels too"
-                if summary.get("gpu_util_mean") is not None
-                else ""
-            )
+            + ("; GPU utilisation counts their kernels too" if summary.get("gpu_util_mean") is not None else "")
         )
     if not heads:
         return None
@@ -146,9 +138,7 @@ def diagnose(summary: dict[str, Any], *, device_type: str, step_stats: dict[str,
     what could not be judged, including the monitor's own `not_measured` list.
     """
     if not isinstance(summary, dict):
-        raise TypeError(
-            f"diagnose(summary=...) needs the dict from TrainingMonitor.get_summary(), got {type(summary)}"
-        )
+        raise TypeError(f"diagnose(summary=...) needs the dict from TrainingMonitor.get_summary(), got {type(summary)}")
     if device_type not in ("cuda", "cpu", "mps", "xpu"):
         raise ValueError(f"diagnose(device_type={device_type!r}): expected 'cuda' or 'cpu'")
     st = dict(step_stats or {})
@@ -166,9 +156,7 @@ def diagnose(summary: dict[str, Any], *, device_type: str, step_stats: dict[str,
             + (f", {sps:.1f} samples/s" if sps else "")
         )
     if dw is None:
-        notes.append(
-            "data loading not judged: no data-wait timing was logged (log_iteration(..., data_seconds=...))"
-        )
+        notes.append("data loading not judged: no data-wait timing was logged (log_iteration(..., data_seconds=...))")
     else:
         evidence.append(f"{_pct(dw)} of step time is spent waiting for the next batch")
     cont = contention(summary, st)
@@ -179,9 +167,7 @@ def diagnose(summary: dict[str, Any], *, device_type: str, step_stats: dict[str,
         cores = summary.get("cpu_count_logical") or 1
         proc = summary.get("process_cpu_percent_mean")
         if proc is not None:
-            evidence.append(
-                f"training process + loader workers use {proc:.0f}% of one core ({cores} logical cores)"
-            )
+            evidence.append(f"training process + loader workers use {proc:.0f}% of one core ({cores} logical cores)")
         if cont is not None:
             evidence += cont[1]
             notes.append("other processes were taking the machine too: the loader may be starved by them")
@@ -246,15 +232,11 @@ def _diagnose_gpu(
     if util is not None:
         evidence.append(f"GPU utilisation {util:.0f}% on average (NVML: share of time a kernel is running)")
     else:
-        notes.append(
-            "no GPU utilisation samples (NVML/nvidia-smi unavailable); verdict relies on memory and profile"
-        )
+        notes.append("no GPU utilisation samples (NVML/nvidia-smi unavailable); verdict relies on memory and profile")
     if s.get("gpu_power_w_mean") is not None:
         lim = s.get("gpu_power_limit_w")
         evidence.append(
-            f"GPU power {s['gpu_power_w_mean']:.0f} W"
-            + (f" of a {lim:.0f} W limit" if lim else "")
-            + " on average"
+            f"GPU power {s['gpu_power_w_mean']:.0f} W" + (f" of a {lim:.0f} W limit" if lim else "") + " on average"
         )
     mem_frac = peak / total if peak is not None and total else None
     if mem_frac is not None:
@@ -277,17 +259,13 @@ def _diagnose_gpu(
             "checkpointing for the largest blocks, or halve the batch and keep the effective batch with "
             "gradient accumulation (--auto_batch_size does this)."
         )
-        return _out(
-            "memory bound", evidence, advice, "high" if mem_frac and mem_frac >= 0.95 else "medium", notes
-        )
+        return _out("memory bound", evidence, advice, "high" if mem_frac and mem_frac >= 0.95 else "medium", notes)
     # ---- 3. someone else's work on the GPU or the cores feeding it
     if cont is not None:
         return _contended(evidence, notes, cont)
     ew = st.get("elementwise_frac")
     if ew is not None and ew >= T["elementwise_frac"] and (util is None or util >= T["gpu_util_idle"]):
-        evidence.append(
-            f"{_pct(ew)} of device time in elementwise/normalisation/copy kernels (bandwidth-limited)"
-        )
+        evidence.append(f"{_pct(ew)} of device time in elementwise/normalisation/copy kernels (bandwidth-limited)")
         advice = (
             "Fuse the elementwise work: torch.compile the model (fuses pointwise ops into few kernels) and train "
             "in bf16 so each byte moved carries twice the values."
@@ -382,9 +360,7 @@ def _diagnose_cpu(
     if kps is not None:
         evidence.append(f"{kps:.0f} operator calls per step (profiler)")
     busy = proc is not None and proc >= T["cpu_saturated_frac"] * 100 * min(threads, cores)
-    if not busy and (
-        (p50_ms is not None and p50_ms <= T["short_step_ms"]) or (kps or 0) >= T["kernels_per_step_many"]
-    ):
+    if not busy and ((p50_ms is not None and p50_ms <= T["short_step_ms"]) or (kps or 0) >= T["kernels_per_step_many"]):
         advice = (
             "Steps are short and the cores are not saturated: per-op Python/dispatcher overhead dominates. "
             "Raise the batch size so each op does more work, or torch.compile the model to fuse ops."

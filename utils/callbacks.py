@@ -15,8 +15,10 @@ class VerdictCallback:
 
         workers = 0 if trainer.on_device else trainer.loader_kw.get("num_workers", 0)
         try:
-            summary["verdict"] = diagnose(summary.get("monitor") or {}, device_type=trainer.rt.device.type,
-                                          step_stats={"num_workers": workers,
-                                                      "torch_threads": torch.get_num_threads()})
+            summary["verdict"] = diagnose(
+                summary.get("monitor") or {},
+                device_type=trainer.rt.device.type,
+                step_stats={"num_workers": workers, "torch_threads": torch.get_num_threads()},
+            )
         except (KeyError, TypeError, ValueError) as e:  # advice only: a finished run is never lost over it
             summary["verdict"] = {"verdict": "unknown", "evidence": [f"diagnose failed: {e}"], "advice": ""}

@@ -28,9 +28,7 @@ def lat_weights(lats: np.ndarray) -> np.ndarray:
     return w / w.mean()
 
 
-def _prepare(
-    pred_c: Any, truth_c: Any, lats: np.ndarray, mask: Any
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _prepare(pred_c: Any, truth_c: Any, lats: np.ndarray, mask: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     p, t = _np(pred_c), _np(truth_c)
     m = _np(mask).astype(bool)
     if p.shape != t.shape:

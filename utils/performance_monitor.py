@@ -417,9 +417,7 @@ class TrainingMonitor:
         if not (interval > 0):
             raise ValueError(f"TrainingMonitor(interval={interval!r}): interval must be > 0 seconds")
         if batch_size is not None and batch_size <= 0:
-            raise ValueError(
-                f"TrainingMonitor(batch_size={batch_size!r}): must be a positive integer or None"
-            )
+            raise ValueError(f"TrainingMonitor(batch_size={batch_size!r}): must be a positive integer or None")
         self.interval = float(interval)
         self.batch_size = batch_size
         self.warmup_iters = max(0, int(warmup_iters))
@@ -444,10 +442,7 @@ class TrainingMonitor:
     @property
     def _is_cuda(self) -> bool:
         return (
-            torch is not None
-            and self.device is not None
-            and self.device.type == "cuda"
-            and torch.cuda.is_available()
+            torch is not None and self.device is not None and self.device.type == "cuda" and torch.cuda.is_available()
         )
 
     def _reset(self) -> None:
@@ -488,9 +483,7 @@ class TrainingMonitor:
     def start_monitoring(self) -> None:
         """Start the clock and the background sampler. Resets the CUDA allocator's peak counters."""
         if self._thread is not None:
-            raise RuntimeError(
-                "TrainingMonitor.start_monitoring() called twice; call stop_monitoring() first"
-            )
+            raise RuntimeError("TrainingMonitor.start_monitoring() called twice; call stop_monitoring() first")
         self._reset()
         if self._is_cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -511,9 +504,7 @@ class TrainingMonitor:
         self._thread = threading.Thread(target=self._run, name="TrainingMonitor", daemon=True)
         self._thread.start()
 
-    def log_iteration(
-        self, seconds: float, data_seconds: float | None = None, samples: int | None = None
-    ) -> None:
+    def log_iteration(self, seconds: float, data_seconds: float | None = None, samples: int | None = None) -> None:
         """Record one training step, timed on the host.
 
         `seconds` is the whole step (waiting for the batch + compute); `data_seconds` the part of it
@@ -522,9 +513,7 @@ class TrainingMonitor:
         O(1), no device sync: call it every step.
         """
         if seconds < 0 or (data_seconds is not None and data_seconds < 0):
-            raise ValueError(
-                f"log_iteration(seconds={seconds}, data_seconds={data_seconds}): times must be >= 0"
-            )
+            raise ValueError(f"log_iteration(seconds={seconds}, data_seconds={data_seconds}): times must be >= 0")
         self._iter_s.append(seconds)
         self._sum_s += seconds
         if data_seconds is not None:
@@ -586,9 +575,7 @@ class TrainingMonitor:
             return
         ours = self._tree.pids() if self._tree is not None else {os.getpid()}
         visible = any(p in ours for p in procs)
-        self._gpu_own_visible = (
-            visible if self._gpu_own_visible is None else (self._gpu_own_visible or visible)
-        )
+        self._gpu_own_visible = visible if self._gpu_own_visible is None else (self._gpu_own_visible or visible)
         self._gpu_proc_samples += 1
         if visible:
             others = {p: mb for p, mb in procs.items() if p not in ours}
@@ -622,9 +609,7 @@ class TrainingMonitor:
                 ncpu = psutil.cpu_count(logical=True) or 1
                 row["cpu_percent"] = 100.0 * (cpu[2] - prev[2]) / d_total
                 row["proc_cpu_percent"] = 100.0 * (cpu[4] - prev[4]) / dt
-                row["others_cores"] = max(
-                    0.0, row["cpu_percent"] / 100.0 * ncpu - row["proc_cpu_percent"] / 100.0
-                )
+                row["others_cores"] = max(0.0, row["cpu_percent"] / 100.0 * ncpu - row["proc_cpu_percent"] / 100.0)
             self._cpu_last = cpu
         rq = self._read_run_queue()
         if rq is not None and rq[0] + rq[1] > 0:
@@ -725,9 +710,7 @@ class TrainingMonitor:
             out["cpu_wait_frac"] = rq[1] / (rq[0] + rq[1])
             out["cpu_wait_threads_mean"] = rq[1] / dt
         else:
-            out["_reason_rq"] = (
-                "cpu_wait_frac: no run-queue counters (/proc/<pid>/task/*/schedstat, Linux only)"
-            )
+            out["_reason_rq"] = "cpu_wait_frac: no run-queue counters (/proc/<pid>/task/*/schedstat, Linux only)"
         return out
 
     def get_summary(self) -> dict[str, Any]:

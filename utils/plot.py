@@ -39,8 +39,7 @@ def _mpl() -> Any:
         import matplotlib
     except ImportError as e:
         raise ImportError(
-            "utils.plot needs matplotlib, an optional dependency: pip install matplotlib "
-            "(or pip install -e '.[plots]')"
+            "utils.plot needs matplotlib, an optional dependency: pip install matplotlib (or pip install -e '.[plots]')"
         ) from e
     matplotlib.use("Agg")  # files only; never needs a display
     import matplotlib.pyplot as plt
@@ -59,9 +58,7 @@ def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(
-                    f"{path}:{i}: not valid JSON ({e.msg}); each line must be one JSON object"
-                ) from e
+                raise ValueError(f"{path}:{i}: not valid JSON ({e.msg}); each line must be one JSON object") from e
             if not isinstance(row, dict):
                 raise ValueError(f"{path}:{i}: expected a JSON object, got {type(row).__name__}")
             kind = row.get("kind")
@@ -137,11 +134,7 @@ def _group_metrics(val: list[dict]) -> list[tuple[str, str, list[str]]]:
 # --------------------------------------------------------------------------- learning curves
 def _epoch_axis(ax: Any, rows: list[dict]) -> None:
     """An epoch scale on top when step and epoch are proportional (epoch-based runs)."""
-    pts = [
-        (r["step"], r["epoch"])
-        for r in rows
-        if _num(r.get("step")) and _num(r.get("epoch")) and r["epoch"] > 0
-    ]
+    pts = [(r["step"], r["epoch"]) for r in rows if _num(r.get("step")) and _num(r.get("epoch")) and r["epoch"] > 0]
     if not pts:
         return
     per = max(s for s, _ in pts) / max(e for _, e in pts)
@@ -167,9 +160,7 @@ def curves_figure(train: list[dict], val: list[dict], title: str = "", selection
     groups = _group_metrics(val)
     if not (xs.size or xv.size or groups or xl.size):
         return None
-    panels = (
-        [("loss", "loss")] + [(t, y) for t, y, _ in groups] + ([("learning rate", "lr")] if xl.size else [])
-    )
+    panels = [("loss", "loss")] + [(t, y) for t, y, _ in groups] + ([("learning rate", "lr")] if xl.size else [])
     n = len(panels)
     ncols = 1 if n == 1 else (2 if n <= 4 else 3)
     nrows = math.ceil(n / ncols)
@@ -273,9 +264,7 @@ def _speed_plot(plt: Any, train: list[dict], title: str, out: Path) -> Path | No
         a2.fill_between(xd, 100 * dw, step="mid", alpha=0.35, color="tab:red")
         a2.plot(xd, 100 * dw, lw=1.0, color="tab:red", drawstyle="steps-mid")
     else:
-        a2.text(
-            0.5, 0.5, "data wait not measured", ha="center", va="center", transform=a2.transAxes, color="gray"
-        )
+        a2.text(0.5, 0.5, "data wait not measured", ha="center", va="center", transform=a2.transAxes, color="gray")
     a2.set_ylim(0, 100)
     a2.set_ylabel("waiting for data (%)")
     a2.set_xlabel("optimizer step")
@@ -315,9 +304,7 @@ def map_figure(source: Path | Mapping[str, Any], title: str = "") -> Any:
 
     plt = _mpl()
     name = str(source) if isinstance(source, (str, Path)) else "test_month arrays"
-    d: Mapping[str, Any] = (
-        dict(np.load(source, allow_pickle=False)) if isinstance(source, (str, Path)) else source
-    )
+    d: Mapping[str, Any] = dict(np.load(source, allow_pickle=False)) if isinstance(source, (str, Path)) else source
     missing = {"truth_c", "pred_c", "lats", "lons"} - set(d)
     if missing:
         raise ValueError(
@@ -401,9 +388,7 @@ def map_figure(source: Path | Mapping[str, Any], title: str = "") -> Any:
     else:
         im = draw(axes[0, 0], truth, "truth", "RdYlBu_r", (vmin, vmax))
         draw(axes[0, 1], pred, "prediction", "RdYlBu_r", (vmin, vmax))
-        draw(
-            axes[0, 2], clim, "climatology of this calendar month (training years)", "RdYlBu_r", (vmin, vmax)
-        )
+        draw(axes[0, 2], clim, "climatology of this calendar month (training years)", "RdYlBu_r", (vmin, vmax))
         fig.colorbar(im, ax=axes[0, :], shrink=0.85, label="SST (°C)")
         a_t, a_p = truth - clim, pred - clim
         amax = float(np.nanpercentile(np.abs(np.concatenate([a_t[valid], a_p[valid]])), 99.9)) or 1.0

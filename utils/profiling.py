@@ -94,9 +94,7 @@ def _native_output_to(messages: list[str]) -> Iterator[None]:
             os.close(saved[1])
             tmp.seek(0)
             text = tmp.read().decode("utf-8", errors="replace")
-        messages.extend(
-            line for line in text.splitlines() if line.strip() and not _KINETO_PROGRESS.match(line)
-        )
+        messages.extend(line for line in text.splitlines() if line.strip() and not _KINETO_PROGRESS.match(line))
         messages.extend(f"{w.category.__name__}: {w.message}" for w in caught)
 
 
@@ -180,9 +178,7 @@ def profile_steps(
     if ew is not None:
         lines.append(f"- share of GPU time in elementwise/normalisation/copy kernels: {100 * ew:.0f}%")
     lines += ["", "| op | calls | self time (ms) | share |", "|---|---:|---:|---:|"]
-    lines += [
-        f"| `{r['name']}` | {r['calls']} | {r['self_time_ms']:.2f} | {100 * r['share']:.1f}% |" for r in rows
-    ]
+    lines += [f"| `{r['name']}` | {r['calls']} | {r['self_time_ms']:.2f} | {100 * r['share']:.1f}% |" for r in rows]
     if messages:
         lines += ["", "Profiler messages:", "", "```", *messages, "```"]
     lines += ["", "Full torch.profiler table:", "", "```", table_txt, "```", ""]

@@ -51,9 +51,7 @@ def evaluate_rank(
     first, ap = np.concatenate(firsts), np.concatenate(aps)
     n_valid = len(first)
     if n_valid == 0:
-        raise ValueError(
-            "evaluate_rank: no query has a true match in the gallery (check ids and camera exclusion)"
-        )
+        raise ValueError("evaluate_rank: no query has a true match in the gallery (check ids and camera exclusion)")
     cmc = np.array([(first <= k).mean() for k in range(1, max_rank + 1)])
     return cmc, float(ap.mean()), n_valid
 

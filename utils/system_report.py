@@ -524,9 +524,7 @@ def render_report(
             if len(b_reps) > 1
             else "one run each: no noise estimate"
         )
-        faster = sorted(
-            (t for t in rows[1:] if t.get("judgement") == "faster"), key=lambda t: -(t["ratio"] or 0)
-        )
+        faster = sorted((t for t in rows[1:] if t.get("judgement") == "faster"), key=lambda t: -(t["ratio"] or 0))
         out += ["", "## What to change first, measured in this run", ""]
         if faster:
             for i, t in enumerate(faster, 1):
@@ -746,11 +744,7 @@ def _error_row(name: str, overrides: dict, base_settings: dict, err: BaseExcepti
 def _power(row: dict[str, Any], assumed_w: float | None) -> tuple[float | None, str | None]:
     if row.get("gpu_power_w") is not None:  # the GPU board, from NVML, measured in the trial
         extra = row.get("cpu_package_w") or 0.0
-        src = (
-            "NVML GPU board power"
-            + (" + RAPL CPU package power" if extra else "")
-            + ", measured in each trial"
-        )
+        src = "NVML GPU board power" + (" + RAPL CPU package power" if extra else "") + ", measured in each trial"
         return row["gpu_power_w"] + extra, src
     if row.get("cpu_package_w") is not None:
         return row["cpu_package_w"], "RAPL CPU package power, measured in each trial"
@@ -801,9 +795,7 @@ def run_system_report(
         raise ValueError(f"run_system_report(repeats={repeats}): need at least 1 repetition")
     for name, v in (("job_samples", job_samples), ("price_per_kwh", price_per_kwh),
                     ("price_per_gpu_hour", price_per_gpu_hour), ("power_w", power_w)):  # fmt: skip
-        if v is not None and (
-            not isinstance(v, int | float) or isinstance(v, bool) or v < 0 or not math.isfinite(v)
-        ):
+        if v is not None and (not isinstance(v, int | float) or isinstance(v, bool) or v < 0 or not math.isfinite(v)):
             raise ValueError(f"run_system_report({name}={v!r}): must be a finite number >= 0")
     out_path = Path(out_path)
     if trial_dir is not None:
@@ -828,9 +820,7 @@ def _run_report(run_trial, base_settings, candidates, steps, out_path, config, m
     if job_samples is None and first.get("job_samples"):  # run_trial may know the job's size once it is built
         job_samples = float(first["job_samples"])
     mon = dict(first.get("monitor") or {})
-    dev = (
-        first.get("device_type") or config.get("device_type") or str(mon.get("device") or "cpu").split(":")[0]
-    )
+    dev = first.get("device_type") or config.get("device_type") or str(mon.get("device") or "cpu").split(":")[0]
     step_stats = first.get("step_stats")
     verdict = diagnose(mon, device_type=dev, step_stats=step_stats)
 
@@ -847,9 +837,7 @@ def _run_report(run_trial, base_settings, candidates, steps, out_path, config, m
                 continue
             try:
                 runs.setdefault(name, []).append(trial(ov))
-            except (
-                Exception
-            ) as err:  # one failing candidate (e.g. OOM at a bigger batch) must not sink the report
+            except Exception as err:  # one failing candidate (e.g. OOM at a bigger batch) must not sink the report
                 errors[name] = err
     trials = [_trial_row("your settings", {}, base_settings, runs["your settings"])]
     for name, ov in chosen:
@@ -894,9 +882,7 @@ def _run_report(run_trial, base_settings, candidates, steps, out_path, config, m
             cfg.setdefault(k, v)
     if trial_dir is not None and Path(trial_dir).exists():
         cfg["trial_dir_removed"] = str(trial_dir)
-    text = render_report(
-        hw, cfg, profile, verdict, [{k: v for k, v in t.items() if k != "monitor"} for t in trials]
-    )
+    text = render_report(hw, cfg, profile, verdict, [{k: v for k, v in t.items() if k != "monitor"} for t in trials])
     out_path.write_text(text, encoding="utf-8")
     raw = {"hardware": hw, "config": cfg, "verdict": verdict, "profile": profile,
            "trials": [{k: v for k, v in t.items() if k != "monitor"} | {"judgement": j.get("judgement"),
@@ -908,9 +894,7 @@ def _run_report(run_trial, base_settings, candidates, steps, out_path, config, m
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description="Print this machine's hardware as Markdown (the report's first part)."
-    )
+    ap = argparse.ArgumentParser(description="Print this machine's hardware as Markdown (the report's first part).")
     ap.add_argument("--json", action="store_true", help="print JSON instead of Markdown (default: Markdown)")
     args = ap.parse_args(argv)
     hw = hardware_info()

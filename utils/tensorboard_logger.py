@@ -109,9 +109,7 @@ class TensorBoardLogger:
             self.writer.flush()  # a validation is what one waits for: show it now
         elif kind in ("event", "checkpoint"):
             msg = {k: v for k, v in row.items() if k not in ("kind", "step")}
-            self.writer.add_text(
-                "events", f"step {step}: `{json.dumps(msg, default=str)}`", step, walltime=walltime
-            )
+            self.writer.add_text("events", f"step {step}: `{json.dumps(msg, default=str)}`", step, walltime=walltime)
 
     def on_fit_end(self, trainer: Any, summary: dict[str, Any]) -> None:
         if self.writer is None:

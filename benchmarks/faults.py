@@ -1,0 +1,1072 @@
+"""Fault-injection campaign on the CLI (CPU): does any fault lose a run?
+
+    .venv/bin/python -m benchmarks.faults                              # the committed table (~10 min, 2 cores)
+    .venv/bin/python -m benchmarks.faults --kills 3 --signals 3 --no-elastic   # a quick look
+
+Every case drives `train_optimized.py` (or `optimize_training.sh`) as a user would, in a subprocess, with tiny
+settings (10 deg grid, d_model 32, 1 layer, a checkpoint every 2 steps), one thread per process:
+  kill       kill -9 at a random moment of training (often while last.pt is being written), then
+             `--resume RUN_DIR` alone; the final model and optimizer state must equal, bit for bit, those of
+             an uninterrupted run, and no orphan temp file may be left behind
+  signal     SIGTERM / SIGINT / SIGUSR1 at a random moment: exit code 128 + signal, a resume command printed,
+             last.pt verified; running the printed command must end bit-identical to the uninterrupted run;
+             also Ctrl-C twice (exits at once; the run still resumes)
+  nan        NaN in one input batch, NaN out of the forward at one step (both injected into the real model),
+             NaN at every step (must stop with exit 3), and --lr 1000: non-finite steps are skipped and
+             counted, no checkpoint ever holds a non-finite weight
+  collision  a reused --run_name, two launches with one name at once, two default names at once, and a second
+             live process on one run directory (refused by the lock, exit 2)
+  bad input  bad data paths, damaged / pickled / missing checkpoints, bad flag values, bad launcher variables:
+             exit 2 with a message of one or two lines and no traceback
+  elastic    optimize_training.sh with NPROC_PER_NODE=2 MAX_RESTARTS=1 (torchrun, gloo): one worker killed
+             mid-run, torchrun restarts both, they resume from last.pt; final weights must equal an
+             uninterrupted two-process run's
+It also measures the checkpoint digest's cost on a ~100 MB state dict. "Runs lost" counts every case whose
+training could not be continued to the uninterrupted result, or whose files another run overwrote: goal 0.
+Writes benchmarks/results/faults_cpu.json and the table beside it (faults_cpu.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.common import RESULTS_DIR, environment, md_table, stats, write_result
+from trainer.checkpoint import CheckpointError, atomic_save, load_checkpoint, state_digest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [
+    "--d_model",
+    "32",
+    "--num_layers",
+    "1",
+    "--dim_feedforward",
+    "64",
+    "--resolution",
+    "10",
+    "--no-plots",
+    "--no-progress_bar",
+]
+SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT, "SIGUSR1": signal.SIGUSR1}
+EXIT_BAD_INPUT, EXIT_NON_FINITE = 2, 3
+
+
+def install_nan_injector(mode: str, steps: str):
+    """Patch the RecursiveAttentionTransformer's training forward to inject NaN; returns the undo function.
+
+    mode: "input" (one input value NaN) or "output" (the prediction NaN); steps: "5" (the 5th training forward
+    only) or "5-" (the 5th and every later one). The real model and loss see it, as real bad data would.
+    """
+    import models.ratransformer as m
+
+    first = int(steps.rstrip("-"))
+    every = steps.endswith("-")
+    orig, calls = m.RecursiveAttentionTransformer.forward, [0]
+
+    def forward(self, x, *a, **k):
+        if not self.training:
+            return orig(self, x, *a, **k)
+        calls[0] += 1
+        hit = calls[0] >= first if every else calls[0] == first
+        if hit and mode == "input":
+            x = x.clone()
+            x.view(-1)[0] = float("nan")
+        out = orig(self, x, *a, **k)
+        return out * float("nan") if hit and mode == "output" else out
+
+    m.RecursiveAttentionTransformer.forward = forward
+
+    def undo() -> None:
+        m.RecursiveAttentionTransformer.forward = orig
+
+    return undo
+
+
+# the CLI in a subprocess with the injector installed: argv MODE STEPS CLI-ARGS...
+NAN_INJECTOR = (
+    "import sys\n"
+    "from benchmarks.faults import install_nan_injector\n"
+    "install_nan_injector(sys.argv[1], sys.argv[2])\n"
+    "import train_optimized\n"
+    "sys.exit(train_optimized.main(sys.argv[3:]))\n"
+)
+
+
+@dataclass
+class Case:
+    kind: str  # kill, signal, nan, collision, bad_input, elastic
+    name: str
+    ok: bool = False
+    lost: bool = False  # the run could not be continued to the uninterrupted result, or was overwritten
+    detail: str = ""
+    seconds: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Proc:
+    rc: int
+    out: str
+    err: str
+    seconds: float
+
+    @property
+    def text(self) -> str:
+        return self.out + self.err
+
+
+def message_lines(err: str) -> list[str]:
+    """stderr without argparse's usage block (a usage line and its indented continuation lines)."""
+    lines, in_usage = [], False
+    for ln in err.splitlines():
+        if ln.startswith("usage:"):
+            in_usage = True
+            continue
+        if in_usage and ln.startswith(" "):
+            continue
+        in_usage = False
+        if ln.strip():
+            lines.append(ln)
+    return lines
+
+
+def same_tree(a: Any, b: Any) -> bool:
+    """Bitwise equality of nested checkpoint entries (tensors compared as bytes, NaN equal to NaN)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        return torch.equal(a.cpu().reshape(-1).view(torch.uint8), b.cpu().reshape(-1).view(torch.uint8))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(same_tree(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(same_tree(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return type(a) is type(b) and a == b
+
+
+def all_finite(tree: Any) -> bool:
+    if isinstance(tree, torch.Tensor):
+        return not tree.is_floating_point() or bool(torch.isfinite(tree).all())
+    if isinstance(tree, dict):
+        return all(all_finite(v) for v in tree.values())
+    if isinstance(tree, list | tuple):
+        return all(all_finite(v) for v in tree)
+    return True
+
+
+def orphans(run_dir: Path) -> list[str]:
+    return sorted(
+        p.name
+        for d in (run_dir, run_dir / "checkpoints")
+        if d.is_dir()
+        for p in d.iterdir()
+        if p.name.startswith(".") and p.name.endswith(".tmp")
+    )
+
+
+class Campaign:
+    """One work folder, one environment, one random generator; each method runs one case and records it."""
+
+    def __init__(self, work: Path, epochs: int = 12, seed: int = 0, log=print, inprocess: bool = False) -> None:
+        """inprocess: run the cases whose outcome is not a bitwise comparison (NaN, a reused name, bad inputs,
+        the refused second process) inside this process, which saves a Python start-up each (the tests)."""
+        self.work = Path(work)
+        self.inprocess = inprocess
+        self.out = self.work / "runs"
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.epochs = epochs
+        self.seed = seed
+        self.log = log
+        cache = os.environ.get("PLAINLOOP_CACHE") or str(self.work / "cache")
+        env = {k: v for k, v in os.environ.items() if k not in ("PLAINLOOP_DEBUG", "RUN_NAME", "MAX_RESTARTS")}
+        # one thread per process: bit-exact comparisons need the same kernels, and the machine is shared
+        env.update(
+            {
+                "OMP_NUM_THREADS": "1",
+                "MKL_NUM_THREADS": "1",
+                "PLAINLOOP_CACHE": cache,
+                "PYTHONPATH": str(ROOT),
+                "PYTHONUNBUFFERED": "1",
+                # the launcher's `python` (SKIP_SETUP=1) must be this interpreter
+                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            }
+        )
+        self.env = env
+        self.cases: list[Case] = []
+        self._refs: dict[str, tuple[dict[str, Any], float]] = {}
+        self._ref_lock = threading.Lock()  # cases may run in threads (the tests): one reference run each
+
+    def rng(self, name: str) -> random.Random:
+        """A generator per case: its random moment depends on (seed, case name) only, not on case order."""
+        return random.Random(f"{self.seed}:{name}")
+
+    # ------------------------------------------------------------------------------------ running
+    def train_args(self, name: str, *extra: str, epochs: int | None = None) -> list[str]:
+        return [
+            "--output_dir",
+            str(self.out),
+            "--run_name",
+            name,
+            "--epochs",
+            str(epochs or self.epochs),
+            "--checkpoint_every",
+            "2",
+            *TINY,
+            *extra,
+        ]
+
+    def _logs(self, tag: str) -> tuple[Path, Path]:
+        d = self.work / "logs"
+        d.mkdir(exist_ok=True)
+        return d / f"{tag}.out", d / f"{tag}.err"
+
+    def start(self, argv: list[str], tag: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Any]:
+        out, err = self._logs(tag)
+        fo, fe = open(out, "w"), open(err, "w")  # noqa: SIM115 (closed in finish)
+        p = subprocess.Popen(
+            argv, cwd=ROOT, env={**self.env, **(env or {})}, stdout=fo, stderr=fe, start_new_session=True
+        )  # its own group: a stray child never outlives a case
+        return p, (fo, fe, out, err, time.monotonic())
+
+    def finish(self, p: subprocess.Popen, handle: Any, timeout: float = 600) -> Proc:
+        fo, fe, out, err, t0 = handle
+        try:
+            rc = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            rc = p.wait()
+        fo.close()
+        fe.close()
+        return Proc(rc, out.read_text(errors="replace"), err.read_text(errors="replace"), time.monotonic() - t0)
+
+    def cli(
+        self,
+        *args: str,
+        tag: str,
+        env: dict[str, str] | None = None,
+        timeout: float = 600,
+        inproc_ok: bool = False,
+    ) -> Proc:
+        if inproc_ok and self.inprocess:
+            return self._inprocess(list(args), tag)
+        p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *args], tag, env)
+        return self.finish(p, h, timeout)
+
+    def _inprocess(self, argv: list[str], tag: str) -> Proc:
+        """train_optimized.main(argv) here, stdout/stderr captured; an exception is a traceback and exit 1."""
+        import contextlib
+        import io
+        import traceback
+
+        import train_optimized
+
+        out, err = io.StringIO(), io.StringIO()
+        saved = {k: os.environ.get(k) for k in ("PLAINLOOP_CACHE", "PLAINLOOP_DEBUG")}
+        os.environ["PLAINLOOP_CACHE"] = self.env["PLAINLOOP_CACHE"]
+        os.environ.pop("PLAINLOOP_DEBUG", None)
+        t0 = time.monotonic()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    rc = train_optimized.main(argv)
+                    rc = 0 if rc is None else int(rc)
+                except SystemExit as e:
+                    rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                    if isinstance(e.code, str):
+                        err.write(e.code + "\n")
+                except Exception:
+                    err.write(traceback.format_exc())
+                    rc = 1
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        res = Proc(rc, out.getvalue(), err.getvalue(), time.monotonic() - t0)
+        fo, fe = self._logs(tag)
+        fo.write_text(res.out)
+        fe.write_text(res.err)
+        return res
+
+    def launcher(self, *args: str, tag: str, env: dict[str, str], timeout: float = 600) -> Proc:
+        p, h = self.start(["bash", str(ROOT / "optimize_training.sh"), *args], tag, {"SKIP_SETUP": "1", **env})
+        return self.finish(p, h, timeout)
+
+    @staticmethod
+    def wait_for(path: Path, p: subprocess.Popen, timeout: float = 300) -> float | None:
+        """Poll until `path` exists (the time) or the process ended (None)."""
+        t_end = time.monotonic() + timeout
+        while time.monotonic() < t_end:
+            if path.exists():
+                return time.monotonic()
+            if p.poll() is not None:
+                return time.monotonic() if path.exists() else None
+            time.sleep(0.005)
+        return None
+
+    def final_state(self, run_dir: Path) -> dict[str, Any]:
+        ck = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+        return {"model": ck["model"], "optimizer": ck["optimizer"], "step": ck.get("step")}
+
+    def record(self, case: Case) -> Case:
+        self.cases.append(case)
+        flag = "ok " if case.ok else "FAIL"
+        self.log(f"[faults] {flag} {case.kind:9s} {case.name:28s} {case.seconds:6.1f}s  {case.detail}")
+        return case
+
+    # ---------------------------------------------------------------------------------- reference
+    def reference(self, key: str = "ref") -> tuple[dict[str, Any], float]:
+        """An uninterrupted run's final state and its training window (config.json to the final last.pt)."""
+        with self._ref_lock:
+            return self._reference(key)
+
+    def _reference(self, key: str) -> tuple[dict[str, Any], float]:
+        if key not in self._refs:
+            run_dir = self.out / key
+            p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *self.train_args(key)], key)
+            t_start = self.wait_for(run_dir / "config.json", p)
+            res = self.finish(p, h)
+            if res.rc != 0 or t_start is None:
+                raise RuntimeError(f"the uninterrupted reference run failed (exit {res.rc}):\n{res.text[-3000:]}")
+            # the training part: config.json (written as training starts) to the final last.pt
+            window = (run_dir / "checkpoints" / "last.pt").stat().st_mtime - (run_dir / "config.json").stat().st_mtime
+            self._refs[key] = (self.final_state(run_dir), max(window, 0.2))
+        return self._refs[key]
+
+    # --------------------------------------------------------------------------------- kill -9
+    def kill_case(self, i: int, delay: float | None = None, mid_write: bool = False) -> Case:
+        """delay: seconds after training starts (config.json written); None = drawn at random.
+        mid_write: after the delay, wait for a checkpoint temp file to appear and kill while it is written."""
+        ref, window = self.reference()
+        name = f"kill{i}"
+        case = Case("kill", name)
+        t0 = time.monotonic()
+        run_dir = self.out / name
+        p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *self.train_args(name)], name)
+        started = self.wait_for(run_dir / "config.json", p)
+        if delay is None:
+            delay = self.rng(name).uniform(0.0, 0.9 * window)
+        if started is not None:
+            time.sleep(max(0.0, started + delay - time.monotonic()))
+        if mid_write:
+            ckdir, t_end = run_dir / "checkpoints", time.monotonic() + 5.0
+            while p.poll() is None and time.monotonic() < t_end and not list(ckdir.glob(".*.tmp")):
+                pass  # spin: a small checkpoint is written in milliseconds
+        killed = p.poll() is None
+        if killed:
+            os.killpg(p.pid, signal.SIGKILL)
+        first = self.finish(p, h)
+        left = orphans(run_dir)
+        case.info.update(delay_s=round(delay, 3), killed=killed, mid_write=bool(left), orphans_after_kill=left)
+        if not killed:
+            case.detail = f"finished before the kill (exit {first.rc}); not counted"
+            case.seconds = time.monotonic() - t0
+            case.info["counted"] = False
+            return self.record(case)
+        has_last = (run_dir / "checkpoints" / "last.pt").exists()
+        if has_last:
+            try:
+                step = load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"]
+                case.info["last_pt_step"] = step
+            except CheckpointError as e:  # a kill must never leave an unreadable last.pt
+                case.detail, case.lost = f"last.pt unreadable after the kill: {e}", True
+                return self.record(case)
+            if step >= ref["step"]:  # killed after training, during the final evaluation: weights complete
+                res = Proc(0, "", "", 0.0)
+                case.info["after_training"] = True
+            else:
+                res = self.cli("--resume", str(run_dir), tag=f"{name}-resume")  # alone: settings from the run
+        else:  # killed before the first checkpoint: start it again under its name
+            res = self.cli(*self.train_args(name), "--resume", "auto", tag=f"{name}-restart")
+        case.info["resume_rc"] = res.rc
+        case.seconds = time.monotonic() - t0
+        if res.rc != 0:
+            case.detail, case.lost = (
+                f"resume failed (exit {res.rc}): {res.text.strip().splitlines()[-1:]}",
+                True,
+            )
+            return self.record(case)
+        used = _run_dir_of(res.text) or run_dir
+        moved = (
+            "" if used == run_dir else f"; restarted in {used.name}, not {name}: a later `--resume auto` would miss it"
+        )
+        equal = same_tree(self.final_state(used), ref)
+        tidy = not orphans(run_dir)
+        case.ok, case.lost = equal and tidy and not moved, not equal
+        case.detail = (
+            f"killed {delay:.2f}s in{' mid-write' if left else ''}, "
+            f"{'resumed from step ' + str(case.info.get('last_pt_step')) if has_last else 'restarted'}: "
+            f"{'bit-identical' if equal else 'DIFFERENT from the uninterrupted run'}"
+            f"{'' if tidy else ', orphan temp files left: ' + ', '.join(orphans(run_dir))}{moved}"
+        )
+        return self.record(case)
+
+    # --------------------------------------------------------------------------------- signals
+    def signal_case(self, i: int, signame: str, twice: bool = False, delay: float | None = None) -> Case:
+        """delay: seconds after training starts; None = drawn at random over the first 70 % of training."""
+        ref, window = self.reference()
+        sig = SIGNALS[signame]
+        name = f"sig{i}-{signame.lower()}{'-x2' if twice else ''}"
+        case = Case("signal", name)
+        t0 = time.monotonic()
+        run_dir = self.out / name
+        p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *self.train_args(name)], name)
+        started = self.wait_for(run_dir / "config.json", p)
+        if delay is None:
+            delay = self.rng(name).uniform(0.0, 0.7 * window)
+        if started is not None:
+            time.sleep(max(0.0, started + delay - time.monotonic()))
+        sent = p.poll() is None
+        t_sig = time.monotonic()
+        if sent:
+            p.send_signal(sig)
+            if twice:
+                time.sleep(0.05)
+                if p.poll() is None:
+                    p.send_signal(sig)
+        first = self.finish(p, h, timeout=120)
+        stop_s = time.monotonic() - t_sig
+        case.info.update(delay_s=round(delay, 3), exit=first.rc, stop_s=round(stop_s, 3))
+        if not sent:
+            case.detail = f"finished before the signal (exit {first.rc}); not counted"
+            case.info["counted"] = False
+            case.seconds = time.monotonic() - t0
+            return self.record(case)
+        last = run_dir / "checkpoints" / "last.pt"
+        ck_step = _step_of(last)
+        if ck_step is not None and ck_step >= ref["step"] and first.rc != 128 + int(sig):
+            # the signal came after training had ended (during the final evaluation): nothing to save or resume
+            case.detail = f"arrived after training ended (exit {first.rc}); not counted"
+            case.info.update(counted=False, after_training=True)
+            case.seconds = time.monotonic() - t0
+            return self.record(case)
+        problems = []
+        want = 128 + int(sig)
+        if first.rc != want and not (twice and first.rc != 0):
+            problems.append(f"exit {first.rc}, expected {want}")
+        resume_cmd = None
+        if not twice:
+            lines = [ln for ln in first.text.splitlines() if "--resume" in ln and "train_optimized.py" in ln]
+            if lines:
+                resume_cmd = shlex.split(lines[-1][lines[-1].index("python") :] if "python" in lines[-1] else lines[-1])
+            else:
+                problems.append("no resume command printed")
+        if last.exists():
+            try:
+                ck = load_checkpoint(last)
+                case.info["last_pt_step"] = ck["step"]
+                case.info["mid_epoch"] = bool(ck.get("batches_done"))
+            except CheckpointError as e:
+                problems.append(f"last.pt unreadable: {e}")
+        elif not twice:
+            problems.append("no last.pt written")
+        if resume_cmd and Path(resume_cmd[0]).name.startswith("python"):
+            resume_cmd[0] = sys.executable
+        if resume_cmd is None or not last.exists():
+            argv = ["--resume", str(run_dir)] if last.exists() else [*self.train_args(name), "--resume", "auto"]
+            resume_cmd = [sys.executable, str(ROOT / "train_optimized.py"), *argv]
+        elif resume_cmd[1:2] == ["train_optimized.py"]:
+            resume_cmd[1] = str(ROOT / "train_optimized.py")
+        if ck_step is not None and ck_step >= ref["step"]:  # stopped at the very last step: nothing to resume
+            res = Proc(0, "", "", 0.0)
+            case.info["stopped_at_last_step"] = True
+        else:
+            rp, rh = self.start(resume_cmd, f"{name}-resume")
+            res = self.finish(rp, rh)
+        case.info["resume_rc"] = res.rc
+        case.info["resume_command"] = " ".join(shlex.quote(a) for a in resume_cmd)
+        case.seconds = time.monotonic() - t0
+        if res.rc != 0:
+            case.lost = True
+            problems.append(f"resume failed (exit {res.rc}): {res.text.strip().splitlines()[-1:]}")
+            case.detail = "; ".join(problems)
+            return self.record(case)
+        equal = same_tree(self.final_state(run_dir), ref)
+        if not equal:
+            problems.append("DIFFERENT from the uninterrupted run")
+        case.lost = not equal
+        case.ok = not problems
+        where = f"step {case.info.get('last_pt_step')}" + (" (mid-epoch)" if case.info.get("mid_epoch") else "")
+        case.detail = (
+            f"{signame}{' twice' if twice else ''} {delay:.2f}s in: exit {first.rc} after "
+            f"{stop_s:.2f}s, last.pt at {where}; resumed: {'bit-identical' if equal else 'different'}"
+            + ("; " + "; ".join(problems) if problems else "")
+        )
+        return self.record(case)
+
+    # ------------------------------------------------------------------------------------- NaN
+    def nan_case(self, mode: str) -> Case:
+        """mode: input (one NaN input value at step 5), output (NaN prediction at step 5), always (NaN
+        prediction from step 5 on: must stop with exit 3), lr1000 (--lr 1000)."""
+        name = f"nan-{mode}"
+        case = Case("nan", name)
+        run_dir = self.out / name
+        args = self.train_args(name, epochs=4)
+        if mode == "lr1000":
+            res = self.cli(*args, "--lr", "1000", tag=name, inproc_ok=True)
+        else:
+            inj = {"input": ("input", "5"), "output": ("output", "5"), "always": ("output", "5-")}[mode]
+            extra = ["--max_consecutive_skips", "5"] if mode == "always" else []
+            if self.inprocess:
+                undo = install_nan_injector(*inj)
+                try:
+                    res = self._inprocess([*args, *extra], name)
+                finally:
+                    undo()
+            else:
+                p, h = self.start([sys.executable, "-c", NAN_INJECTOR, *inj, *args, *extra], name)
+                res = self.finish(p, h)
+        case.seconds = res.seconds
+        problems = []
+        summary_path = run_dir / "summary.json"
+        summary = _read_json(summary_path)
+        skipped = summary.get("skipped_steps") if summary else _last_skipped(run_dir)
+        case.info.update(exit=res.rc, skipped_steps=skipped)
+        if "Traceback" in res.text:
+            problems.append("traceback printed")
+        for ck in ("last.pt", "best.pt"):
+            f = run_dir / "checkpoints" / ck
+            if f.exists() and not all_finite(load_checkpoint(f)["model"]):
+                problems.append(f"{ck} holds non-finite weights")
+        if mode in ("input", "output"):
+            if res.rc != 0:
+                problems.append(f"exit {res.rc}, expected 0 (one bad step is skipped)")
+            if skipped != 1:
+                problems.append(f"skipped_steps {skipped}, expected 1")
+        elif mode == "always":
+            if res.rc != EXIT_NON_FINITE:
+                problems.append(f"exit {res.rc}, expected {EXIT_NON_FINITE}")
+            if not re.search(r"non-?finite|nan", res.text, re.I):
+                problems.append("no message about non-finite values")
+        else:  # lr 1000: either stopped (exit 3) or survived with skipped steps; never NaN weights, exit 0 + NaN
+            if res.rc == EXIT_NON_FINITE:
+                pass
+            elif res.rc == 0:
+                if not skipped:
+                    case.info["note"] = "no non-finite step occurred"
+            else:
+                problems.append(f"exit {res.rc}, expected 0 or {EXIT_NON_FINITE}")
+        case.ok = not problems
+        case.detail = f"exit {res.rc}, skipped_steps {skipped}" + ("; " + "; ".join(problems) if problems else "")
+        return self.record(case)
+
+    # ------------------------------------------------------------------------------- collisions
+    def collision_reuse_name(self) -> Case:
+        """A finished run's name used again without --resume: a new directory, the old files untouched."""
+        case = Case("collision", "reused --run_name")
+        t0 = time.monotonic()
+        args = self.train_args("reuse", "--max_steps", "4")
+        first = self.cli(*args, tag="reuse-1", inproc_ok=True)
+        before = _snapshot(self.out / "reuse")
+        second = self.cli(*args, tag="reuse-2", inproc_ok=True)
+        after = _snapshot(self.out / "reuse")
+        case.seconds = time.monotonic() - t0
+        new_dir = self.out / "reuse-2"
+        problems = []
+        if first.rc or second.rc:
+            problems.append(f"exits {first.rc}, {second.rc}")
+        if before != after:
+            problems.append("the first run's files changed")
+            case.lost = True
+        if not (new_dir / "summary.json").exists():
+            problems.append("no reuse-2 directory with a summary")
+        elif "reuse-2" not in second.text:
+            problems.append("the new directory is not mentioned")
+        case.ok = not problems
+        case.detail = "second run went to reuse-2, first run untouched" if case.ok else "; ".join(problems)
+        return self.record(case)
+
+    def collision_simultaneous(self, same_name: bool) -> Case:
+        """Two launches at once, with one --run_name or both with the default name: two directories."""
+        label = "two at once, one --run_name" if same_name else "two at once, default names"
+        case = Case("collision", label)
+        t0 = time.monotonic()
+        sub = self.out / ("same" if same_name else "default")
+        common = ["--output_dir", str(sub), "--max_steps", "4", "--checkpoint_every", "2", *TINY]
+        if same_name:
+            common += ["--run_name", "same"]
+        procs = [
+            self.start([sys.executable, str(ROOT / "train_optimized.py"), *common], f"{sub.name}-{k}") for k in range(2)
+        ]
+        res = [self.finish(p, h) for p, h in procs]
+        case.seconds = time.monotonic() - t0
+        dirs = sorted(d.name for d in sub.iterdir() if d.is_dir()) if sub.is_dir() else []
+        problems = []
+        if any(r.rc for r in res):
+            problems.append(f"exits {[r.rc for r in res]}")
+        if len(dirs) != 2:
+            problems.append(f"directories {dirs}, expected two")
+            case.lost = True
+        for d in dirs:
+            steps = [r["step"] for r in _rows(sub / d / "metrics.jsonl") if r.get("kind") == "train"]
+            if steps != sorted(set(steps)):
+                problems.append(f"{d}/metrics.jsonl has interleaved rows")
+                case.lost = True
+        case.ok = not problems
+        case.detail = f"directories {dirs}" + ("; " + "; ".join(problems) if problems else "")
+        return self.record(case)
+
+    def collision_lock(self) -> Case:
+        """A second live process on a running run's directory (--resume RUN_DIR) fails with exit 2."""
+        case = Case("collision", "second process, same directory")
+        t0 = time.monotonic()
+        run_dir = self.out / "locked"
+        p, h = self.start(
+            [
+                sys.executable,
+                str(ROOT / "train_optimized.py"),
+                *self.train_args("locked", epochs=max(self.epochs * 4, 40)),
+            ],
+            "locked",
+        )
+        problems = []
+        if self.wait_for(run_dir / "checkpoints" / "last.pt", p) is None:  # resumable, and running
+            problems.append("the first run ended before its first checkpoint")
+        second = self.cli("--resume", str(run_dir), tag="locked-2", inproc_ok=True)
+        still_running = p.poll() is None
+        if still_running:
+            p.send_signal(signal.SIGTERM)
+        first = self.finish(p, h, timeout=120)
+        case.seconds = time.monotonic() - t0
+        msg = message_lines(second.err)
+        case.info.update(second_exit=second.rc, message=msg, first_exit=first.rc)
+        if not still_running:
+            problems.append("the first run finished before the second start was refused; not a real test")
+        if second.rc != EXIT_BAD_INPUT:
+            problems.append(f"second process exit {second.rc}, expected {EXIT_BAD_INPUT}")
+            case.lost = second.rc == 0
+        if "Traceback" in second.text or not 1 <= len(msg) <= 2:
+            problems.append(f"message of {len(msg)} lines")
+        if not re.search(r"another (live )?process|lock", " ".join(msg)):
+            problems.append(f"refused for another reason: {' '.join(msg)[:160]}")
+        if first.rc not in (0, 128 + signal.SIGTERM):
+            problems.append(f"first run exit {first.rc}")
+        case.ok = not problems
+        case.detail = f"refused: {msg[0][:120] if msg else ''}" if case.ok else "; ".join(problems)
+        return self.record(case)
+
+    # ------------------------------------------------------------------------------- bad inputs
+    def bad_inputs(self) -> list[Case]:
+        """Each must end with exit 2 and one or two lines naming the file/flag/variable; no traceback."""
+        bad = self.work / "bad"
+        bad.mkdir(exist_ok=True)
+        (bad / "random.nc").write_bytes(random.Random(1).randbytes(4096))
+        (bad / "random.pt").write_bytes(random.Random(2).randbytes(4096))
+        evil = bad / "evil.pt"
+        torch.save({"model": {}, "payload": _Payload(str(bad / "pwned"))}, evil)
+        # a real checkpoint with one flipped bit in a weight
+        ref_dir = self.out / "ref"
+        flipped = bad / "flipped" / "checkpoints" / "last.pt"
+        flipped.parent.mkdir(parents=True, exist_ok=True)
+        if (ref_dir / "checkpoints" / "last.pt").exists():
+            data = bytearray((ref_dir / "checkpoints" / "last.pt").read_bytes())
+            data[len(data) // 2] ^= 0x10
+            flipped.write_bytes(bytes(data))
+        cases = [
+            ("--data_path missing file", ["--data_path", str(bad / "nowhere.nc")], "nowhere.nc"),
+            ("--data_path random bytes", ["--data_path", str(bad / "random.nc")], "random.nc"),
+            ("--resume missing", ["--resume", str(bad / "no-such-run")], "no-such-run"),
+            ("--resume random bytes", ["--resume", str(bad / "random.pt")], "random.pt"),
+            ("--resume pickle payload", ["--resume", str(evil)], "evil.pt"),
+            ("--resume flipped bit", ["--resume", str(bad / "flipped")], "last.pt"),
+            ("--batch_size 0", ["--batch_size", "0"], "--batch_size"),
+            ("--precision fp8", ["--precision", "fp8"], "--precision"),
+            ("--lat 10 -10", ["--lat", "10", "-10"], "--lat"),
+        ]
+        out: list[Case] = []
+        for label, args, names in cases:
+            if label == "--resume flipped bit" and not flipped.exists():
+                continue
+            res = self.cli(*args, "--output_dir", str(bad / "runs"), *TINY, tag=f"bad-{len(out)}", inproc_ok=True)
+            out.append(self._judge_bad(label, res, names))
+            if (bad / "pwned").exists():
+                out[-1].ok = False
+                out[-1].detail += "; THE PICKLE PAYLOAD RAN"
+        for var, value in (
+            ("NPROC_PER_NODE", "two"),
+            ("COMPILE", "maybe"),
+            ("MAX_RESTARTS", "-1"),
+            ("MASTER_PORT", "70000"),
+        ):
+            res = self.launcher(tag=f"bad-{var}", env={var: value, "PLAINLOOP_DRY_RUN": "0"})
+            out.append(self._judge_bad(f"{var}={value}", res, var))
+        return out
+
+    def _judge_bad(self, label: str, res: Proc, names: str) -> Case:
+        case = Case("bad_input", label, seconds=res.seconds)
+        msg = message_lines(res.err)
+        case.info.update(exit=res.rc, message=msg)
+        problems = []
+        if res.rc != EXIT_BAD_INPUT:
+            problems.append(f"exit {res.rc}, expected {EXIT_BAD_INPUT}")
+        if "Traceback" in res.text:
+            problems.append("traceback")
+        if not 1 <= len(msg) <= 2:
+            problems.append(f"{len(msg)} message lines")
+        if names not in " ".join(msg):
+            problems.append(f"message does not name {names}")
+        case.ok = not problems
+        case.detail = (msg[0][:160] if msg else "") + ("; " + "; ".join(problems) if problems else "")
+        return self.record(case)
+
+    # ---------------------------------------------------------------------------------- elastic
+    def elastic_case(self, i: int = 0, extra_args: tuple[str, ...] = ()) -> Case:
+        """Two torchrun workers (gloo); rank 1 killed mid-run; MAX_RESTARTS=1 restarts and resumes them.
+        extra_args: more CLI flags for both the reference and the restarted run."""
+        import psutil
+
+        case = Case("elastic", f"torchrun x2, rank 1 killed #{i}")
+        t0 = time.monotonic()
+        base = {"NPROC_PER_NODE": "2", "OUTPUT_DIR": str(self.out), "EPOCHS": str(self.epochs)}
+        extra = ["--checkpoint_every", "2", *TINY, *extra_args]
+        if "elastic-ref" not in self._refs:
+            ref_dir = self.out / "elastic-ref"
+            p, h = self.start(
+                ["bash", str(ROOT / "optimize_training.sh"), *extra],
+                "elastic-ref",
+                {"SKIP_SETUP": "1", **base, "RUN_NAME": "elastic-ref"},
+            )
+            t_start = self.wait_for(ref_dir / "config.json", p)
+            res = self.finish(p, h)
+            if res.rc != 0 or t_start is None:
+                raise RuntimeError(f"the uninterrupted two-process run failed (exit {res.rc}):\n{res.text[-3000:]}")
+            window = (ref_dir / "checkpoints" / "last.pt").stat().st_mtime - (ref_dir / "config.json").stat().st_mtime
+            self._refs["elastic-ref"] = (self.final_state(ref_dir), max(window, 0.2))
+        ref, window = self._refs["elastic-ref"]
+        name = f"elastic{i}"
+        run_dir = self.out / name
+        p, h = self.start(
+            ["bash", str(ROOT / "optimize_training.sh"), *extra],
+            name,
+            {"SKIP_SETUP": "1", **base, "RUN_NAME": name, "MAX_RESTARTS": "1"},
+        )
+        problems = []
+        first_ckpt = self.wait_for(run_dir / "checkpoints" / "last.pt", p)
+        victim = None
+        if first_ckpt is not None:
+            delay = self.rng(name).uniform(0.0, 0.6 * window)
+            time.sleep(delay)
+            case.info["delay_after_first_checkpoint_s"] = round(delay, 3)
+            for child in psutil.Process(p.pid).children(recursive=True):
+                try:
+                    if child.environ().get("RANK") == "1" and "train_optimized.py" in " ".join(child.cmdline()):
+                        victim = child
+                        break
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+        if victim is not None and p.poll() is None:
+            victim.send_signal(signal.SIGKILL)
+            case.info["killed_pid"] = victim.pid
+        else:
+            problems.append("no worker killed (the run ended first or rank 1 was not found); not counted")
+            case.info["counted"] = False
+        res = self.finish(p, h)
+        case.seconds = time.monotonic() - t0
+        case.info["exit"] = res.rc
+        # the restarted workers say where they resumed ("[plainloop] resume: RUN_DIR at epoch E, step S")
+        resumed = re.findall(r"resume: \S+ at epoch \d+, step (\d+)", res.text)
+        restarted = bool(resumed)
+        case.info["resumed_at_step"] = int(resumed[0]) if resumed else None
+        if res.rc != 0:
+            problems.append(f"exit {res.rc}")
+            case.lost = victim is not None
+        elif victim is not None:
+            equal = same_tree(self.final_state(run_dir), ref)
+            if not equal:
+                problems.append("DIFFERENT from the uninterrupted two-process run")
+                case.lost = True
+            if not restarted:
+                problems.append("no resumed worker seen in the log")
+        case.ok = not problems
+        case.detail = (
+            "worker killed, torchrun restarted, resumed: bit-identical to the uninterrupted run"
+            if case.ok
+            else "; ".join(problems)
+        )
+        return self.record(case)
+
+    # ---------------------------------------------------------------------------------- summary
+    def summary(self) -> dict[str, Any]:
+        def counted(kind: str) -> list[Case]:
+            return [c for c in self.cases if c.kind == kind and c.info.get("counted", True)]
+
+        kills, sigs = counted("kill"), counted("signal")
+        out = {
+            "kills": {
+                "tried": len(kills),
+                "survived": sum(c.ok for c in kills),
+                "mid_write": sum(bool(c.info.get("mid_write")) for c in kills),
+                "not_counted": sum(1 for c in self.cases if c.kind == "kill") - len(kills),
+            },
+            "signals": {
+                "tried": len(sigs),
+                "survived": sum(c.ok for c in sigs),
+                "by_signal": {s: sum(c.ok for c in sigs if s.lower() in c.name) for s in SIGNALS},
+            },
+            "nan": {"tried": len(counted("nan")), "caught": sum(c.ok for c in counted("nan"))},
+            "collisions": {"tried": len(counted("collision")), "ok": sum(c.ok for c in counted("collision"))},
+            "bad_inputs": {
+                "tried": len(counted("bad_input")),
+                "clear": sum(c.ok for c in counted("bad_input")),
+            },
+            "elastic": {"tried": len(counted("elastic")), "survived": sum(c.ok for c in counted("elastic"))},
+            "runs_lost": sum(c.lost for c in self.cases),
+            "failures": [
+                f"{c.kind}: {c.name}: {c.detail}" for c in self.cases if not c.ok and c.info.get("counted", True)
+            ],
+        }
+        return out
+
+
+class _Payload:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {shlex.quote(self.marker)}",))
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    import json
+
+    if not path.exists():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def _last_skipped(run_dir: Path) -> int | None:
+    vals = [r["skipped_steps"] for r in _rows(run_dir / "metrics.jsonl") if "skipped_steps" in r]
+    return vals[-1] if vals else None
+
+
+def _run_dir_of(text: str) -> Path | None:
+    """The run directory a CLI run reported ("[plainloop] run directory: DIR ...")."""
+    found = re.findall(r"run directory: (\S+)", text)
+    return Path(found[-1]) if found else None
+
+
+def _step_of(path: Path) -> int | None:
+    try:
+        return int(load_checkpoint(path)["step"])
+    except (CheckpointError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _snapshot(run_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+# -------------------------------------------------------------------------------------- digest cost
+
+
+def digest_cost(work: Path, mb: int = 100, reps: int = 5) -> dict[str, Any]:
+    """What the digest adds to saving and loading a ~`mb` MB checkpoint: a transformer-like state dict
+    (a few large matrices and many small vectors), fp32, with AdamW-shaped optimizer state; medians."""
+    n_big = 8
+    big = int(mb * 2**20 / 4 / 3 / n_big) // 1024 * 1024  # model + exp_avg + exp_avg_sq = 3 copies
+    g = torch.Generator().manual_seed(0)
+    model = {f"layer{i}.weight": torch.randn(big // 1024, 1024, generator=g) for i in range(n_big)}
+    model.update({f"layer{i}.norm{j}": torch.randn(1024, generator=g) for i in range(n_big) for j in range(40)})
+    opt = {
+        "state": {
+            i: {"step": torch.tensor(10.0), "exp_avg": torch.randn_like(t), "exp_avg_sq": torch.rand_like(t)}
+            for i, t in enumerate(model.values())
+        },
+        "param_groups": [{"lr": 1e-3, "params": list(range(len(model)))}],
+    }
+    ck = {"model": model, "optimizer": opt, "step": 10, "config": {"lr": 1e-3}}
+    nbytes = sum(t.numel() * t.element_size() for t in model.values()) * 3
+    f_plain, f_dig = work / "plain.pt", work / "digest.pt"
+    t: dict[str, list[float]] = {k: [] for k in ("digest", "save_plain", "save_digest", "load_plain", "load_verify")}
+    for _ in range(reps):  # interleaved, so drift on a shared machine hits every column alike
+        t0 = time.perf_counter()
+        state_digest(ck)
+        t["digest"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        atomic_save(ck, f_plain, digest=False)
+        t["save_plain"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        atomic_save(ck, f_dig)
+        t["save_digest"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        load_checkpoint(f_plain)
+        t["load_plain"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        load_checkpoint(f_dig)
+        t["load_verify"].append(time.perf_counter() - t0)
+    f_plain.unlink()
+    f_dig.unlink()
+    return {
+        "state_mb": round(nbytes / 2**20, 1),
+        "tensors": len(model) * 4,
+        "reps": reps,
+        "seconds": {k: stats(v) for k, v in t.items()},
+        "digest_mb_per_s": round(nbytes / 2**20 / stats(t["digest"])["median"], 1),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def render(result: dict[str, Any]) -> str:
+    s = result["summary"]
+    cfg = result["config"]
+    by_sig = ", ".join(f"{k} {v}" for k, v in s["signals"]["by_signal"].items())
+    rows = [
+        [
+            "kill -9 at a random moment, then `--resume RUN_DIR` alone",
+            s["kills"]["tried"],
+            f"{s['kills']['survived']} bit-identical ({s['kills']['mid_write']} mid-write)",
+            sum(c["lost"] for c in result["cases"] if c["kind"] == "kill"),
+        ],
+        [
+            "SIGTERM / SIGINT / SIGUSR1 (and Ctrl-C twice), then the printed resume command",
+            s["signals"]["tried"],
+            f"{s['signals']['survived']} bit-identical ({by_sig})",
+            sum(c["lost"] for c in result["cases"] if c["kind"] == "signal"),
+        ],
+        [
+            "NaN input, NaN forward, NaN every step, `--lr 1000`",
+            s["nan"]["tried"],
+            f"{s['nan']['caught']} caught",
+            sum(c["lost"] for c in result["cases"] if c["kind"] == "nan"),
+        ],
+        [
+            "run-name collisions and a second live process",
+            s["collisions"]["tried"],
+            f"{s['collisions']['ok']} kept apart",
+            sum(c["lost"] for c in result["cases"] if c["kind"] == "collision"),
+        ],
+        [
+            "bad inputs (data, checkpoints, flags, launcher variables)",
+            s["bad_inputs"]["tried"],
+            f"{s['bad_inputs']['clear']} exit 2 with a 1-2 line message",
+            0,
+        ],
+        [
+            "torchrun x2 (gloo), one worker killed, MAX_RESTARTS=1",
+            s["elastic"]["tried"],
+            f"{s['elastic']['survived']} bit-identical",
+            sum(c["lost"] for c in result["cases"] if c["kind"] == "elastic"),
+        ],
+    ]
+    md = [
+        "# Fault-injection campaign (CPU)",
+        "",
+        f"`python -m benchmarks.faults {' '.join(cfg['argv'])}` on {result['environment']['cpu']} "
+        f"({result['environment']['cpu_count']} cores), torch {result['environment']['torch']}, "
+        f"commit {result['environment']['commit'][:12]}; {cfg['epochs']} epochs per run, "
+        f"{result['seconds']:.0f} s in all.",
+        "",
+        md_table(["fault", "tried", "survived / caught", "runs lost"], rows),
+        "",
+        f"**Runs lost: {s['runs_lost']}** (goal 0).",
+        "",
+    ]
+    if s["failures"]:
+        md += ["Failures:", ""] + [f"- {f}" for f in s["failures"]] + [""]
+    if result.get("digest_cost"):
+        d = result["digest_cost"]
+        sec = d["seconds"]
+        md += [
+            f"Checkpoint digest on a {d['state_mb']} MB state dict ({d['tensors']} tensors, medians of {d['reps']}): "
+            f"digest {sec['digest']['median'] * 1e3:.0f} ms ({d['digest_mb_per_s']:.0f} MB/s); save "
+            f"{sec['save_plain']['median'] * 1e3:.0f} ms without, {sec['save_digest']['median'] * 1e3:.0f} ms with it; "
+            f"load {sec['load_plain']['median'] * 1e3:.0f} ms unverified, {sec['load_verify']['median'] * 1e3:.0f} ms "
+            f"verified.",
+            "",
+        ]
+    md += ["| case | ok | lost | s | detail |", "|---|---|---|---:|---|"]
+    md += [
+        f"| {c['kind']}: {c['name']} | {'yes' if c['ok'] else 'no'} | {'yes' if c['lost'] else ''} | "
+        f"{c['seconds']:.1f} | {c['detail'].replace('|', '/')} |"
+        for c in result["cases"]
+    ]
+    return "\n".join(md) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kills", type=int, default=20, help="kill -9 cases (default: 20)")
+    ap.add_argument(
+        "--signals", type=int, default=12, help="signal cases, cycling SIGTERM/SIGINT/SIGUSR1 (default: 12)"
+    )
+    ap.add_argument("--elastic", type=int, default=2, help="elastic restart cases (default: 2)")
+    ap.add_argument("--no-elastic", dest="elastic", action="store_const", const=0)
+    ap.add_argument("--elastic-args", default="", help="extra CLI flags for the elastic runs, one string")
+    ap.add_argument("--epochs", type=int, default=12, help="epochs per run, 8 steps each (default: 12)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random kill/signal moments (default: 0)")
+    ap.add_argument("--digest-mb", type=int, default=100, help="state dict size for the digest cost (default: 100)")
+    ap.add_argument("--work", default=None, help="work folder (default: a temporary one, removed)")
+    ap.add_argument("--out", default=str(RESULTS_DIR / "faults_cpu.json"), help="result JSON (+ .md beside it)")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="plainloop-faults-") as tmp:
+        work = Path(args.work or tmp)
+        camp = Campaign(work, epochs=args.epochs, seed=args.seed)
+        camp.reference()
+        for i in range(args.kills):
+            camp.kill_case(i, mid_write=i % 2 == 1)  # every other kill aimed at a checkpoint being written
+        camp.kill_case(args.kills, delay=0.0)  # before the first checkpoint: restarted with --resume auto
+        names = list(SIGNALS)
+        for i in range(args.signals):
+            camp.signal_case(i, names[i % len(names)])
+        camp.signal_case(args.signals, "SIGINT", twice=True)
+        for mode in ("input", "output", "always", "lr1000"):
+            camp.nan_case(mode)
+        camp.collision_reuse_name()
+        camp.collision_simultaneous(same_name=True)
+        camp.collision_simultaneous(same_name=False)
+        camp.collision_lock()
+        camp.bad_inputs()
+        for i in range(args.elastic):
+            camp.elastic_case(i, tuple(shlex.split(args.elastic_args)))
+        dcost = digest_cost(work, mb=args.digest_mb) if args.digest_mb else None
+        result = {
+            "environment": environment(torch.device("cpu")),
+            "config": {
+                "argv": argv if argv is not None else sys.argv[1:],
+                "epochs": args.epochs,
+                "tiny": TINY,
+                "checkpoint_every": 2,
+                "seed": args.seed,
+            },
+            "summary": camp.summary(),
+            "cases": [asdict(c) for c in camp.cases],
+            "digest_cost": dcost,
+            "seconds": time.monotonic() - t0,
+        }
+    write_result(args.out, result, render(result))
+    return 0 if result["summary"]["runs_lost"] == 0 and not result["summary"]["failures"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
