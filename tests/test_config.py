@@ -51,6 +51,10 @@ def test_every_setting_has_a_flag():
 OTHER_PROGRAMS = {
     "help",
     "elastic_args",
+    "wait_load",
+    "wait_max",
+    "cache_dir",
+    "reps",
     "rdzv_backend",
     "rdzv_endpoint",
     "rdzv_id",
@@ -69,7 +73,6 @@ OTHER_PROGRAMS = {
     "master_port",
     "max_restarts",
     "standalone",
-    "reps",
     "threads",
     "out",
     "preset",
