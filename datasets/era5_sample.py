@@ -14,7 +14,7 @@ anomalies that are
 plus a few continent-shaped land blobs that are missing data. Every file says `synthetic = "true"` in its
 global attributes. Anomaly persistence and a linear inverse model are strong on it, as on real data.
 
-Layouts (see ENGINEERING.md "Data"):
+Layouts (the three the reader handles, see datasets/era5_files.py):
 - `legacy`: CDS before 2024: time/latitude/longitude, `sst` int16 packed (scale_factor/add_offset, -32767
   fill), K, latitude 90 -> -90, longitude 0 -> 360-grid, netCDF3 64-bit offset.
 - `cds2024`: CDS 2024+: valid_time, float32 K with NaN fill, an `expver` string variable, scalar `number`.

@@ -1,6 +1,6 @@
 """Everything the loop needs before its first step, and the files it leaves: set-up, checkpoints, summary.
 
-Decided once, reported in one line each (rule 8 of ENGINEERING.md): data placement and loader settings,
+Decided once, reported in one line each: data placement and loader settings,
 model and optimizer, schedule, precision, resume.
 """
 

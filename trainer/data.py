@@ -1,7 +1,7 @@
 """Data loading: the DataLoader built from the config, the resumable sampler, device-resident batches.
 
 All loader settings are decided here once; invalid combinations are corrected and reported in one line
-each (rule 8 of ENGINEERING.md).
+each, never per step.
 """
 
 from __future__ import annotations
