@@ -239,20 +239,29 @@ class ERA5SSTMonthlyDataset(Dataset):
         """°C arrays over every sample of this split for scoring: truth, last input month, climatology of the
         target month and of the last input month, each (N, H, W) with NaN on land."""
         mm = self._array()
-        t = np.arange(self._n) + self._start
-        last = t + self.seq_len - 2
+        last, target = self.sample_months()
         return {
-            "truth_c": np.asarray(mm[t + self._span]),
+            "truth_c": np.asarray(mm[target]),
             "last_input_c": np.asarray(mm[last]),
-            "clim_target_c": self._clim[self._cal[t + self._span]],
+            "clim_target_c": self._clim[self._cal[target]],
             "clim_input_c": self._clim[self._cal[last]],
         }
 
     def train_anomalies_c(self) -> np.ndarray:
         """(T_train, H, W) °C anomalies (minus the training calendar-month climatology) of the months training
         samples touch, in time order, NaN on land: what statistical baselines are fitted on."""
-        n = self._train_months
+        return self.anomalies_c(stop=self._train_months)
+
+    def anomalies_c(self, stop: int | None = None) -> np.ndarray:
+        """(T, H, W) °C anomalies of the file's months [0, stop) against the training calendar-month
+        climatology, NaN on land (index them with `sample_months()`)."""
+        n = len(self.months) if stop is None else int(stop)
         return np.asarray(self._array()[:n], dtype=np.float64) - self._clim[self._cal[:n]]
+
+    def sample_months(self) -> tuple[np.ndarray, np.ndarray]:
+        """For every sample of this split, the index (into `months`) of its last input month and of its target."""
+        t = np.arange(self._n) + self._start
+        return t + self.seq_len - 2, t + self._span
 
     # ---- GPU / RAM resident mode ---------------------------------------------------------------------------
     def _materialise(self) -> torch.Tensor:

