@@ -393,3 +393,16 @@ def test_progress_bar_moves_every_epoch_even_when_epochs_are_short(tmp_path, mon
     assert all("loss" in post and "sps" in post for _, post in seen)  # the last logged figures stay on it
     out = capsys.readouterr().out
     assert out.count("[epoch ") == 3 and "ETA" in out and out.count("[val]") == 3  # validation_interval 1
+
+
+def test_cpu_precision_auto_is_fp32_and_bf16_is_honoured():
+    from trainer.setup import resolve_runtime
+
+    auto = resolve_runtime("auto", "cpu")
+    assert (auto.precision, auto.amp_dtype) == ("32", None)
+    bf16 = resolve_runtime("bf16-mixed", "cpu")
+    assert (bf16.precision, bf16.amp_dtype, bf16.notes) == ("bf16-mixed", torch.bfloat16, [])
+    with bf16.autocast():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    fp16 = resolve_runtime("16-mixed", "cpu")
+    assert fp16.precision == "32" and "16-mixed needs a CUDA GPU" in fp16.notes[0]
