@@ -286,6 +286,32 @@ def test_ridge_ceiling_recovers_a_known_linear_forecast():
     assert res["hindsight"]["test"]["rmse"] <= res["test"]["rmse"]
 
 
+def test_kernel_ceiling_finds_a_nonlinear_signal_the_prior_misses():
+    from benchmarks.skill_ceiling import kernel_ceiling, principal_components
+
+    rng = np.random.default_rng(2)
+    T, H, W = 400, 4, 5
+    pattern = rng.normal(size=H * W)
+    pattern /= np.linalg.norm(pattern)
+    z = rng.normal(size=T)  # the one mode's amplitude, independent month to month
+    amp = np.zeros(T)
+    amp[1:] = 0.8 * z[:-1] + (z[:-1] ** 2 - 1)  # next month: a linear and a quadratic response
+    amp[0] = z[0]
+    amp = np.where(np.arange(T) % 2 == 0, z, amp)  # even months are inputs, odd months their targets
+    anom = (amp[:, None] * pattern + 0.05 * rng.normal(size=(T, H * W))).reshape(T, H, W)
+    t = np.arange(0, T - 1, 2)
+    samples = {"train": (t[:140], t[:140] + 1), "val": (t[140:170], t[140:170] + 1), "test": (t[170:], t[170:] + 1)}
+    flat = anom.reshape(T, -1)
+    linear = {s: np.outer(0.8 * amp[i], pattern) for s, (i, _) in samples.items()}  # the prior knows the linear part
+
+    def score(split, pred):
+        return {"rmse": float(np.sqrt(np.mean((pred - flat[samples[split][1]]) ** 2))), "acc": 0.0}
+
+    pcs = principal_components(anom, np.zeros(H), np.ones((H, W), dtype=bool), train_stop=281)
+    res = kernel_ceiling(anom, np.ones((H, W), dtype=bool), samples, score, pcs, linear, modes=(2,), lags=(1,))
+    assert res["test"]["rmse"] < 0.5 * score("test", linear["test"])["rmse"]
+
+
 @pytest.mark.slow
 def test_quick_skill_ceiling_run_writes_json_and_table(tmp_path):
     from benchmarks.skill_ceiling import main
@@ -294,6 +320,6 @@ def test_quick_skill_ceiling_run_writes_json_and_table(tmp_path):
     assert main(["--quick", "--out", str(out)]) == 0
     ((name, block),) = json.loads(out.read_text())["datasets"].items()
     (row,) = block["leads"]
-    for k in ("damped_persistence", "lim", "ridge_area", "ridge_wide"):
+    for k in ("damped_persistence", "lim", "ridge_area", "ridge_wide", "kernel_lim"):
         assert np.isfinite(row[k]["test"]["rmse"]) and np.isfinite(row[k]["val"]["rmse"]), k
     assert "| data | lead |" in out.with_suffix(".md").read_text()
