@@ -330,6 +330,21 @@ def test_resume_mid_epoch_is_exact(tmp_path):
         assert torch.equal(p, q)
 
 
+def test_epochs_are_counted_alike_mid_epoch_and_at_resume(tmp_path, capsys):
+    """Stopped inside epoch 2 the epoch line, and the resume, both say epoch 2 (not 1: one epoch finished)."""
+    part = Trainer(cfg(tmp_path, run_name="p", epochs=2, log_every=100), make_task())
+    part.total_steps = 11  # 8 steps per epoch: stopped after batch 3 of epoch 2
+    part.fit()
+    out = capsys.readouterr().out
+    assert "[epoch 1/2] step 8/11" in out and "[epoch 2/2] step 11/11" in out
+    rest = Trainer(cfg(tmp_path, run_name="p", epochs=2, resume=str(tmp_path / "p")), make_task())
+    assert any(n.endswith("at step 11 (epoch 2, batch 3 of 8)") for n in rest.notes), rest.notes
+    done = Trainer(cfg(tmp_path, run_name="q", epochs=1), make_task())
+    done.fit()
+    again = Trainer(cfg(tmp_path, run_name="q", epochs=2, resume=str(tmp_path / "q")), make_task())
+    assert any(n.endswith("at step 8 (end of epoch 1)") for n in again.notes), again.notes
+
+
 class Evil:
     def __reduce__(self):
         return (os.system, ("echo pwned",))

@@ -237,10 +237,14 @@ def load_checkpoint_into(t: Any, path: Path, weights_only: bool = False) -> None
             f"{path} is already at step {t.step} of {t.total_steps}: nothing left to train. Give more "
             f"--epochs or --max_steps to extend it"
         )
-    t.notes.append(
-        f"resume: {path} at epoch {t.epoch}, step {t.step}"
-        + (f", batch {t.batches_done} of the epoch" if t.batches_done else "")
-    )
+    t.notes.append(f"resume: {path} at step {t.step} ({position(t)})")
+
+
+def position(t: Any) -> str:
+    """Where the run stands, with epochs counted from 1 as the epoch lines count them."""
+    if t.batches_done:  # inside epoch t.epoch + 1 (t.epoch counts finished epochs)
+        return f"epoch {t.epoch + 1}, batch {t.batches_done} of {t.batches_per_epoch}"
+    return f"end of epoch {t.epoch}"
 
 
 def _read_best_json(t: Any, run_dir: Path) -> None:

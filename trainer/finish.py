@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .build import load_checkpoint_into
+from .build import load_checkpoint_into, position
 
 
 class TrainingStopped(SystemExit):
@@ -62,7 +62,7 @@ def diverged(self: Any, run: int) -> None:
 def stopped_by_signal(self: Any, signum: int, train_time: float) -> None:
     name = self.stop.name
     msg = (
-        f"{name}: stopped after step {self.step} (epoch {self.epoch + 1}, batch {self.batches_done}); "
+        f"{name}: stopped after step {self.step} ({position(self)}); "
         f"{self.run_dir / 'checkpoints' / 'last.pt'} written. Resume with: python train_optimized.py "
         f"--resume {self.run_dir}"
     )
