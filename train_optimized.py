@@ -156,6 +156,8 @@ def resolve_settings(explicit: dict[str, Any], notes: list[str]) -> dict[str, An
         # a checkpoint file is resumed from itself; its run directory only supplies the saved settings
         file_given = resume != "auto" and Path(resume).is_file()
         given["resume"] = resume if file_given else (str(run_dir) if run_dir else None)
+        if run_dir is None:
+            notes.append(f"resume auto: nothing to resume under {_auto_place(given)}; starting a new run")
         if run_dir is not None and (run_dir / "config.toml").is_file():
             saved = load_config_file(run_dir / "config.toml")
             saved = coerce({k: v for k, v in saved.items() if k in all_types}, all_types, str(run_dir / "config.toml"))
@@ -178,6 +180,13 @@ def _resume_dir(resume: str, given: dict[str, Any]) -> Path | None:
         cand = out / given["run_name"]
         return cand if (cand / "checkpoints" / "last.pt").is_file() else None
     return find_resumable(out, given.get("task", RunOptions.task))
+
+
+def _auto_place(given: dict[str, Any]) -> str:
+    out = Path(given.get("output_dir", TrainConfig.output_dir))
+    if given.get("run_name"):
+        return str(out / given["run_name"])
+    return f"{out} (no unfinished {given.get('task', RunOptions.task)}-* run with a checkpoint)"
 
 
 def split_settings(values: dict[str, Any]) -> tuple[RunOptions, dict[str, Any], dict[str, Any]]:

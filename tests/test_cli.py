@@ -291,6 +291,21 @@ def test_resume_auto_continues_the_named_run_or_starts_it(tmp_path, era5_cache):
     assert not (tmp_path / "auto-2").exists()
 
 
+def test_resume_auto_skips_finished_runs(tmp_path, era5_cache, capsys):
+    """Without --run_name, auto continues the newest run that still has steps left, not the newest finished one."""
+    common = ["--output_dir", str(tmp_path), "--max_steps", "2", *SMALL]
+    assert cli.main(["--run_name", "era5-killed", *common]) == 0
+    (tmp_path / "era5-killed" / "summary.json").unlink()  # as kill -9 leaves it: a checkpoint, no summary
+    assert cli.main(["--run_name", "era5-done", *common]) == 0  # newer, finished
+    capsys.readouterr()
+    assert exit_code(["--output_dir", str(tmp_path), "--resume", "auto", "--max_steps", "3"]) == 0
+    assert json.loads((tmp_path / "era5-killed" / "summary.json").read_text())["steps"] == 3
+    assert json.loads((tmp_path / "era5-done" / "summary.json").read_text())["steps"] == 2
+    # everything finished: auto starts a new run and says so
+    assert exit_code(["--output_dir", str(tmp_path), "--resume", "auto", "--max_steps", "2", *SMALL]) == 0
+    assert "resume auto: nothing to resume under" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -62,12 +62,29 @@ def _unused(run_dir: Path) -> bool:
 
 
 def find_resumable(output_dir: str | Path, prefix: str) -> Path | None:
-    """The newest run directory under output_dir named <prefix>-... that holds checkpoints/last.pt."""
+    """The newest run directory under output_dir named <prefix>-... that holds checkpoints/last.pt and has not
+    finished (a finished run has nothing left to train: resuming it would only be an error)."""
     root = Path(output_dir)
     if not root.is_dir():
         return None
-    runs = [p for p in root.iterdir() if p.name.startswith(f"{prefix}-") and (p / "checkpoints/last.pt").is_file()]
+    runs = [
+        p
+        for p in root.iterdir()
+        if p.name.startswith(f"{prefix}-") and (p / "checkpoints/last.pt").is_file() and not finished(p)
+    ]
     return max(runs, key=lambda p: (p / "checkpoints/last.pt").stat().st_mtime, default=None)
+
+
+def finished(run_dir: Path) -> bool:
+    """summary.json written at the end of training (not by a stop signal), and no checkpoint since: a run that
+    was extended (--resume with more --epochs) and then killed has a newer last.pt and counts as unfinished."""
+    summary, last = run_dir / "summary.json", run_dir / "checkpoints" / "last.pt"
+    try:
+        if summary.stat().st_mtime_ns < last.stat().st_mtime_ns:
+            return False
+        return "stopped_by" not in json.loads(summary.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
 
 
 class RunLock:
