@@ -345,6 +345,28 @@ def test_epochs_are_counted_alike_mid_epoch_and_at_resume(tmp_path, capsys):
     assert any(n.endswith("at step 8 (end of epoch 1)") for n in again.notes), again.notes
 
 
+def test_resume_after_a_kill_keeps_one_row_per_step(tmp_path):
+    """kill -9 after log rows past the last checkpoint: the resume trains those steps again, so their old rows
+    (and a line torn by the kill) move to metrics.rolled_back.jsonl instead of appearing twice."""
+    Trainer(cfg(tmp_path, epochs=1, log_every=2), make_task()).fit()  # rows at steps 2, 4, 6, 8; last.pt at 8
+    run = tmp_path / "run"
+    ck = load_checkpoint(run / "checkpoints" / "last.pt")
+    ck["step"], ck["epoch"], ck["batches_done"] = 4, 0, 4  # as if killed after step 6, the last save at 4
+    ck.pop("digest", None)
+    atomic_save(ck, run / "checkpoints" / "last.pt")
+    (run / "summary.json").unlink()
+    with open(run / "metrics.jsonl", "a", encoding="utf-8") as fh:
+        fh.write('{"kind": "train", "step": 7, "lo')  # torn by the kill
+    rest = Trainer(cfg(tmp_path, epochs=1, log_every=2, resume=str(run)), make_task())
+    rest.fit()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if r["kind"] == "train"]
+    assert steps == [2, 4, 6, 8], steps
+    moved = (run / "metrics.rolled_back.jsonl").read_text().splitlines()
+    assert len(moved) == 4 and '"step": 7, "lo' in moved[-1]  # steps 6 and 8, the val row at 8, the torn line
+    assert any("4 metrics row(s) written after the checkpoint's step 4" in n for n in rest.notes)
+
+
 class Evil:
     def __reduce__(self):
         return (os.system, ("echo pwned",))
