@@ -23,7 +23,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -105,8 +105,16 @@ KNOWN_ERRORS = (ConfigError, ResumeError, RunDirError, CheckpointError, FileNotF
 NOT_IN_CONFIG_FILE = ("config", "debug", "resume")  # never written into a run's config.toml
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is one line (argparse would print its whole usage block, 80 lines, before it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help lists every flag)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
+        prog="train_optimized.py",
         description="plainloop: fast training in plain PyTorch.",
         epilog="Exit codes: 0 done, 2 bad input, 3 diverged, 128+N stopped by signal N.",
     )

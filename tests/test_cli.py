@@ -64,6 +64,8 @@ def test_bad_values_are_clear_errors_with_exit_2(argv, message, capsys):
     assert exit_code(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+    lines = err.strip().splitlines()  # one line naming the flag (+ the --debug hint), not argparse's usage block
+    assert len(lines) <= 2 and "usage:" not in err and lines[0].startswith(("train_optimized.py: error:", "error:"))
 
 
 def test_help_shows_defaults(capsys):
