@@ -297,6 +297,12 @@ def data_lines(task: Any) -> list[str]:
     return []
 
 
+def steps_text(summary: dict[str, Any]) -> str:
+    """The steps of the run, and after a resume how many this process trained (its time and speed cover those)."""
+    steps, now = summary["steps"], summary.get("steps_this_process", summary["steps"])
+    return f"{steps} steps" + (f" ({now} since the resume)" if now != steps else "")
+
+
 def plugins(opts: RunOptions, cfg: TrainConfig) -> tuple[list[Any], Any]:
     """The monitor, the verdict and the loggers, handed to the engine from outside."""
     from utils.callbacks import VerdictCallback
@@ -320,7 +326,7 @@ def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions) -> None
     verdict = v.get("headline") or v.get("verdict", "not judged")
     sps = summary["samples_per_s"]
     print(
-        f"[plainloop] done: {summary['steps']} steps in {summary['train_time_s']:.1f} s, "
+        f"[plainloop] done: {steps_text(summary)} in {summary['train_time_s']:.1f} s, "
         f"{f'{sps:.0f}' if sps else '?'} samples/s, {summary.get('skipped_steps', 0)} skipped, verdict: {verdict}"
     )
     if "test_scores" in summary:

@@ -273,7 +273,9 @@ def test_resume_run_dir_alone_restores_the_runs_settings(tmp_path, era5_cache, c
     assert exit_code(["--resume", str(tmp_path / "sizes"), "--max_steps", "9"]) == 0
     out = capsys.readouterr().out
     assert "resume: max_steps 6 -> 9 (given now)" in out and "now has 9 optimizer steps (was 6)" in out
+    assert "done: 9 steps (3 since the resume) in " in out  # the time and samples/s are this process's
     s = json.loads((tmp_path / "sizes" / "summary.json").read_text())
+    assert s["steps_this_process"] == 3
     assert (
         s["steps"] == 9
         and json.loads((tmp_path / "sizes" / "config.json").read_text())["effective"]["batch_size"] == 16
