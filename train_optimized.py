@@ -23,7 +23,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -105,8 +105,16 @@ KNOWN_ERRORS = (ConfigError, ResumeError, RunDirError, CheckpointError, FileNotF
 NOT_IN_CONFIG_FILE = ("config", "debug", "resume")  # never written into a run's config.toml
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is one line (argparse would print its whole usage block, 80 lines, before it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help lists every flag)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
+        prog="train_optimized.py",
         description="plainloop: fast training in plain PyTorch.",
         epilog="Exit codes: 0 done, 2 bad input, 3 diverged, 128+N stopped by signal N.",
     )
@@ -156,6 +164,8 @@ def resolve_settings(explicit: dict[str, Any], notes: list[str]) -> dict[str, An
         # a checkpoint file is resumed from itself; its run directory only supplies the saved settings
         file_given = resume != "auto" and Path(resume).is_file()
         given["resume"] = resume if file_given else (str(run_dir) if run_dir else None)
+        if run_dir is None:
+            notes.append(f"resume auto: nothing to resume under {_auto_place(given)}; starting a new run")
         if run_dir is not None and (run_dir / "config.toml").is_file():
             saved = load_config_file(run_dir / "config.toml")
             saved = coerce({k: v for k, v in saved.items() if k in all_types}, all_types, str(run_dir / "config.toml"))
@@ -178,6 +188,13 @@ def _resume_dir(resume: str, given: dict[str, Any]) -> Path | None:
         cand = out / given["run_name"]
         return cand if (cand / "checkpoints" / "last.pt").is_file() else None
     return find_resumable(out, given.get("task", RunOptions.task))
+
+
+def _auto_place(given: dict[str, Any]) -> str:
+    out = Path(given.get("output_dir", TrainConfig.output_dir))
+    if given.get("run_name"):
+        return str(out / given["run_name"])
+    return f"{out} (no unfinished {given.get('task', RunOptions.task)}-* run with a checkpoint)"
 
 
 def split_settings(values: dict[str, Any]) -> tuple[RunOptions, dict[str, Any], dict[str, Any]]:
@@ -280,6 +297,12 @@ def data_lines(task: Any) -> list[str]:
     return []
 
 
+def steps_text(summary: dict[str, Any]) -> str:
+    """The steps of the run, and after a resume how many this process trained (its time and speed cover those)."""
+    steps, now = summary["steps"], summary.get("steps_this_process", summary["steps"])
+    return f"{steps} steps" + (f" ({now} since the resume)" if now != steps else "")
+
+
 def plugins(opts: RunOptions, cfg: TrainConfig) -> tuple[list[Any], Any]:
     """The monitor, the verdict and the loggers, handed to the engine from outside."""
     from utils.callbacks import VerdictCallback
@@ -303,7 +326,7 @@ def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions) -> None
     verdict = v.get("headline") or v.get("verdict", "not judged")
     sps = summary["samples_per_s"]
     print(
-        f"[plainloop] done: {summary['steps']} steps in {summary['train_time_s']:.1f} s, "
+        f"[plainloop] done: {steps_text(summary)} in {summary['train_time_s']:.1f} s, "
         f"{f'{sps:.0f}' if sps else '?'} samples/s, {summary.get('skipped_steps', 0)} skipped, verdict: {verdict}"
     )
     if "test_scores" in summary:

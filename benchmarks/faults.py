@@ -782,8 +782,8 @@ class Campaign:
         res = self.finish(p, h)
         case.seconds = time.monotonic() - t0
         case.info["exit"] = res.rc
-        # the restarted workers say where they resumed ("[plainloop] resume: RUN_DIR at epoch E, step S")
-        resumed = re.findall(r"resume: \S+ at epoch \d+, step (\d+)", res.text)
+        # the restarted workers say where they resumed ("[plainloop] resume: RUN_DIR at step S (epoch ...)")
+        resumed = re.findall(r"resume: \S+ at step (\d+)", res.text)
         restarted = bool(resumed)
         case.info["resumed_at_step"] = int(resumed[0]) if resumed else None
         if res.rc != 0:

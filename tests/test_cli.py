@@ -64,6 +64,8 @@ def test_bad_values_are_clear_errors_with_exit_2(argv, message, capsys):
     assert exit_code(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+    lines = err.strip().splitlines()  # one line naming the flag (+ the --debug hint), not argparse's usage block
+    assert len(lines) <= 2 and "usage:" not in err and lines[0].startswith(("train_optimized.py: error:", "error:"))
 
 
 def test_help_shows_defaults(capsys):
@@ -271,7 +273,9 @@ def test_resume_run_dir_alone_restores_the_runs_settings(tmp_path, era5_cache, c
     assert exit_code(["--resume", str(tmp_path / "sizes"), "--max_steps", "9"]) == 0
     out = capsys.readouterr().out
     assert "resume: max_steps 6 -> 9 (given now)" in out and "now has 9 optimizer steps (was 6)" in out
+    assert "done: 9 steps (3 since the resume) in " in out  # the time and samples/s are this process's
     s = json.loads((tmp_path / "sizes" / "summary.json").read_text())
+    assert s["steps_this_process"] == 3
     assert (
         s["steps"] == 9
         and json.loads((tmp_path / "sizes" / "config.json").read_text())["effective"]["batch_size"] == 16
@@ -289,6 +293,21 @@ def test_resume_auto_continues_the_named_run_or_starts_it(tmp_path, era5_cache):
     s = json.loads((tmp_path / "auto" / "summary.json").read_text())
     assert s["steps"] == 5 and any("resume:" in n for n in s["notes"])
     assert not (tmp_path / "auto-2").exists()
+
+
+def test_resume_auto_skips_finished_runs(tmp_path, era5_cache, capsys):
+    """Without --run_name, auto continues the newest run that still has steps left, not the newest finished one."""
+    common = ["--output_dir", str(tmp_path), "--max_steps", "2", *SMALL]
+    assert cli.main(["--run_name", "era5-killed", *common]) == 0
+    (tmp_path / "era5-killed" / "summary.json").unlink()  # as kill -9 leaves it: a checkpoint, no summary
+    assert cli.main(["--run_name", "era5-done", *common]) == 0  # newer, finished
+    capsys.readouterr()
+    assert exit_code(["--output_dir", str(tmp_path), "--resume", "auto", "--max_steps", "3"]) == 0
+    assert json.loads((tmp_path / "era5-killed" / "summary.json").read_text())["steps"] == 3
+    assert json.loads((tmp_path / "era5-done" / "summary.json").read_text())["steps"] == 2
+    # everything finished: auto starts a new run and says so
+    assert exit_code(["--output_dir", str(tmp_path), "--resume", "auto", "--max_steps", "2", *SMALL]) == 0
+    assert "resume auto: nothing to resume under" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

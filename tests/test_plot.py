@@ -224,6 +224,29 @@ def test_map_figure_shows_anomalies_month_and_rmse() -> None:
     plt.close(fig)
 
 
+def test_map_figure_across_the_dateline_is_drawn_where_the_area_is() -> None:
+    """Niño 3.4 at 1° has lons 170.5 .. 179.5, -179.5 .. -120.5: the map must span those 70°, not the globe."""
+    import warnings
+
+    import matplotlib.pyplot as plt
+
+    rng = np.random.default_rng(3)
+    lats, lons = np.arange(-4.5, 5), np.r_[np.arange(170.5, 180), np.arange(-179.5, -120)]
+    truth = 27 + rng.standard_normal((lats.size, lons.size))
+    d = {"truth_c": truth, "pred_c": truth + 0.1, "lats": lats, "lons": lons, "clim_c": truth - 0.5}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # pcolormesh warned of non-monotonic coordinates and smeared the field
+        fig = map_figure(d)
+    fig.canvas.draw()
+    ax = _panels(fig)[0]
+    lo, hi = ax.get_xlim()
+    assert 169 <= lo < 171 and 239 < hi <= 241, (lo, hi)  # 70° wide, continuing eastward past 180
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert labels and all(-180 <= float(t.replace("−", "-")) <= 180 for t in labels), labels
+    assert any(float(t.replace("−", "-")) < 0 for t in labels)  # west longitudes east of the dateline
+    plt.close(fig)
+
+
 def test_map_figure_without_climatology_and_bad_arrays() -> None:
     import matplotlib.pyplot as plt
 

@@ -20,7 +20,7 @@ from .evaluation import BestTracker
 from .hooks import call
 from .optim import WarmupCosine, build_adamw, scaled_lr
 from .options import write_config_file
-from .runfiles import RunDirError, RunFiles, claim_run_dir
+from .runfiles import ROLLED_BACK, RunDirError, RunFiles, claim_run_dir
 from .setup import resolve_runtime, rng_state, seed_everything, set_rng_state
 from .step import OptimizerStep
 from .task import pick_default_loss
@@ -237,10 +237,14 @@ def load_checkpoint_into(t: Any, path: Path, weights_only: bool = False) -> None
             f"{path} is already at step {t.step} of {t.total_steps}: nothing left to train. Give more "
             f"--epochs or --max_steps to extend it"
         )
-    t.notes.append(
-        f"resume: {path} at epoch {t.epoch}, step {t.step}"
-        + (f", batch {t.batches_done} of the epoch" if t.batches_done else "")
-    )
+    t.notes.append(f"resume: {path} at step {t.step} ({position(t)})")
+
+
+def position(t: Any) -> str:
+    """Where the run stands, with epochs counted from 1 as the epoch lines count them."""
+    if t.batches_done:  # inside epoch t.epoch + 1 (t.epoch counts finished epochs)
+        return f"epoch {t.epoch + 1}, batch {t.batches_done} of {t.batches_per_epoch}"
+    return f"end of epoch {t.epoch}"
 
 
 def _read_best_json(t: Any, run_dir: Path) -> None:
@@ -270,9 +274,14 @@ def open_run_dir(t: Any) -> RunFiles | None:
             t.run_dir = box[0]
     if not rt.is_main:
         return None
-    files = RunFiles(Path(t.run_dir), t.callbacks, t)
+    files = RunFiles(Path(t.run_dir), t.callbacks, t, resumed_step=t.step if cfg.resume else None)
     if files.removed:
         t.notes.append(f"removed {len(files.removed)} temp file(s) left by an interrupted write")
+    if files.rolled_back:
+        t.notes.append(
+            f"resume: {files.rolled_back} metrics row(s) written after the checkpoint's step {t.step} are trained "
+            f"again; moved from metrics.jsonl to {ROLLED_BACK}"
+        )
     resolved = {
         **t.requested.to_dict(),
         "precision": rt.precision,

@@ -193,7 +193,10 @@ def _detail(e: BaseException) -> str:
         for s in lines
         if not s.startswith(("Weights only load failed", "Please file an issue", "Check the documentation"))
     ]
-    text = (useful or lines or [""])[0][:200]
+    text = (useful or lines or [""])[0]
+    if len(text) > 200:  # whole sentences only (torch's zip reader appends advice cut off mid-sentence at 200)
+        cut = text[:200].rfind(". ")
+        text = text[: cut + 1] if cut > 0 else text[:200] + " ..."
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 

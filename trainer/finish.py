@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .build import load_checkpoint_into
+from .build import load_checkpoint_into, position
 
 
 class TrainingStopped(SystemExit):
@@ -62,7 +62,7 @@ def diverged(self: Any, run: int) -> None:
 def stopped_by_signal(self: Any, signum: int, train_time: float) -> None:
     name = self.stop.name
     msg = (
-        f"{name}: stopped after step {self.step} (epoch {self.epoch + 1}, batch {self.batches_done}); "
+        f"{name}: stopped after step {self.step} ({position(self)}); "
         f"{self.run_dir / 'checkpoints' / 'last.pt'} written. Resume with: python train_optimized.py "
         f"--resume {self.run_dir}"
     )
@@ -83,7 +83,7 @@ def summary_of(t: Any, train_time: float, val: dict[str, float], test: dict[str,
     summary: dict[str, Any] = {
         "task": t.task.name, "run_dir": str(t.run_dir), "device": str(t.rt.device), "precision": t.rt.precision,
         "world_size": t.rt.world_size, "steps": t.step, "epochs": t.epoch, "skipped_steps": skipped,
-        "train_time_s": train_time,
+        "steps_this_process": t.step - getattr(t, "_start_step", 0), "train_time_s": train_time,
         "samples_per_s": st["samples"] * t.rt.world_size / st["iter_s"] if st["iter_s"] else None,
         "step_time_s": {"mean": st["iter_s"] / st["iters"] if st["iters"] else None,
                         "data_wait_frac": st["data_s"] / st["iter_s"] if st["iter_s"] else None},

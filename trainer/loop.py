@@ -109,7 +109,7 @@ class Trainer:
         self.monitor.start_monitoring()
         t0, stopped, last_val = time.perf_counter(), None, {}
         self.stats = {"samples": 0, "data_s": 0.0, "iters": 0, "iter_s": 0.0}
-        self._start_batches = self.batches_total_done()
+        self._start_batches, self._start_step = self.batches_total_done(), self.step
         try:
             with StopRequest() as stop:
                 self.stop = stop

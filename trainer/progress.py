@@ -42,8 +42,10 @@ def epoch_line(self: Any, t0: float) -> None:
     total = min(self.max_epochs * self.batches_per_epoch, self.total_steps * self.cfg.accumulate_grad_batches)
     ran = done - self._start_batches
     eta = (time.perf_counter() - t0) / ran * (total - done) if ran > 0 else float("nan")
+    # self.epoch counts finished epochs; stopped mid-epoch (max_steps, a signal) the run is inside the next one
+    epoch = self.epoch + (1 if self.batches_done else 0)
     self.log(
-        f"[epoch {self.epoch}/{self.max_epochs}] step {self.step}/{self.total_steps}: loss "
+        f"[epoch {epoch}/{self.max_epochs}] step {self.step}/{self.total_steps}: loss "
         f"{row.get('loss', float('nan')):.4g}, {row.get('samples_per_s', 0):.0f} samples/s, data wait "
         f"{100 * row.get('data_wait_frac', 0):.0f}%, ETA {_hms(eta)}; last.pt saved"
     )

@@ -62,12 +62,29 @@ def _unused(run_dir: Path) -> bool:
 
 
 def find_resumable(output_dir: str | Path, prefix: str) -> Path | None:
-    """The newest run directory under output_dir named <prefix>-... that holds checkpoints/last.pt."""
+    """The newest run directory under output_dir named <prefix>-... that holds checkpoints/last.pt and has not
+    finished (a finished run has nothing left to train: resuming it would only be an error)."""
     root = Path(output_dir)
     if not root.is_dir():
         return None
-    runs = [p for p in root.iterdir() if p.name.startswith(f"{prefix}-") and (p / "checkpoints/last.pt").is_file()]
+    runs = [
+        p
+        for p in root.iterdir()
+        if p.name.startswith(f"{prefix}-") and (p / "checkpoints/last.pt").is_file() and not finished(p)
+    ]
     return max(runs, key=lambda p: (p / "checkpoints/last.pt").stat().st_mtime, default=None)
+
+
+def finished(run_dir: Path) -> bool:
+    """summary.json written at the end of training (not by a stop signal), and no checkpoint since: a run that
+    was extended (--resume with more --epochs) and then killed has a newer last.pt and counts as unfinished."""
+    summary, last = run_dir / "summary.json", run_dir / "checkpoints" / "last.pt"
+    try:
+        if summary.stat().st_mtime_ns < last.stat().st_mtime_ns:
+            return False
+        return "stopped_by" not in json.loads(summary.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
 
 
 class RunLock:
@@ -108,14 +125,47 @@ class RunLock:
         self._fh.close()
 
 
+ROLLED_BACK = "metrics.rolled_back.jsonl"
+
+
+def roll_back_metrics(run_dir: Path, step: int) -> int:
+    """Resuming from a checkpoint at `step`: rows a killed process wrote after it are trained again, so they move
+    from metrics.jsonl to metrics.rolled_back.jsonl (kept, never deleted), as does a line torn by the kill.
+    Returns how many lines moved."""
+    path = run_dir / "metrics.jsonl"
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    except FileNotFoundError:
+        return 0
+    keep, moved = [], []
+    for line in lines:
+        try:
+            row = json.loads(line) if line.endswith("\n") else None
+        except ValueError:
+            row = None
+        s = row.get("step") if isinstance(row, dict) else None
+        ok = isinstance(row, dict) and (not isinstance(s, int) or s <= step)
+        (keep if ok else moved).append(line if line.endswith("\n") else line + "\n")
+    if moved:
+        with open(run_dir / ROLLED_BACK, "a", encoding="utf-8") as fh:
+            fh.writelines(moved)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp = run_dir / ".metrics.jsonl.tmp"
+        tmp.write_text("".join(keep), encoding="utf-8")
+        os.replace(tmp, path)
+    return len(moved)
+
+
 class RunFiles:
     """Writes config, metrics rows and the summary of one run (rank 0 only), and tells the callbacks."""
 
-    def __init__(self, run_dir: Path, callbacks: list[Any], trainer: Any) -> None:
+    def __init__(self, run_dir: Path, callbacks: list[Any], trainer: Any, resumed_step: int | None = None) -> None:
         self.run_dir, self.callbacks, self.trainer = run_dir, callbacks, trainer
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         self.lock = RunLock(run_dir)
         self.removed = remove_orphan_temps(run_dir / "checkpoints") + remove_orphan_temps(run_dir)
+        self.rolled_back = 0 if resumed_step is None else roll_back_metrics(run_dir, resumed_step)
         self._metrics = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
 
     def write_json(self, name: str, obj: Any) -> None:

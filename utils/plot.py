@@ -355,6 +355,11 @@ def map_figure(source: Path | Mapping[str, Any], title: str = "") -> Any:
         last = field(last)
         head.append(f"persistence RMSE {weighted_rmse(last, truth, lats, valid):.4f} °C")
 
+    # an area across the dateline holds e.g. 170 .. 179, -180 .. -121: pcolormesh needs monotonic coordinates, so
+    # the longitudes continue eastward past 180 (170 .. 239) and the axis labels wrap them back
+    wrapped = bool(np.any(np.diff(lons) < -180))
+    if wrapped:
+        lons = lons + 360.0 * np.concatenate([[0], np.cumsum(np.diff(lons) < -180)])
     aspect = (lons.max() - lons.min()) / max(lats.max() - lats.min(), 1e-6)
     nrows = 2 if clim is not None else 1
     panel_h = 15 / 3 / aspect
@@ -372,6 +377,8 @@ def map_figure(source: Path | Mapping[str, Any], title: str = "") -> Any:
         ax.set_title(name, fontsize=10)
         ax.set_aspect("equal")
         ax.set_xlabel("longitude (°)", fontsize=8)
+        if wrapped:
+            ax.xaxis.set_major_formatter(lambda x, _pos: f"{180 - (180 - x) % 360:g}")  # (-180, 180]
         ax.set_ylabel("latitude (°)", fontsize=8)
         ax.tick_params(labelsize=8)
         return im
