@@ -394,6 +394,8 @@ def profiled_pass(run: Callable[..., None], args: tuple, device: torch.device, w
     """Operator calls and host time inside/outside the outermost operators per step, from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
+    from utils.profiling import _inside_aten
+
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     marks = Marks(warmup, steps)
     with _native_quiet():
@@ -451,15 +453,6 @@ def profiled_pass(run: Callable[..., None], args: tuple, device: torch.device, w
         out["kernel_launches_per_step"] = med(lambda k: per[k]["launches"])
         out["cuda_syncs_per_step"] = sum(per[k]["dev_syncs"] for k, _ in win) / len(win)
     return out
-
-
-def _inside_aten(e: Any) -> bool:
-    p = e.cpu_parent
-    while p is not None:
-        if p.name.startswith("aten::"):
-            return True
-        p = p.cpu_parent
-    return False
 
 
 # ------------------------------------------------------------------------------------------ report
