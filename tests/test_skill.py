@@ -10,6 +10,7 @@ import torch
 
 from datasets.era5 import ERA5SSTMonthlyDataset
 from datasets.era5_sample import write_sample_file
+from utils.baselines import BASELINE_NAMES
 
 MONTHS = 120
 
@@ -139,14 +140,13 @@ def test_untrained_model_is_its_prior_and_scores_carry_every_baseline(sample_fil
     with torch.no_grad():
         val = task.evaluate_fn(m, "val", torch.device("cpu"))
         test = task.evaluate_fn(m, "test", torch.device("cpu"))
-    names = ("persistence", "climatology", "anomaly_persistence", "damped_persistence", "lim")
-    for n in names:
+    for n in BASELINE_NAMES:
         assert {f"val_{n}_rmse_c", f"val_{n}_acc"} <= set(val) and {
             f"test_{n}_rmse_c",
             f"test_{n}_acc",
         } <= set(test)
     scores = task.artifacts["scores"]
-    assert list(scores) == ["model", *names]
+    assert list(scores) == ["model", *BASELINE_NAMES]
     # zero-initialised heads: the model's forecast is exactly its statistical prior
     assert scores["model"]["rmse"] == pytest.approx(scores[twin]["rmse"], rel=1e-4)
     assert scores["model"]["acc"] == pytest.approx(scores[twin]["acc"], abs=1e-4)
@@ -197,14 +197,7 @@ def test_quick_skill_run_writes_json_table_and_figure(tmp_path):
     res = json.loads(out.read_text())
     ((name, block),) = res["datasets"].items()
     run = block["runs"][0]
-    assert set(run["scores"]) == {
-        "model",
-        "persistence",
-        "climatology",
-        "anomaly_persistence",
-        "damped_persistence",
-        "lim",
-    }
+    assert set(run["scores"]) == {"model", *BASELINE_NAMES}
     assert all(np.isfinite(s["rmse"]) and np.isfinite(s["acc"]) for s in run["scores"].values())
     row = block["summary"][0]
     assert row["lead"] == 1 and row["context"] == 2 and row["best_baseline"] in run["scores"]
