@@ -44,6 +44,28 @@ def month_of(c):
     return np.rint((np.nanmean(c, axis=(-2, -1)) - 10) / 0.01).astype(int)
 
 
+def small_task(data_file, tmp_path, **kw):
+    """The SST task with a tiny model on a 5° file (by default the tropical Pacific); `kw` overrides any argument."""
+    from tasks.era5 import build_era5_task
+
+    base = dict(
+        data_path=str(data_file),
+        lon=(120, 290),
+        lat=(-20, 20),
+        resolution=5,
+        seq_len=3,
+        offset=2,
+        d_model=16,
+        num_heads=2,
+        num_layers=1,
+        dim_feedforward=32,
+        recursion_depth=1,
+        cache_dir=str(tmp_path / "c"),
+    )
+    base.update(kw)
+    return build_era5_task(**base)
+
+
 @pytest.mark.parametrize("seq_len, offset", [(3, 0), (7, 2), (13, 5)])
 def test_no_future_month_in_any_input_and_lead_is_offset_plus_one(tmp_path, seq_len, offset):
     f = month_coded_file(tmp_path / "m.nc")
@@ -77,24 +99,10 @@ def test_no_future_month_in_any_input_and_lead_is_offset_plus_one(tmp_path, seq_
 
 
 def test_statistics_and_baselines_do_not_see_validation_or_test_months(tmp_path):
-    from tasks.era5 import build_era5_task
-
     a = month_coded_file(tmp_path / "a.nc")
     b = month_coded_file(tmp_path / "b.nc", bump_from=100)  # differs only after the training months
-    kw = dict(
-        lon=(0, 40),
-        lat=(-10, 10),
-        resolution=5,
-        seq_len=4,
-        offset=2,
-        d_model=16,
-        num_heads=2,
-        num_layers=1,
-        dim_feedforward=16,
-        recursion_depth=1,
-        cache_dir=str(tmp_path / "c"),
-    )
-    ta, tb = build_era5_task(data_path=str(a), **kw), build_era5_task(data_path=str(b), **kw)
+    kw = dict(lon=(0, 40), lat=(-10, 10), seq_len=4, dim_feedforward=16)  # the month-coded files' area
+    ta, tb = small_task(a, tmp_path, **kw), small_task(b, tmp_path, **kw)
     assert ta.train_set._train_months <= 100
     np.testing.assert_array_equal(ta.train_set.climatology_c, tb.train_set.climatology_c)
     assert ta.train_set.anomaly_std == tb.train_set.anomaly_std
@@ -107,27 +115,6 @@ def test_statistics_and_baselines_do_not_see_validation_or_test_months(tmp_path)
 @pytest.fixture(scope="module")
 def sample_file(tmp_path_factory):
     return write_sample_file(tmp_path_factory.mktemp("s") / "s.nc", layout="cf", years=12, grid=5.0)
-
-
-def small_task(sample_file, tmp_path, **kw):
-    from tasks.era5 import build_era5_task
-
-    base = dict(
-        data_path=str(sample_file),
-        lon=(120, 290),
-        lat=(-20, 20),
-        resolution=5,
-        seq_len=3,
-        offset=2,
-        d_model=16,
-        num_heads=2,
-        num_layers=1,
-        dim_feedforward=32,
-        recursion_depth=1,
-        cache_dir=str(tmp_path / "c"),
-    )
-    base.update(kw)
-    return build_era5_task(**base)
 
 
 @pytest.mark.parametrize(
