@@ -940,43 +940,43 @@ def render(result: dict[str, Any]) -> str:
     s = result["summary"]
     cfg = result["config"]
     by_sig = ", ".join(f"{k} {v}" for k, v in s["signals"]["by_signal"].items())
+
+    def row(fault: str, group: str, outcome: str, kind: str | None) -> list[Any]:
+        lost = sum(c["lost"] for c in result["cases"] if c["kind"] == kind) if kind else 0
+        return [fault, s[group]["tried"], outcome, lost]
+
     rows = [
-        [
+        row(
             "kill -9 at a random moment, then `--resume RUN_DIR` alone",
-            s["kills"]["tried"],
+            "kills",
             f"{s['kills']['survived']} bit-identical ({s['kills']['mid_write']} mid-write)",
-            sum(c["lost"] for c in result["cases"] if c["kind"] == "kill"),
-        ],
-        [
+            "kill",
+        ),
+        row(
             "SIGTERM / SIGINT / SIGUSR1 (and Ctrl-C twice), then the printed resume command",
-            s["signals"]["tried"],
+            "signals",
             f"{s['signals']['survived']} bit-identical ({by_sig})",
-            sum(c["lost"] for c in result["cases"] if c["kind"] == "signal"),
-        ],
-        [
-            "NaN input, NaN forward, NaN every step, `--lr 1000`",
-            s["nan"]["tried"],
-            f"{s['nan']['caught']} caught",
-            sum(c["lost"] for c in result["cases"] if c["kind"] == "nan"),
-        ],
-        [
+            "signal",
+        ),
+        row("NaN input, NaN forward, NaN every step, `--lr 1000`", "nan", f"{s['nan']['caught']} caught", "nan"),
+        row(
             "run-name collisions and a second live process",
-            s["collisions"]["tried"],
+            "collisions",
             f"{s['collisions']['ok']} kept apart",
-            sum(c["lost"] for c in result["cases"] if c["kind"] == "collision"),
-        ],
-        [
+            "collision",
+        ),
+        row(
             "bad inputs (data, checkpoints, flags, launcher variables)",
-            s["bad_inputs"]["tried"],
+            "bad_inputs",
             f"{s['bad_inputs']['clear']} exit 2 with a 1-2 line message",
-            0,
-        ],
-        [
+            None,  # rejected before training starts: no run to lose
+        ),
+        row(
             "torchrun x2 (gloo), one worker killed, MAX_RESTARTS=1",
-            s["elastic"]["tried"],
+            "elastic",
             f"{s['elastic']['survived']} bit-identical",
-            sum(c["lost"] for c in result["cases"] if c["kind"] == "elastic"),
-        ],
+            "elastic",
+        ),
     ]
     md = [
         "# Fault-injection campaign (CPU)",

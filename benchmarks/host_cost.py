@@ -55,6 +55,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from benchmarks.common import (
+    MODEL_SIZES,
     RESULTS_DIR,
     environment,
     fmt,
@@ -75,14 +76,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "resolution": 10.0,
         "batch": 40,
         "before_batch": 40,
-        "model": {
-            "d_model": 32,
-            "num_heads": 2,
-            "num_layers": 1,
-            "dim_feedforward": 64,
-            "recursion_depth": 1,
-            "dropout": 0.0,
-        },
+        "model": MODEL_SIZES["tiny"],
     },
     "cpu": {
         "steps": 12,
@@ -92,14 +86,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "resolution": 5.0,
         "batch": 150,
         "before_batch": 50,
-        "model": {
-            "d_model": 128,
-            "num_heads": 4,
-            "num_layers": 2,
-            "dim_feedforward": 256,
-            "recursion_depth": 2,
-            "dropout": 0.0,
-        },
+        "model": MODEL_SIZES["cpu"],
     },
     "seed": {
         "steps": 6,
@@ -109,14 +96,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "resolution": 2.0,
         "batch": 150,
         "before_batch": 50,
-        "model": {
-            "d_model": 512,
-            "num_heads": 8,
-            "num_layers": 3,
-            "dim_feedforward": 1024,
-            "recursion_depth": 2,
-            "dropout": 0.1,
-        },
+        "model": MODEL_SIZES["seed"],
     },
 }
 LOOPS = ("before", "plainloop", "plainloop_gpu_path", "lightning_data")
@@ -414,6 +394,8 @@ def profiled_pass(run: Callable[..., None], args: tuple, device: torch.device, w
     """Operator calls and host time inside/outside the outermost operators per step, from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
+    from utils.profiling import _inside_aten
+
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     marks = Marks(warmup, steps)
     with _native_quiet():
@@ -471,15 +453,6 @@ def profiled_pass(run: Callable[..., None], args: tuple, device: torch.device, w
         out["kernel_launches_per_step"] = med(lambda k: per[k]["launches"])
         out["cuda_syncs_per_step"] = sum(per[k]["dev_syncs"] for k, _ in win) / len(win)
     return out
-
-
-def _inside_aten(e: Any) -> bool:
-    p = e.cpu_parent
-    while p is not None:
-        if p.name.startswith("aten::"):
-            return True
-        p = p.cpu_parent
-    return False
 
 
 # ------------------------------------------------------------------------------------------ report

@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from benchmarks.common import (
+    MODEL_SIZES,
     RESULTS_DIR,
     environment,
     fmt,
@@ -79,30 +80,6 @@ LABELS = {
     "lightning_fp32": "Lightning, precision 32",
 }
 
-_MODEL_TINY = {
-    "d_model": 32,
-    "num_heads": 2,
-    "num_layers": 1,
-    "dim_feedforward": 64,
-    "recursion_depth": 1,
-    "dropout": 0.0,
-}
-_MODEL_CPU = {
-    "d_model": 128,
-    "num_heads": 4,
-    "num_layers": 2,
-    "dim_feedforward": 256,
-    "recursion_depth": 2,
-    "dropout": 0.0,
-}
-_MODEL_SEED = {
-    "d_model": 512,
-    "num_heads": 8,
-    "num_layers": 3,
-    "dim_feedforward": 1024,
-    "recursion_depth": 2,
-    "dropout": 0.1,
-}
 _CPU_ROWS = ("before", "defaults", "seed_loader", "user_trainer", "user_base", "lightning", "lightning_data")
 # file_grid: the generated ERA5-format file's grid (0.25 = ERA5 native 1440 x 721); months of data;
 # resolution: the training grid. Batch sizes follow the seeds (50 before, 150 after) except in `tiny`,
@@ -112,7 +89,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "file_grid": 5.0,
         "years": 25,
         "resolution": 10.0,
-        "model": _MODEL_TINY,
+        "model": MODEL_SIZES["tiny"],
         "before_batch": 20,
         "batch": 60,
         "reps": 2,
@@ -126,7 +103,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "file_grid": 1.0,
         "years": 50,
         "resolution": 5.0,
-        "model": _MODEL_CPU,
+        "model": MODEL_SIZES["cpu"],
         "before_batch": 50,
         "batch": 150,
         "reps": 3,
@@ -140,7 +117,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "file_grid": 0.25,
         "years": 50,
         "resolution": 2.0,
-        "model": _MODEL_SEED,
+        "model": MODEL_SIZES["seed"],
         "before_batch": 50,
         "batch": 150,
         "reps": 3,

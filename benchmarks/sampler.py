@@ -86,6 +86,24 @@ def make_sets(seed: int = 0) -> list[PathMeta]:
     return [sysu, PathMeta("seed004", rgb, ir, seed)]
 
 
+def time_sampler(
+    ds: Any, reps: int, **kw: Any
+) -> tuple[list[float], list[float], CachedModalAwarePKSampler, list[list[int]]]:
+    """Seconds to construct CachedModalAwarePKSampler(ds, **kw) and to draw one epoch (epoch r in repetition r),
+    `reps` times; also the last sampler and the batches of its epoch."""
+    cons, epoch = [], []
+    for r in range(reps):
+        t0 = time.perf_counter()
+        s = CachedModalAwarePKSampler(ds, **kw)
+        cons.append(time.perf_counter() - t0)
+        s.set_epoch(r)
+        t0 = time.perf_counter()
+        batches = list(s)
+        epoch.append(time.perf_counter() - t0)
+        assert len(batches) == len(s)
+    return cons, epoch, s, batches
+
+
 def before_epoch(ds: PathMeta, sampler: CachedModalAwarePKSampler, epoch: int, variant: str) -> list[list[int]]:
     """The same epoch (identity order and P x K) with modalities inferred per batch, seed-004 style."""
     P, K = sampler.num_ids_per_batch, sampler.num_instances
@@ -147,16 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         first = CachedModalAwarePKSampler(ds, **kw)
         cold = time.perf_counter() - t0
-        cons, epoch_t = [], []
-        for r in range(args.reps):
-            t0 = time.perf_counter()
-            s = CachedModalAwarePKSampler(ds, **kw)
-            cons.append(time.perf_counter() - t0)
-            s.set_epoch(r)
-            t0 = time.perf_counter()
-            batches = list(s)
-            epoch_t.append(time.perf_counter() - t0)
-            assert len(batches) == len(s)
+        cons, epoch_t, _, _ = time_sampler(ds, args.reps, **kw)
         before: dict[str, Any] = {}
         for variant in ("per-sample", "per-identity"):
             times, calls = [], []

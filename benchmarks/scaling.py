@@ -331,8 +331,7 @@ def sampler_grid(scales: tuple[float, ...], reps: int) -> list[dict[str, Any]]:
 
     import numpy as np
 
-    from benchmarks.sampler import PathMeta, before_epoch, split_counts
-    from datasets.cached_sampler import CachedModalAwarePKSampler
+    from benchmarks.sampler import PathMeta, before_epoch, split_counts, time_sampler
 
     logging.getLogger("datasets.cached_sampler").setLevel(logging.WARNING)
     out = []
@@ -345,16 +344,9 @@ def sampler_grid(scales: tuple[float, ...], reps: int) -> list[dict[str, Any]]:
         meta = PathMeta(f"sysu_x{k:g}", rgb, ir, 0)
         make_s = time.perf_counter() - t0
         kw = {"batch_size": 32, "num_instances": 4, "seed": 42}
-        cons, epoch, before = [], [], []
+        before = []
         with PeakRSS() as rss:
-            for r in range(reps):
-                t0 = time.perf_counter()
-                s = CachedModalAwarePKSampler(meta, **kw)
-                cons.append(time.perf_counter() - t0)
-                s.set_epoch(r)
-                t0 = time.perf_counter()
-                batches = list(s)
-                epoch.append(time.perf_counter() - t0)
+            cons, epoch, s, batches = time_sampler(meta, reps, **kw)
             t0 = time.perf_counter()
             before_epoch(meta, s, 0, "per-sample")
             before.append(time.perf_counter() - t0)

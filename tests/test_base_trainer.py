@@ -13,14 +13,8 @@ import torch
 import trainer.base as base_mod
 from trainer.base import BaseTrainer
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 QUICKSTART = Path(__file__).resolve().parents[1] / "docs" / "examples" / "seed000_quickstart.py"
-
-
-@pytest.fixture
-def in_tmp(tmp_path, monkeypatch, era5_cache):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(base_mod, "MODEL_SAVE_PATH", str(tmp_path / "models"))
-    return tmp_path
 
 
 def run_quickstart(source: str, train: bool) -> dict:
@@ -52,26 +46,15 @@ def test_unknown_trainer_param_is_a_clear_error(in_tmp):
     from datasets.era5 import ERA5SSTMonthlyDataset
     from models.ratransformer import RecursiveAttentionTransformer
 
-    with pytest.raises(ValueError, match="unknown key.*'batchsize'"):
-        BaseTrainer(
-            "t",
-            Area("g", lon=[-180, 180], lat=[-80, 80]),
-            "u",
-            RecursiveAttentionTransformer,
-            ERA5SSTMonthlyDataset,
-            "m.pt",
-            trainer_params={"batchsize": 3},
-        )
-    with pytest.raises(ValueError, match="split_ratio"):
-        BaseTrainer(
-            "t",
-            Area("g", lon=[-180, 180], lat=[-80, 80]),
-            "u",
-            RecursiveAttentionTransformer,
-            ERA5SSTMonthlyDataset,
-            "m.pt",
-            trainer_params={"split_ratio": [0.9, 0.9]},
-        )
+    area = Area("g", lon=[-180, 180], lat=[-80, 80])
+    for params, message in (
+        ({"batchsize": 3}, "unknown key.*'batchsize'"),
+        ({"split_ratio": [0.9, 0.9]}, "split_ratio"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            BaseTrainer(
+                "t", area, "u", RecursiveAttentionTransformer, ERA5SSTMonthlyDataset, "m.pt", trainer_params=params
+            )
 
 
 def test_learning_rate_goes_to_the_optimizer_when_the_model_does_not_take_it(in_tmp):
@@ -114,15 +97,6 @@ def test_learning_rate_goes_to_the_optimizer_when_the_model_does_not_take_it(in_
 
 
 # ---------------------------------------------------------------- own models and datasets (issue 11, points 1-4, 7)
-@pytest.fixture(autouse=True)
-def one_thread():
-    # tiny models: one thread is faster than two fighting for a shared CPU, and the run is deterministic
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 class Rows(torch.utils.data.Dataset):
     """n samples (x: 4 features, y: a linear function of x); records the keyword arguments it was built with."""
 

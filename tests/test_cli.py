@@ -12,21 +12,10 @@ import pytest
 import torch
 
 import train_optimized as cli
+from tests.helpers import SMALL
 from trainer import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = [
-    "--resolution",
-    "10",
-    "--d_model",
-    "32",
-    "--dim_feedforward",
-    "64",
-    "--num_layers",
-    "1",
-    "--no-progress_bar",
-    "--no-plots",
-]
 
 
 def settings(argv: list[str]) -> tuple:
@@ -102,17 +91,17 @@ def test_resume_flag_continues_a_run(tmp_path, era5_cache):
     assert s["epochs"] == 2 and any("resume:" in n for n in s["notes"])
 
 
-def test_shell_launcher_passes_env_and_arguments(tmp_path, era5_cache):
+def run_launcher(tmp_path: Path, *args: str, **env: str) -> None:
+    """optimize_training.sh for real: SKIP_SETUP=1, OUTPUT_DIR=tmp_path, this Python first on PATH; must exit 0."""
     env = {
         **os.environ,
         "SKIP_SETUP": "1",
-        "BATCH_SIZE": "8",
-        "EPOCHS": "1",
+        **env,
         "OUTPUT_DIR": str(tmp_path),
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
     }
     proc = subprocess.run(
-        ["bash", str(ROOT / "optimize_training.sh"), "--run_name", "sh", "--max_steps", "2", *SMALL],
+        ["bash", str(ROOT / "optimize_training.sh"), *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -120,6 +109,10 @@ def test_shell_launcher_passes_env_and_arguments(tmp_path, era5_cache):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_shell_launcher_passes_env_and_arguments(tmp_path, era5_cache):
+    run_launcher(tmp_path, "--run_name", "sh", "--max_steps", "2", *SMALL, BATCH_SIZE="8", EPOCHS="1")
     cfg = json.loads((tmp_path / "sh" / "config.json").read_text())["effective"]
     assert cfg["batch_size"] == 8 and cfg["max_steps"] == 2
 
@@ -217,33 +210,8 @@ def test_reid_task_runs(tmp_path, capsys):
 
 
 def test_shell_launcher_reid_task(tmp_path):
-    env = {
-        **os.environ,
-        "SKIP_SETUP": "1",
-        "TASK": "reid",
-        "OUTPUT_DIR": str(tmp_path),
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-    }
-    proc = subprocess.run(
-        [
-            "bash",
-            str(ROOT / "optimize_training.sh"),
-            "--run_name",
-            "r",
-            "--max_steps",
-            "2",
-            "--num_identities",
-            "24",
-            "--no-progress_bar",
-            "--no-plots",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    args = ("--run_name", "r", "--max_steps", "2", "--num_identities", "24", "--no-progress_bar", "--no-plots")
+    run_launcher(tmp_path, *args, TASK="reid")
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["task"] == "reid"
 
 

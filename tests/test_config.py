@@ -12,22 +12,11 @@ import torch
 
 import train_optimized as cli
 from tasks import TASK_BUILDERS
+from tests.helpers import SMALL
 from trainer import TrainConfig
 from trainer.options import ConfigError, function_parameters, load_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = [
-    "--resolution",
-    "10",
-    "--d_model",
-    "32",
-    "--dim_feedforward",
-    "64",
-    "--num_layers",
-    "1",
-    "--no-progress_bar",
-    "--no-plots",
-]
 
 
 def flags() -> set[str]:

@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import trainer.build as build_mod
+from tests.helpers import toy_config
 from trainer.checkpoint import CheckpointError, atomic_save, load_checkpoint
 from trainer.config import TrainConfig
 from trainer.data import ShardedBatchSampler, loader_settings, to_device
@@ -36,22 +37,6 @@ def make_task(dropout: float = 0.0, seed: int = 0, val: bool = True) -> Task:
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, 1))
     return Task("toy", model, TensorDataset(x, y), TensorDataset(x[:64], y[:64]) if val else None)
-
-
-def cfg(tmp_path: Path, **kw) -> TrainConfig:
-    base = dict(
-        epochs=2,
-        batch_size=32,
-        num_workers=0,
-        output_dir=str(tmp_path),
-        run_name="run",
-        progress_bar=False,
-        log_every=4,
-        validation_interval=1,
-        warmup_steps=2,
-    )
-    base.update(kw)
-    return TrainConfig(**base)
 
 
 def weights(model: nn.Module) -> list[torch.Tensor]:
@@ -121,7 +106,7 @@ def test_lr_scaling_rules():
 
 # ---------------------------------------------------------------- the loop
 def test_training_writes_run_directory(tmp_path):
-    s = Trainer(cfg(tmp_path, epochs=3, validation_interval=2), make_task()).fit()
+    s = Trainer(toy_config(tmp_path, epochs=3, validation_interval=2), make_task()).fit()
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     val_rows = [r for r in rows if r["kind"] == "val"]
@@ -136,7 +121,7 @@ def test_training_writes_run_directory(tmp_path):
 
 
 def test_max_steps_and_val_check_steps(tmp_path):
-    s = Trainer(cfg(tmp_path, epochs=100, max_steps=11, val_check_steps=5), make_task()).fit()
+    s = Trainer(toy_config(tmp_path, epochs=100, max_steps=11, val_check_steps=5), make_task()).fit()
     assert s["steps"] == 11
     rows = [json.loads(r) for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "val"] == [5, 10, 11]  # the last step always validates
@@ -144,12 +129,12 @@ def test_max_steps_and_val_check_steps(tmp_path):
 
 def test_accumulation_equals_one_large_batch(tmp_path):
     a = Trainer(
-        cfg(tmp_path, run_name="a", batch_size=8, accumulate_grad_batches=4, warmup_steps=2),
+        toy_config(tmp_path, run_name="a", batch_size=8, accumulate_grad_batches=4, warmup_steps=2),
         make_task(val=False),
     )
     a.fit()
     b = Trainer(
-        cfg(tmp_path, run_name="b", batch_size=32, accumulate_grad_batches=1, warmup_steps=2),
+        toy_config(tmp_path, run_name="b", batch_size=32, accumulate_grad_batches=1, warmup_steps=2),
         make_task(val=False),
     )
     b.fit()
@@ -161,7 +146,7 @@ def test_accumulation_equals_one_large_batch(tmp_path):
 @pytest.mark.parametrize("algo", ["norm", "value"])
 def test_clipping_bounds_the_update(tmp_path, algo):
     t = Trainer(
-        cfg(tmp_path, gradient_clip_val=1e-3, gradient_clip_algorithm=algo, max_steps=1, warmup_steps=0),
+        toy_config(tmp_path, gradient_clip_val=1e-3, gradient_clip_algorithm=algo, max_steps=1, warmup_steps=0),
         make_task(val=False),
     )
     batch = next(iter(t.loader))
@@ -179,7 +164,7 @@ def test_fp16_scaler_skips_step_and_schedule_on_inf(tmp_path, monkeypatch):
     monkeypatch.setattr(
         build_mod, "resolve_runtime", lambda *a, **k: Runtime(torch.device("cpu"), "16-mixed", torch.float16)
     )
-    t = Trainer(cfg(tmp_path, warmup_steps=10, gradient_clip_val=1.0), make_task(val=False))
+    t = Trainer(toy_config(tmp_path, warmup_steps=10, gradient_clip_val=1.0), make_task(val=False))
     assert t.opt.fp16
     # a scale at which this toy's fp16 backward does not overflow by itself
     t.opt.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
@@ -205,7 +190,7 @@ def test_static_loss_scale_is_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(
         build_mod, "resolve_runtime", lambda *a, **k: Runtime(torch.device("cpu"), "16-mixed", torch.float16)
     )
-    t = Trainer(cfg(tmp_path, loss_scale=256.0, max_steps=3), make_task(val=False))
+    t = Trainer(toy_config(tmp_path, loss_scale=256.0, max_steps=3), make_task(val=False))
     batch = next(iter(t.loader))
     t.forward_backward(batch, 1)
     t.opt.params[0].grad[0, 0] = float("nan")
@@ -248,7 +233,7 @@ def test_sync_rule_only_at_log_points(tmp_path, monkeypatch):
     torch.manual_seed(0)
     task = Task("toy", nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)), TensorDataset(x, y))
     t = Trainer(
-        cfg(
+        toy_config(
             tmp_path,
             epochs=1,
             batch_size=8,
@@ -274,7 +259,7 @@ def test_guard_reads_the_flag_on_the_host_once_per_step_on_a_cpu(tmp_path, monke
     x, y = make_data(40 * 8)
     torch.manual_seed(0)
     task = Task("toy", nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)), TensorDataset(x, y))
-    t = Trainer(cfg(tmp_path, epochs=1, batch_size=8, log_every=20, validation_interval=100), task)
+    t = Trainer(toy_config(tmp_path, epochs=1, batch_size=8, log_every=20, validation_interval=100), task)
     counter = SyncCounter(monkeypatch)
     t.fit()
     per_step = [c for c in counter.calls if c.startswith("item trainer/step.py")]
@@ -289,18 +274,18 @@ def test_resume_is_exact(tmp_path, workers):
     # workers=1 keeps the data in a DataLoader (device_cache off): both data paths must resume exactly
     dc = False if workers else None
     straight = Trainer(
-        cfg(tmp_path, run_name="straight", epochs=4, num_workers=workers, device_cache=dc),
+        toy_config(tmp_path, run_name="straight", epochs=4, num_workers=workers, device_cache=dc),
         make_task(dropout=0.2),
     )
     straight.fit()
     first = Trainer(
-        cfg(tmp_path, run_name="split", epochs=4, num_workers=workers, device_cache=dc),
+        toy_config(tmp_path, run_name="split", epochs=4, num_workers=workers, device_cache=dc),
         make_task(dropout=0.2),
     )
     first.max_epochs = 2  # the job is interrupted after epoch 2
     first.fit()
     second = Trainer(
-        cfg(
+        toy_config(
             tmp_path,
             run_name="split",
             epochs=4,
@@ -317,14 +302,16 @@ def test_resume_is_exact(tmp_path, workers):
 
 
 def test_resume_mid_epoch_is_exact(tmp_path):
-    straight = Trainer(cfg(tmp_path, run_name="s", epochs=2), make_task(dropout=0.1))
+    straight = Trainer(toy_config(tmp_path, run_name="s", epochs=2), make_task(dropout=0.1))
     straight.fit()
-    part = Trainer(cfg(tmp_path, run_name="p", epochs=2, checkpoint_every=5), make_task(dropout=0.1))
+    part = Trainer(toy_config(tmp_path, run_name="p", epochs=2, checkpoint_every=5), make_task(dropout=0.1))
     part.total_steps = 11  # interrupted mid-epoch 2 (8 steps per epoch); last.pt written at the stop
     part.fit()
     ck = load_checkpoint(tmp_path / "p" / "checkpoints" / "last.pt")
     assert ck["step"] == 11 and ck["batches_done"] == 3 and ck["epoch"] == 1
-    rest = Trainer(cfg(tmp_path, run_name="p", epochs=2, resume=str(tmp_path / "p")), make_task(dropout=0.1, seed=9))
+    rest = Trainer(
+        toy_config(tmp_path, run_name="p", epochs=2, resume=str(tmp_path / "p")), make_task(dropout=0.1, seed=9)
+    )
     rest.fit()
     for p, q in zip(weights(straight.raw_model), weights(rest.raw_model)):
         assert torch.equal(p, q)
@@ -424,7 +411,7 @@ def test_progress_bar_moves_every_epoch_even_when_epochs_are_short(tmp_path, mon
             pass
 
     monkeypatch.setattr(progress, "tqdm", FakeBar)
-    t = Trainer(cfg(tmp_path, epochs=3, progress_bar=True, progress_every=10, log_every=100), make_task())
+    t = Trainer(toy_config(tmp_path, epochs=3, progress_bar=True, progress_every=10, log_every=100), make_task())
     t.fit()
     assert [n for n, _ in seen] == [8, 16, 24]  # once per 8-batch epoch, never stuck at 0
     assert all("loss" in post and "sps" in post for _, post in seen)  # the last logged figures stay on it

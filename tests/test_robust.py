@@ -12,7 +12,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
-from trainer import Task, TrainConfig, Trainer
+from tests.helpers import toy_config
+from trainer import Task, Trainer
 from trainer.build import ResumeError
 from trainer.checkpoint import load_checkpoint
 from trainer.finish import TrainingDiverged, TrainingStopped
@@ -31,21 +32,6 @@ def data(n: int = N, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 def toy(seed: int = 0, dropout: float = 0.0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, 1))
-
-
-def cfg(tmp_path: Path, **kw) -> TrainConfig:
-    base = dict(
-        epochs=2,
-        batch_size=32,
-        num_workers=0,
-        output_dir=str(tmp_path),
-        run_name="run",
-        progress_bar=False,
-        log_every=4,
-        validation_interval=1,
-        warmup_steps=2,
-    )
-    return TrainConfig(**{**base, **kw})
 
 
 def rows(run: Path) -> list[dict]:
@@ -85,7 +71,7 @@ class NaNBatch(Dataset):
 
 
 def test_a_nan_batch_is_skipped_counted_and_never_saved(tmp_path):
-    t = Trainer(cfg(tmp_path, epochs=1), Task("toy", toy(), NaNBatch(range(0, 1)), TensorDataset(*data(64))))
+    t = Trainer(toy_config(tmp_path, epochs=1), Task("toy", toy(), NaNBatch(range(0, 1)), TensorDataset(*data(64))))
     s = t.fit()
     assert s["skipped_steps"] == 1 and s["steps"] == N // 32
     train_rows = [r for r in rows(t.run_dir) if r["kind"] == "train"]
@@ -104,7 +90,9 @@ class NaNModel(nn.Module):
 
 
 def test_a_model_that_always_gives_nan_stops_with_exit_code_3(tmp_path, capsys):
-    t = Trainer(cfg(tmp_path, epochs=50, max_consecutive_skips=5), Task("toy", NaNModel(), TensorDataset(*data())))
+    t = Trainer(
+        toy_config(tmp_path, epochs=50, max_consecutive_skips=5), Task("toy", NaNModel(), TensorDataset(*data()))
+    )
     with pytest.raises(TrainingDiverged) as e:
         t.fit()
     assert e.value.code == 3
@@ -118,7 +106,7 @@ def test_a_model_that_always_gives_nan_stops_with_exit_code_3(tmp_path, capsys):
 
 def test_huge_lr_never_writes_nonfinite_weights(tmp_path):
     t = Trainer(
-        cfg(tmp_path, epochs=20, lr=1e3, warmup_steps=0, max_consecutive_skips=3),
+        toy_config(tmp_path, epochs=20, lr=1e3, warmup_steps=0, max_consecutive_skips=3),
         Task("toy", toy(), TensorDataset(*data())),
     )
     try:
@@ -145,12 +133,12 @@ class SignalAt:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])
 def test_a_signal_finishes_the_step_saves_and_resumes_exactly(tmp_path, sig, capsys):
     straight = Trainer(
-        cfg(tmp_path, run_name="s", epochs=2, log_every=1),
+        toy_config(tmp_path, run_name="s", epochs=2, log_every=1),
         Task("toy", toy(dropout=0.2), TensorDataset(*data())),
     )
     straight.fit()
     t = Trainer(
-        cfg(tmp_path, run_name="p", epochs=2, log_every=1),
+        toy_config(tmp_path, run_name="p", epochs=2, log_every=1),
         Task("toy", toy(dropout=0.2), TensorDataset(*data())),
         callbacks=[SignalAt(5, sig)],
     )
@@ -163,7 +151,7 @@ def test_a_signal_finishes_the_step_saves_and_resumes_exactly(tmp_path, sig, cap
     assert ck["step"] == 5 and ck["batches_done"] == 5  # mid-epoch: exact resume from batch 5
     assert json.loads((t.run_dir / "summary.json").read_text())["stopped_by"] == signal.Signals(sig).name
     rest = Trainer(
-        cfg(tmp_path, run_name="p", epochs=2, log_every=1, resume=str(t.run_dir)),
+        toy_config(tmp_path, run_name="p", epochs=2, log_every=1, resume=str(t.run_dir)),
         Task("toy", toy(seed=7, dropout=0.2), TensorDataset(*data())),
     )
     rest.fit()
@@ -173,13 +161,13 @@ def test_a_signal_finishes_the_step_saves_and_resumes_exactly(tmp_path, sig, cap
 
 # ---------------------------------------------------------------- run directories
 def test_a_reused_run_name_never_overwrites_a_finished_run(tmp_path):
-    first = Trainer(cfg(tmp_path, epochs=1), Task("toy", toy(), TensorDataset(*data())))
+    first = Trainer(toy_config(tmp_path, epochs=1), Task("toy", toy(), TensorDataset(*data())))
     first.fit()
     before = (
         (first.run_dir / "summary.json").read_bytes(),
         (first.run_dir / "checkpoints" / "last.pt").read_bytes(),
     )
-    second = Trainer(cfg(tmp_path, epochs=1, seed=3), Task("toy", toy(1), TensorDataset(*data())))
+    second = Trainer(toy_config(tmp_path, epochs=1, seed=3), Task("toy", toy(1), TensorDataset(*data())))
     second.fit()
     assert second.run_dir == tmp_path / "run-2"
     assert any("already holds a run" in n for n in second.notes)
@@ -200,7 +188,8 @@ def test_a_second_live_process_on_one_run_dir_is_refused(tmp_path):
 
 def test_default_names_are_unique(tmp_path):
     runs = [
-        Trainer(cfg(tmp_path, epochs=1, run_name=None), Task("toy", toy(), TensorDataset(*data(64)))) for _ in range(3)
+        Trainer(toy_config(tmp_path, epochs=1, run_name=None), Task("toy", toy(), TensorDataset(*data(64))))
+        for _ in range(3)
     ]
     for t in runs:
         t.fit()
@@ -209,18 +198,22 @@ def test_default_names_are_unique(tmp_path):
 
 # ---------------------------------------------------------------- resume checks
 def test_resume_with_other_model_sizes_is_a_clear_error(tmp_path):
-    Trainer(cfg(tmp_path, epochs=1), Task("toy", toy(), TensorDataset(*data()))).fit()
+    Trainer(toy_config(tmp_path, epochs=1), Task("toy", toy(), TensorDataset(*data()))).fit()
     wide = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1))
     with pytest.raises(ResumeError, match="do not fit this model.*size mismatch"):
-        Trainer(cfg(tmp_path, epochs=2, resume=str(tmp_path / "run")), Task("toy", wide, TensorDataset(*data())))
+        Trainer(toy_config(tmp_path, epochs=2, resume=str(tmp_path / "run")), Task("toy", wide, TensorDataset(*data())))
 
 
 def test_extending_epochs_notes_how_the_schedule_continues(tmp_path):
-    Trainer(cfg(tmp_path, epochs=1), Task("toy", toy(), TensorDataset(*data()))).fit()
-    t = Trainer(cfg(tmp_path, epochs=3, resume=str(tmp_path / "run")), Task("toy", toy(), TensorDataset(*data())))
+    Trainer(toy_config(tmp_path, epochs=1), Task("toy", toy(), TensorDataset(*data()))).fit()
+    t = Trainer(
+        toy_config(tmp_path, epochs=3, resume=str(tmp_path / "run")), Task("toy", toy(), TensorDataset(*data()))
+    )
     assert any("now has 24 optimizer steps (was 8)" in n for n in t.notes)
     with pytest.raises(ResumeError, match="nothing left to train"):
-        Trainer(cfg(tmp_path, epochs=1, resume=str(tmp_path / "run")), Task("toy", toy(), TensorDataset(*data())))
+        Trainer(
+            toy_config(tmp_path, epochs=1, resume=str(tmp_path / "run")), Task("toy", toy(), TensorDataset(*data()))
+        )
 
 
 # ---------------------------------------------------------------- out of memory, early stopping, batch counts
@@ -236,11 +229,11 @@ class OOMAbove(nn.Sequential):
 
 
 def test_out_of_memory_halves_the_micro_batch_and_keeps_the_effective_batch(tmp_path):
-    ref = Trainer(cfg(tmp_path, run_name="ref", epochs=1), Task("toy", toy(), TensorDataset(*data())))
+    ref = Trainer(toy_config(tmp_path, run_name="ref", epochs=1), Task("toy", toy(), TensorDataset(*data())))
     ref.fit()
     torch.manual_seed(0)
     m = OOMAbove(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.0), nn.Linear(32, 1))
-    t = Trainer(cfg(tmp_path, run_name="oom", epochs=1), Task("toy", m, TensorDataset(*data())))
+    t = Trainer(toy_config(tmp_path, run_name="oom", epochs=1), Task("toy", m, TensorDataset(*data())))
     s = t.fit()
     assert t.chunks == 4 and s["steps"] == ref.step
     assert any("micro-batch 16 -> 8" in n and "effective batch unchanged" in n for n in s["notes"])
@@ -251,7 +244,7 @@ def test_out_of_memory_halves_the_micro_batch_and_keeps_the_effective_batch(tmp_
 def test_early_stopping_and_testing_with_the_best_weights(tmp_path):
     x, y = data()
     t = Trainer(
-        cfg(tmp_path, epochs=40, lr=3e-2, early_stopping_patience=2, test_with_best=True),
+        toy_config(tmp_path, epochs=40, lr=3e-2, early_stopping_patience=2, test_with_best=True),
         Task(
             "toy",
             toy(),
@@ -267,7 +260,7 @@ def test_early_stopping_and_testing_with_the_best_weights(tmp_path):
 
 def test_max_batches_counts_batches_and_the_last_step_validates_once(tmp_path):
     t = Trainer(
-        cfg(tmp_path, epochs=100, max_batches=12, accumulate_grad_batches=2, val_check_batches=6),
+        toy_config(tmp_path, epochs=100, max_batches=12, accumulate_grad_batches=2, val_check_batches=6),
         Task("toy", toy(), TensorDataset(*data()), TensorDataset(*data(64))),
     )
     s = t.fit()
@@ -295,7 +288,7 @@ def test_a_run_dir_left_without_checkpoint_is_reused(tmp_path):
     """An earlier start killed before its first checkpoint left nothing to lose: the name is reused."""
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     (tmp_path / "run" / "metrics.jsonl").write_text("")
-    t = Trainer(cfg(tmp_path, epochs=1), Task("toy", toy(), TensorDataset(*data())))
+    t = Trainer(toy_config(tmp_path, epochs=1), Task("toy", toy(), TensorDataset(*data())))
     t.fit()
     assert t.run_dir == tmp_path / "run" and any("reusing" in n for n in t.notes)
 
@@ -303,8 +296,8 @@ def test_a_run_dir_left_without_checkpoint_is_reused(tmp_path):
 def test_nan_targets_get_the_masked_loss_and_others_the_plain_one(tmp_path):
     x, y = data()
     y[::7] = float("nan")  # missing labels, as land cells are
-    t = Trainer(cfg(tmp_path, epochs=1), Task("toy", toy(), TensorDataset(x, y)))
+    t = Trainer(toy_config(tmp_path, epochs=1), Task("toy", toy(), TensorDataset(x, y)))
     s = t.fit()
     assert any("finite targets only" in n for n in s["notes"]) and s["skipped_steps"] == 0
-    plain = Trainer(cfg(tmp_path, run_name="plain", epochs=1), Task("toy", toy(), TensorDataset(*data())))
+    plain = Trainer(toy_config(tmp_path, run_name="plain", epochs=1), Task("toy", toy(), TensorDataset(*data())))
     assert plain.loss_fn.__name__ == "plain_mse_loss" and t.loss_fn.__name__ == "masked_mse_loss"

@@ -22,28 +22,13 @@ import trainer.base as base_mod
 from trainer import TrainConfig, Trainer
 from trainer.base import BaseTrainer
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "docs" / "examples"
 TINY_RAT = [('"d_model": 512', '"d_model": 32'), ('"dim_feedforward": 1024', '"dim_feedforward": 64'),
             ("resolution = 2\n", "resolution = 10\n")]  # fmt: skip
 TINY_CLI = ["--resolution", "10", "--d_model", "16", "--num_heads", "2", "--dim_feedforward", "32", "--num_layers",
             "1", "--no-progress_bar", "--no-plots"]  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # tiny models on a shared 2-core CPU: one thread is faster than two competing, and deterministic
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture
-def in_tmp(tmp_path, monkeypatch, era5_cache):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(base_mod, "MODEL_SAVE_PATH", str(tmp_path / "models"))
-    return tmp_path
 
 
 def run_example(name: str, replacements: list[tuple[str, str]], train: bool = True) -> dict:

@@ -10,6 +10,7 @@ import torch
 
 from datasets.era5 import ERA5SSTMonthlyDataset
 from datasets.era5_sample import write_sample_file
+from utils.baselines import BASELINE_NAMES
 
 MONTHS = 120
 
@@ -41,6 +42,28 @@ def month_coded_file(path, months=MONTHS, bump_from=None):
 
 def month_of(c):
     return np.rint((np.nanmean(c, axis=(-2, -1)) - 10) / 0.01).astype(int)
+
+
+def small_task(data_file, tmp_path, **kw):
+    """The SST task with a tiny model on a 5° file (by default the tropical Pacific); `kw` overrides any argument."""
+    from tasks.era5 import build_era5_task
+
+    base = dict(
+        data_path=str(data_file),
+        lon=(120, 290),
+        lat=(-20, 20),
+        resolution=5,
+        seq_len=3,
+        offset=2,
+        d_model=16,
+        num_heads=2,
+        num_layers=1,
+        dim_feedforward=32,
+        recursion_depth=1,
+        cache_dir=str(tmp_path / "c"),
+    )
+    base.update(kw)
+    return build_era5_task(**base)
 
 
 @pytest.mark.parametrize("seq_len, offset", [(3, 0), (7, 2), (13, 5)])
@@ -76,24 +99,10 @@ def test_no_future_month_in_any_input_and_lead_is_offset_plus_one(tmp_path, seq_
 
 
 def test_statistics_and_baselines_do_not_see_validation_or_test_months(tmp_path):
-    from tasks.era5 import build_era5_task
-
     a = month_coded_file(tmp_path / "a.nc")
     b = month_coded_file(tmp_path / "b.nc", bump_from=100)  # differs only after the training months
-    kw = dict(
-        lon=(0, 40),
-        lat=(-10, 10),
-        resolution=5,
-        seq_len=4,
-        offset=2,
-        d_model=16,
-        num_heads=2,
-        num_layers=1,
-        dim_feedforward=16,
-        recursion_depth=1,
-        cache_dir=str(tmp_path / "c"),
-    )
-    ta, tb = build_era5_task(data_path=str(a), **kw), build_era5_task(data_path=str(b), **kw)
+    kw = dict(lon=(0, 40), lat=(-10, 10), seq_len=4, dim_feedforward=16)  # the month-coded files' area
+    ta, tb = small_task(a, tmp_path, **kw), small_task(b, tmp_path, **kw)
     assert ta.train_set._train_months <= 100
     np.testing.assert_array_equal(ta.train_set.climatology_c, tb.train_set.climatology_c)
     assert ta.train_set.anomaly_std == tb.train_set.anomaly_std
@@ -108,27 +117,6 @@ def sample_file(tmp_path_factory):
     return write_sample_file(tmp_path_factory.mktemp("s") / "s.nc", layout="cf", years=12, grid=5.0)
 
 
-def small_task(sample_file, tmp_path, **kw):
-    from tasks.era5 import build_era5_task
-
-    base = dict(
-        data_path=str(sample_file),
-        lon=(120, 290),
-        lat=(-20, 20),
-        resolution=5,
-        seq_len=3,
-        offset=2,
-        d_model=16,
-        num_heads=2,
-        num_layers=1,
-        dim_feedforward=32,
-        recursion_depth=1,
-        cache_dir=str(tmp_path / "c"),
-    )
-    base.update(kw)
-    return build_era5_task(**base)
-
-
 @pytest.mark.parametrize(
     "prior, twin",
     [("lim", "lim"), ("damped_persistence", "damped_persistence"), ("persistence", "anomaly_persistence")],
@@ -139,14 +127,13 @@ def test_untrained_model_is_its_prior_and_scores_carry_every_baseline(sample_fil
     with torch.no_grad():
         val = task.evaluate_fn(m, "val", torch.device("cpu"))
         test = task.evaluate_fn(m, "test", torch.device("cpu"))
-    names = ("persistence", "climatology", "anomaly_persistence", "damped_persistence", "lim")
-    for n in names:
+    for n in BASELINE_NAMES:
         assert {f"val_{n}_rmse_c", f"val_{n}_acc"} <= set(val) and {
             f"test_{n}_rmse_c",
             f"test_{n}_acc",
         } <= set(test)
     scores = task.artifacts["scores"]
-    assert list(scores) == ["model", *names]
+    assert list(scores) == ["model", *BASELINE_NAMES]
     # zero-initialised heads: the model's forecast is exactly its statistical prior
     assert scores["model"]["rmse"] == pytest.approx(scores[twin]["rmse"], rel=1e-4)
     assert scores["model"]["acc"] == pytest.approx(scores[twin]["acc"], abs=1e-4)
@@ -197,14 +184,7 @@ def test_quick_skill_run_writes_json_table_and_figure(tmp_path):
     res = json.loads(out.read_text())
     ((name, block),) = res["datasets"].items()
     run = block["runs"][0]
-    assert set(run["scores"]) == {
-        "model",
-        "persistence",
-        "climatology",
-        "anomaly_persistence",
-        "damped_persistence",
-        "lim",
-    }
+    assert set(run["scores"]) == {"model", *BASELINE_NAMES}
     assert all(np.isfinite(s["rmse"]) and np.isfinite(s["acc"]) for s in run["scores"].values())
     row = block["summary"][0]
     assert row["lead"] == 1 and row["context"] == 2 and row["best_baseline"] in run["scores"]

@@ -11,39 +11,6 @@ from torch import nn
 
 from .data import ShardedBatchSampler, batch_size_of, build_loader, to_device
 from .setup import Runtime
-from .task import Task
-
-
-def evaluate(
-    task: Task,
-    model: nn.Module,
-    split: str,
-    rt: Runtime,
-    loss_fn: Any,
-    batch_size: int,
-    loader_kw: dict[str, Any],
-    resident: dict[int, Any],
-    seed: int,
-) -> dict[str, float]:
-    """The task's scores on `split` ("val" or "test") in eval mode, without gradients; {} without that split."""
-    ds = task.val_set if split == "val" else task.test_set
-    if ds is None:
-        return {}
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), rt.autocast():
-            if task.evaluate_fn is not None:
-                out = task.evaluate_fn(model, split, rt.device)
-            else:
-                out = {
-                    f"{split}_loss": mean_loss(
-                        ds, model, rt, loss_fn, batch_size, loader_kw, resident, seed, task.collate_fn
-                    )
-                }
-    finally:
-        model.train(was_training)
-    return {k: float(v) for k, v in out.items()}
 
 
 def mean_loss(
@@ -130,14 +97,30 @@ def validate(self: Any) -> dict[str, float]:
 
 
 def evaluate_split(self: Any, split: str) -> dict[str, float]:
-    return evaluate(
-        self.task,
-        self.raw_model,
-        split,
-        self.rt,
-        self.loss_fn,
-        self.cfg.batch_size,
-        self.loader_kw,
-        self.resident,
-        self.cfg.seed,
-    )
+    """The task's scores on `split` ("val" or "test") in eval mode, without gradients; {} without that split."""
+    task, model, rt = self.task, self.raw_model, self.rt
+    ds = task.val_set if split == "val" else task.test_set
+    if ds is None:
+        return {}
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), rt.autocast():
+            if task.evaluate_fn is not None:
+                out = task.evaluate_fn(model, split, rt.device)
+            else:
+                loss = mean_loss(
+                    ds,
+                    model,
+                    rt,
+                    self.loss_fn,
+                    self.cfg.batch_size,
+                    self.loader_kw,
+                    self.resident,
+                    self.cfg.seed,
+                    task.collate_fn,
+                )
+                out = {f"{split}_loss": loss}
+    finally:
+        model.train(was_training)
+    return {k: float(v) for k, v in out.items()}

@@ -1,0 +1,38 @@
+"""Plain helpers shared by several test modules (fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainer import TrainConfig
+
+# CLI flags that shrink the ERA5 task to seconds on a CPU: a 10° grid and a one-layer d_model 32 model.
+SMALL = [
+    "--resolution",
+    "10",
+    "--d_model",
+    "32",
+    "--dim_feedforward",
+    "64",
+    "--num_layers",
+    "1",
+    "--no-progress_bar",
+    "--no-plots",
+]
+
+
+def toy_config(tmp_path: Path, **kw: Any) -> TrainConfig:
+    """The engine tests' TrainConfig: 2 epochs of batch 32 in the main process, a run in tmp_path; kw overrides."""
+    base = dict(
+        epochs=2,
+        batch_size=32,
+        num_workers=0,
+        output_dir=str(tmp_path),
+        run_name="run",
+        progress_bar=False,
+        log_every=4,
+        validation_interval=1,
+        warmup_steps=2,
+    )
+    return TrainConfig(**{**base, **kw})
