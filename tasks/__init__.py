@@ -43,6 +43,10 @@ def build_task(name: str, **kwargs: Any) -> Task:
     return TASK_BUILDERS[name]()(**kwargs)
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def resolve_task_args(task: str, kw: dict[str, Any], preset: str, on_gpu: bool) -> tuple[dict[str, Any], str]:
     """ERA5: fill the model and grid from the preset (explicit settings win); returns (kwargs, note)."""
     if task != "era5":
@@ -60,10 +64,11 @@ def resolve_task_args(task: str, kw: dict[str, Any], preset: str, on_gpu: bool) 
     name = preset if preset != "auto" else ("seed" if on_gpu else "cpu")
     values = mod.SEED_PRESET if name == "seed" else mod.CPU_PRESET
     kw = {**values, **{k: v for k, v in kw.items() if v is not None}}
+    layers, depth = kw["num_layers"], kw["recursion_depth"]
     note = (
         f"preset: {name} ({'seed 000 configuration' if name == 'seed' else 'reduced for a CPU'}: "
-        f"{kw['resolution']:g} deg, d_model {kw['d_model']}, {kw['num_layers']} layers x {kw['recursion_depth']} "
-        f"recursions); explicit settings override it"
+        f"{kw['resolution']:g} deg, d_model {kw['d_model']}, {_count(layers, 'layer')} x "
+        f"{_count(depth, 'recursion')}); explicit settings override it"
     )
     return kw, note
 

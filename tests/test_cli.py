@@ -57,6 +57,13 @@ def test_bad_values_are_clear_errors_with_exit_2(argv, message, capsys):
     assert len(lines) <= 2 and "usage:" not in err and lines[0].startswith(("train_optimized.py: error:", "error:"))
 
 
+def test_preset_line_counts_layers_and_recursions_in_words():
+    _, note = cli.resolve_task_args("era5", {}, "cpu", on_gpu=False)  # the CPU preset: one layer, two recursions
+    assert "1 layer x 2 recursions" in note
+    _, note = cli.resolve_task_args("era5", {"num_layers": 3, "recursion_depth": 1}, "cpu", on_gpu=False)
+    assert "3 layers x 1 recursion)" in note
+
+
 def test_help_shows_defaults(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])
