@@ -10,6 +10,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+LON_LIMITS = (-180.0, 360.0)  # either convention: [-180, 180] or [0, 360]
+LAT_LIMITS = (-90.0, 90.0)
+
 
 class Area:
     """A lon/lat box. `lon=[west, east]`, `lat=[south, north]`, all in degrees.
@@ -30,9 +33,9 @@ class Area:
         west, east = float(lon[0]), float(lon[1])
         south, north = float(lat[0]), float(lat[1])
         for name, v in (("west", west), ("east", east)):
-            if not (-180.0 <= v <= 360.0) or not np.isfinite(v):
+            if not (LON_LIMITS[0] <= v <= LON_LIMITS[1]) or not np.isfinite(v):
                 raise ValueError(f"Area {title!r}: {name} longitude {v} is outside [-180, 360]")
-        if not (-90.0 <= south < north <= 90.0):
+        if not (LAT_LIMITS[0] <= south < north <= LAT_LIMITS[1]):
             raise ValueError(
                 f"Area {title!r}: lat must be [south, north] with -90 <= south < north <= 90, got {list(lat)}"
             )

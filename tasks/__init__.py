@@ -51,7 +51,16 @@ def resolve_task_args(task: str, kw: dict[str, Any], preset: str, on_gpu: bool) 
     """ERA5: fill the model and grid from the preset (explicit settings win); returns (kwargs, note)."""
     if task != "era5":
         return kw, ""
+    # the library's errors name its keywords (lat=, lon=); checked here first, they name the flags
+    from datasets.area import LAT_LIMITS, LON_LIMITS
+
     lon, lat = kw.get("lon"), kw.get("lat")
+    for flag, values, (lo, hi), what in (("lon", lon, LON_LIMITS, "W E"), ("lat", lat, LAT_LIMITS, "S N")):
+        if values is not None and not all(lo <= v <= hi for v in values):  # NaN fails too
+            raise ValueError(
+                f"--{flag} {' '.join(f'{v:g}' for v in values)}: {what} must each lie in [{lo:g}, {hi:g}] degrees"
+                + (" (either convention: -180..180 or 0..360)" if flag == "lon" else "")
+            )
     if (lon is not None and lon[0] == lon[1]) or (lat is not None and lat[0] >= lat[1]):
         raise ValueError(
             f"--lon {' '.join(map(str, lon or ()))} / --lat {' '.join(map(str, lat or ()))}: give "

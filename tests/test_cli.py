@@ -46,6 +46,8 @@ def test_seed001_command_line_parses():
         (["--loss_scale", "huge"], "use 'dynamic' or a positive number"),
         (["--compile_mode", "fast"], "invalid choice: 'fast'"),
         (["--lat", "10", "-10"], "S < N"),
+        (["--lat", "100", "120"], "--lat 100 120: S N must each lie in [-90, 90] degrees"),  # not Area's lat=
+        (["--lon", "-200", "10"], "--lon -200 10: W E must each lie in [-180, 360] degrees"),
         (["--min_lr_ratio", "x"], "invalid float value: 'x'"),
     ],
 )
