@@ -101,14 +101,19 @@ class ERA5SSTMonthlyDataset(Dataset):
         cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         cache.mkdir(parents=True, exist_ok=True)
         remove_orphan_temp_files(cache)  # a killed build leaves its temp file behind
-        if data_path is None:
-            data_path = os.environ.get("ERA5_DATA_PATH") or None
+        where: tuple[str, ...] = ()  # how errors name the path: data_path= unless it came from the environment
+        if data_path is None and os.environ.get("ERA5_DATA_PATH"):
+            data_path = os.environ["ERA5_DATA_PATH"]
+            where = (
+                "$ERA5_DATA_PATH",
+                "set $ERA5_DATA_PATH to a netCDF file, directory or glob, or unset it for the built-in sample",
+            )
         sample = data_path is None
         if sample:  # the seed's quick start passes no path: use the built-in synthetic sample
             from datasets.era5_sample import ensure_sample_file
 
             data_path = ensure_sample_file(cache)
-        files = resolve_files(data_path)
+        files = resolve_files(data_path, *where)
 
         name, key = _cache_key(files, self.area, self.resolution, variable)
         self._npy = cache / f"era5_{name}.npy"

@@ -49,34 +49,39 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("PLAINLOOP_CACHE") or Path.home() / ".cache" / "plainloop")
 
 
-def resolve_files(data_path: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
-    """Expand a file, a glob, a directory (its *.nc files) or a list of those into existing file paths."""
+LIBRARY_DATA_PATH_HOW = "pass data_path= (a netCDF file, list, glob or directory) or set $ERA5_DATA_PATH"
+
+
+def resolve_files(
+    data_path: str | os.PathLike | Sequence[str | os.PathLike],
+    name: str = "data_path",
+    how: str = LIBRARY_DATA_PATH_HOW,
+) -> list[Path]:
+    """Expand a file, a glob, a directory (its *.nc files) or a list of those into existing file paths.
+
+    Errors name the setting as `name` (data_path, --data_path, $ERA5_DATA_PATH) and end with `how` to fix it."""
     if isinstance(data_path, (list, tuple)):
         out: list[Path] = []
         for p in data_path:
-            out.extend(resolve_files(p))
+            out.extend(resolve_files(p, name, how))
         if not out:
-            raise FileNotFoundError("data_path is an empty list: give at least one netCDF file")
+            raise FileNotFoundError(f"{name} is an empty list: give at least one netCDF file")
         return out
     text = os.fspath(data_path)
     p = Path(text).expanduser()
     if p.is_dir():
         files = sorted(q for q in p.iterdir() if q.suffix.lower() in (".nc", ".nc4", ".netcdf") and q.is_file())
         if not files:
-            raise FileNotFoundError(f"data_path directory {p} holds no .nc files")
+            raise FileNotFoundError(f"{name} {p}: the directory holds no .nc/.nc4/.netcdf files; {how}")
         return files
     if p.is_file():  # before globbing: a real file name may contain [ or ?
         return [p]
     if any(c in text for c in "*?["):
         files = sorted(Path(q) for q in globlib.glob(os.path.expanduser(text)))
         if not files:
-            raise FileNotFoundError(f"data_path glob {text!r} matches no file")
+            raise FileNotFoundError(f"{name} {text!r}: the glob matches no file; {how}")
         return files
-    if not p.is_file():
-        raise FileNotFoundError(
-            f"ERA5 data file not found: {p}. Pass data_path= (file, list, glob or directory) or set $ERA5_DATA_PATH"
-        )
-    return [p]
+    raise FileNotFoundError(f"{name} {p}: ERA5 data file not found; {how}")
 
 
 def _open(path: Path) -> netCDF4.Dataset:

@@ -14,6 +14,7 @@ from typing import Any
 from trainer import Task
 
 MODULES = {"era5": ("tasks.era5", "build_era5_task"), "reid": ("tasks.reid", "build_reid_task")}
+CLI_DATA_PATH_HOW = "give --data_path a netCDF file, a directory of them or a glob, or set $ERA5_DATA_PATH"
 ERA5_MODEL_KEYS = (
     "resolution",
     "d_model",
@@ -51,7 +52,7 @@ def resolve_task_args(task: str, kw: dict[str, Any], preset: str, on_gpu: bool) 
     """ERA5: fill the model and grid from the preset (explicit settings win); returns (kwargs, note)."""
     if task != "era5":
         return kw, ""
-    # the library's errors name its keywords (lat=, lon=); checked here first, they name the flags
+    # the library's errors name its keywords (lat=, data_path=); checked here first, they name the flags
     from datasets.area import LAT_LIMITS, LON_LIMITS
 
     lon, lat = kw.get("lon"), kw.get("lat")
@@ -66,6 +67,10 @@ def resolve_task_args(task: str, kw: dict[str, Any], preset: str, on_gpu: bool) 
             f"--lon {' '.join(map(str, lon or ()))} / --lat {' '.join(map(str, lat or ()))}: give "
             f"W != E and S < N (W > E crosses the dateline, e.g. --lon 170 -120)"
         )
+    if kw.get("data_path") is not None:  # $ERA5_DATA_PATH is checked by the dataset, naming the variable
+        from datasets.era5_files import resolve_files
+
+        resolve_files(kw["data_path"], name="--data_path", how=CLI_DATA_PATH_HOW)
     ratio = kw.get("split_ratio")
     if ratio is not None and (sum(ratio) > 1 + 1e-6 or any(r < 0 for r in ratio)):
         raise ValueError(f"--split_ratio {' '.join(map(str, ratio))}: fractions must be >= 0 and sum to at most 1")

@@ -290,7 +290,14 @@ def test_resume_auto_skips_finished_runs(tmp_path, era5_cache, capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--data_path", "/nonexistent/sst.nc"], "/nonexistent/sst.nc"),
+        (
+            ["--data_path", "/nonexistent/sst.nc"],
+            "--data_path /nonexistent/sst.nc: ERA5 data file not found; give --data_path",
+        ),
+        (
+            ["--data_path", "/nonexistent/*.nc"],
+            "--data_path '/nonexistent/*.nc': the glob matches no file; give --data_path",
+        ),
         (["--resume", "/nonexistent/run"], "--resume /nonexistent/run: no such checkpoint or run directory"),
         (["--config", "/nonexistent.toml"], "--config /nonexistent.toml: no such file"),
     ],
@@ -299,6 +306,7 @@ def test_known_errors_are_one_line_with_exit_2(argv, message, capsys, tmp_path, 
     assert exit_code([*argv, "--output_dir", str(tmp_path), *SMALL]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) <= 3
+    assert "data_path=" not in err  # the library's keyword; a CLI user types --data_path
 
 
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path, era5_cache, capsys):

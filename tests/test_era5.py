@@ -265,9 +265,12 @@ def test_default_path_env_and_builtin_sample(files, tmp_path, monkeypatch):
 
 
 # ---- bad input: clear errors naming the file and the problem ------------------------------------------------
-def test_missing_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="nope.nc.*ERA5_DATA_PATH"):
+def test_missing_file(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match="data_path .*nope.nc.*pass data_path=.*ERA5_DATA_PATH"):
         make(tmp_path / "nope.nc", tmp_path, lon=[-180, 180], lat=[-80, 80])
+    monkeypatch.setenv("ERA5_DATA_PATH", str(tmp_path / "gone.nc"))  # a path from the environment says so
+    with pytest.raises(FileNotFoundError, match=r"^\$ERA5_DATA_PATH .*gone.nc.*set \$ERA5_DATA_PATH"):
+        ERA5SSTMonthlyDataset(resolution=RES, cache_dir=tmp_path / "c")
 
 
 def test_no_sst_variable_lists_variables(tmp_path):
