@@ -319,23 +319,23 @@ def test_resume_mid_epoch_is_exact(tmp_path):
 
 def test_epochs_are_counted_alike_mid_epoch_and_at_resume(tmp_path, capsys):
     """Stopped inside epoch 2 the epoch line, and the resume, both say epoch 2 (not 1: one epoch finished)."""
-    part = Trainer(cfg(tmp_path, run_name="p", epochs=2, log_every=100), make_task())
+    part = Trainer(toy_config(tmp_path, run_name="p", epochs=2, log_every=100), make_task())
     part.total_steps = 11  # 8 steps per epoch: stopped after batch 3 of epoch 2
     part.fit()
     out = capsys.readouterr().out
     assert "[epoch 1/2] step 8/11" in out and "[epoch 2/2] step 11/11" in out
-    rest = Trainer(cfg(tmp_path, run_name="p", epochs=2, resume=str(tmp_path / "p")), make_task())
+    rest = Trainer(toy_config(tmp_path, run_name="p", epochs=2, resume=str(tmp_path / "p")), make_task())
     assert any(n.endswith("at step 11 (epoch 2, batch 3 of 8)") for n in rest.notes), rest.notes
-    done = Trainer(cfg(tmp_path, run_name="q", epochs=1), make_task())
+    done = Trainer(toy_config(tmp_path, run_name="q", epochs=1), make_task())
     done.fit()
-    again = Trainer(cfg(tmp_path, run_name="q", epochs=2, resume=str(tmp_path / "q")), make_task())
+    again = Trainer(toy_config(tmp_path, run_name="q", epochs=2, resume=str(tmp_path / "q")), make_task())
     assert any(n.endswith("at step 8 (end of epoch 1)") for n in again.notes), again.notes
 
 
 def test_resume_after_a_kill_keeps_one_row_per_step(tmp_path):
     """kill -9 after log rows past the last checkpoint: the resume trains those steps again, so their old rows
     (and a line torn by the kill) move to metrics.rolled_back.jsonl instead of appearing twice."""
-    Trainer(cfg(tmp_path, epochs=1, log_every=2), make_task()).fit()  # rows at steps 2, 4, 6, 8; last.pt at 8
+    Trainer(toy_config(tmp_path, epochs=1, log_every=2), make_task()).fit()  # rows at steps 2, 4, 6, 8; last.pt at 8
     run = tmp_path / "run"
     ck = load_checkpoint(run / "checkpoints" / "last.pt")
     ck["step"], ck["epoch"], ck["batches_done"] = 4, 0, 4  # as if killed after step 6, the last save at 4
@@ -344,7 +344,7 @@ def test_resume_after_a_kill_keeps_one_row_per_step(tmp_path):
     (run / "summary.json").unlink()
     with open(run / "metrics.jsonl", "a", encoding="utf-8") as fh:
         fh.write('{"kind": "train", "step": 7, "lo')  # torn by the kill
-    rest = Trainer(cfg(tmp_path, epochs=1, log_every=2, resume=str(run)), make_task())
+    rest = Trainer(toy_config(tmp_path, epochs=1, log_every=2, resume=str(run)), make_task())
     rest.fit()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in rows if r["kind"] == "train"]
