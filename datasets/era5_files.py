@@ -84,10 +84,40 @@ def resolve_files(
     raise FileNotFoundError(f"{name} {p}: ERA5 data file not found; {how}")
 
 
+NETCDF_MAGIC = (b"CDF", b"\x89HDF\r\n\x1a\n")  # netCDF classic (CDF\x01, \x02, \x05); netCDF4 = HDF5
+
+
+def _not_netcdf(path: Path) -> str | None:
+    """Why `path` is not a netCDF file at all (its first bytes say so), or None when its magic bytes are right."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if not head:
+            return "the file is empty (0 bytes), not netCDF; fetch it again"
+        if head.startswith(NETCDF_MAGIC):
+            return None
+        offset = 512  # HDF5 may sit after a user block of 512, 1024, 2048, ... bytes
+        while offset <= 2**20:
+            f.seek(offset)
+            if f.read(8) == NETCDF_MAGIC[1]:
+                return None
+            offset *= 2
+    kind = "a text file" if all(32 <= b < 127 or b in b"\t\r\n" for b in head) else "another format"
+    return (
+        f"not a netCDF file: it starts with {head[:16]!r}, {kind}; netCDF classic files start with b'CDF' and "
+        f"netCDF4/HDF5 files with b'\\x89HDF'. Point the data path at the .nc files"
+    )
+
+
 def _open(path: Path) -> netCDF4.Dataset:
     try:
         return netCDF4.Dataset(path, "r")
     except (OSError, RuntimeError, ValueError) as e:
+        try:
+            why = _not_netcdf(path)
+        except OSError as read_error:
+            raise ValueError(f"{path}: cannot be read ({read_error})") from e
+        if why is not None:
+            raise ValueError(f"{path}: {why}") from e
         raise ValueError(
             f"{path}: cannot be read as netCDF ({e}); the file is corrupt or truncated, fetch it again"
         ) from e

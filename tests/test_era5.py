@@ -317,13 +317,31 @@ def test_fewer_months_than_seq_len(tmp_path):
         make(p, tmp_path, lon=[-180, 180], lat=[-80, 80], seq_len=4)
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated"])
-def test_corrupt_file(files, tmp_path, damage):
-    p = tmp_path / f"{damage}.nc"
-    data = files["legacy"].read_bytes()
-    p.write_bytes(b"this is not netCDF" * 100 if damage == "garbage" else data[: len(data) // 2])
-    with pytest.raises(ValueError, match=rf"{damage}\.nc.*(corrupt|truncated)"):
+@pytest.mark.parametrize("layout", ["legacy", "cds2024"])
+def test_corrupt_file(files, tmp_path, layout):
+    """The right magic bytes but half the file: corrupt or truncated."""
+    p = tmp_path / "truncated.nc"
+    data = files[layout].read_bytes()
+    p.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"truncated\.nc.*(corrupt|truncated)"):
         make(p, tmp_path, lon=[-180, 180], lat=[-80, 80])
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b"this is not netCDF\n" * 100, r"not a netCDF file: it starts with b'this is not netC', a text file"),
+        (bytes(range(256)) * 4, "not a netCDF file: .*another format"),
+        (b"", r"empty \(0 bytes\)"),
+    ],
+)
+def test_not_netcdf_file_says_so(tmp_path, content, match):
+    """A file without netCDF's magic bytes (b'CDF', b'\\x89HDF') is called that, not corrupt."""
+    p = tmp_path / "notes.nc"
+    p.write_bytes(content)
+    with pytest.raises(ValueError, match=match) as e:
+        make(p, tmp_path, lon=[-180, 180], lat=[-80, 80])
+    assert "notes.nc" in str(e.value) and "corrupt" not in str(e.value)
 
 
 @pytest.mark.parametrize(
