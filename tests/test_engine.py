@@ -393,9 +393,10 @@ def test_progress_bar_moves_every_epoch_even_when_epochs_are_short(tmp_path, mon
 
     seen: list[tuple[int, dict]] = []
 
-    class FakeBar:
+    class FakeBar:  # always drawn (a real bar would turn itself off here: pytest's stderr is not a terminal)
         def __init__(self, total, initial=0, **kw):
             self.total, self.n, self.postfix = total, initial, {}
+            assert kw["disable"] is None  # tqdm decides: on for a terminal, off when piped
 
         def update(self, k):
             self.n += k
@@ -417,6 +418,16 @@ def test_progress_bar_moves_every_epoch_even_when_epochs_are_short(tmp_path, mon
     assert all("loss" in post and "sps" in post for _, post in seen)  # the last logged figures stay on it
     out = capsys.readouterr().out
     assert out.count("[epoch ") == 3 and "ETA" in out and out.count("[val]") == 3  # validation_interval 1
+
+
+def test_progress_bar_turns_itself_off_when_stderr_is_not_a_terminal(tmp_path, capsys):
+    """Piped to a file (here: captured), the bar's redraws would interleave with the epoch lines: no bar at all."""
+    pytest.importorskip("tqdm")
+    t = Trainer(toy_config(tmp_path, epochs=2, progress_bar=True, progress_every=1, log_every=100), make_task())
+    t.fit()
+    cap = capsys.readouterr()
+    assert "batch/s" not in cap.err and "train:" not in cap.err and "\r" not in cap.err + cap.out
+    assert cap.out.count("[epoch ") == 2  # the lines still come, through tqdm.write
 
 
 def test_cpu_precision_auto_is_fp32_and_bf16_is_honoured():

@@ -120,7 +120,9 @@ class TrainConfig:
     )
     norm_every: int = knob(200, "NORM_EVERY: steps between gradient-norm (and task step-metric) read-backs", LOG, min=1)
     progress_every: int = knob(10, "refresh the progress bar every N batches (and at every epoch end)", LOG, min=1)
-    progress_bar: bool = knob(True, "show the tqdm progress bar (rank 0)", LOG)
+    progress_bar: bool = knob(
+        True, "show the tqdm progress bar (rank 0) when stderr is a terminal; piped or redirected it stays off", LOG
+    )
     validation_interval: int = knob(
         20, "validate every N epochs (seed 001); the last epoch always validates", LOG, min=1
     )

@@ -1,5 +1,7 @@
 """What a person watching the run sees: one run-level progress bar and one line per epoch checkpoint.
 
+The bar shows only when its stream (stderr) is a terminal; piped or redirected, the epoch lines stand alone.
+
 The bar is refreshed every `progress_every` batches and at every epoch end, and shows the figures of the last
 log point (never forcing a read-back of its own); tqdm adds the ETA. Lines go through tqdm.write so the bar stays.
 """
@@ -33,6 +35,7 @@ def open_bar(self: Any) -> None:
             dynamic_ncols=True,
             mininterval=0.5,
             unit="batch",
+            disable=None,  # off when its stream (stderr) is not a terminal: piped to a file, redraws would interleave
         )
 
 
