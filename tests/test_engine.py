@@ -354,6 +354,76 @@ def test_resume_after_a_kill_keeps_one_row_per_step(tmp_path):
     assert any("4 metrics row(s) written after the checkpoint's step 4" in n for n in rest.notes)
 
 
+class Killed(BaseException):
+    """Stands for kill -9 inside validation: nothing after it runs, no handler catches it."""
+
+
+@pytest.mark.parametrize("kill_at", [2, 3])  # the 2nd of 3 validations (step 16), or the last one (step 24)
+def test_a_run_killed_during_validation_redoes_it_first_on_resume(tmp_path, kill_at):
+    """last.pt is written right before validation; killed inside it, the resume runs that validation first, so
+    every step still has its val row, best.pt sees every candidate, and the result is the uninterrupted run's."""
+    straight = Trainer(toy_config(tmp_path, run_name="s", epochs=3), make_task(dropout=0.2))
+    done = straight.fit()
+    part = Trainer(toy_config(tmp_path, run_name="p", epochs=3), make_task(dropout=0.2))
+    real, calls = part.evaluate, []
+
+    def dies_inside(split):
+        calls.append(split)
+        if len(calls) == kill_at:
+            raise Killed
+        return real(split)
+
+    part.evaluate = dies_inside
+    with pytest.raises(Killed):
+        part.fit()
+    part.files.close()  # the killed process's lock goes with it
+    ck = load_checkpoint(tmp_path / "p" / "checkpoints" / "last.pt")
+    assert ck["step"] == ck["val_pending"] == 8 * kill_at
+    rest = Trainer(
+        toy_config(tmp_path, run_name="p", epochs=3, resume=str(tmp_path / "p")), make_task(dropout=0.2, seed=5)
+    )
+    assert any(f"validation at step {8 * kill_at} did not finish" in n for n in rest.notes), rest.notes
+    summary = rest.fit()
+
+    def vals(run):
+        rows = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        return [(r["step"], r["val_loss"]) for r in rows if r["kind"] == "val"]
+
+    assert vals("p") == vals("s") and [s for s, _ in vals("p")] == [8, 16, 24]  # one row per validation
+    assert summary["final_metrics"] == done["final_metrics"]
+    for p, q in zip(weights(straight.raw_model), weights(rest.raw_model)):
+        assert torch.equal(p, q)
+    best = [json.loads((tmp_path / r / "best.json").read_text()) for r in ("s", "p")]
+    assert best[0]["value"] == best[1]["value"] and best[0]["step"] == best[1]["step"]
+    assert load_checkpoint(tmp_path / "s" / "checkpoints" / "last.pt")["val_pending"] == 24  # written before val
+
+
+def test_a_stop_signal_during_validation_finishes_it_and_rewrites_last_pt(tmp_path):
+    """SIGTERM inside validation: the validation finishes (its row, best.pt), last.pt is written again without
+    the pending mark, and the resume does not validate that step a second time."""
+    import signal
+
+    from trainer.finish import TrainingStopped
+
+    part = Trainer(toy_config(tmp_path, run_name="p", epochs=3), make_task())
+    real = part.evaluate
+
+    def signalled(split):
+        if part.step == 16:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler only sets the flag
+        return real(split)
+
+    part.evaluate = signalled
+    with pytest.raises(TrainingStopped):
+        part.fit()
+    ck = load_checkpoint(tmp_path / "p" / "checkpoints" / "last.pt")
+    assert ck["step"] == 16 and ck["val_pending"] is None
+    rest = Trainer(toy_config(tmp_path, run_name="p", epochs=3, resume=str(tmp_path / "p")), make_task())
+    rest.fit()
+    rows = [json.loads(line) for line in (tmp_path / "p" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "val"] == [8, 16, 24]
+
+
 class Evil:
     def __reduce__(self):
         return (os.system, ("echo pwned",))

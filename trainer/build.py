@@ -157,6 +157,8 @@ def state_of(t: Any) -> dict[str, Any]:
         "batches_done": t.batches_done,
         "sampler": {**t.sampler.state_dict(), "epoch": t.epoch, "batches_done": t.batches_done},
         "best": t.best.state_dict(),
+        # a checkpoint written right before a validation: a resume runs that validation first (None: none due)
+        "val_pending": t.val_pending,
         "rng": rng_state(),
         "config": t.cfg.to_dict(),
         "task": t.task.name,
@@ -215,10 +217,12 @@ def load_checkpoint_into(t: Any, path: Path, weights_only: bool = False) -> None
     best = ckpt.get("best")
     t.best.load_state_dict(best if isinstance(best, dict) else {"best": best})
     set_rng_state(ckpt["rng"])
+    t.val_pending = t.step if ckpt.get("val_pending") == t.step else None
     run_dir = path if path.is_dir() else path.parent.parent
     if (run_dir / "checkpoints").is_dir():
         t.run_dir = run_dir
-        _read_best_json(t, run_dir)
+        if t.val_pending is None:  # a pending validation is redone from the checkpoint's own best state
+            _read_best_json(t, run_dir)
     old = ckpt.get("config", {})
     for k in ("batch_size", "accumulate_grad_batches", "seed"):
         if k in old and old[k] != getattr(t.cfg, k):
@@ -232,12 +236,14 @@ def load_checkpoint_into(t: Any, path: Path, weights_only: bool = False) -> None
             f"schedule: the run now has {t.total_steps} optimizer steps (was {old_total}); warm-up and "
             f"cosine are recomputed for the new length and continue from step {t.step}"
         )
-    if t.step >= t.total_steps:
+    if t.step >= t.total_steps and t.val_pending is None:
         raise ResumeError(
             f"{path} is already at step {t.step} of {t.total_steps}: nothing left to train. Give more "
             f"--epochs or --max_steps to extend it"
         )
     t.notes.append(f"resume: {path} at step {t.step} ({position(t)})")
+    if t.val_pending is not None:
+        t.notes.append(f"resume: the validation at step {t.step} did not finish before the stop; it runs first")
 
 
 def position(t: Any) -> str:
@@ -274,7 +280,9 @@ def open_run_dir(t: Any) -> RunFiles | None:
             t.run_dir = box[0]
     if not rt.is_main:
         return None
-    files = RunFiles(Path(t.run_dir), t.callbacks, t, resumed_step=t.step if cfg.resume else None)
+    files = RunFiles(
+        Path(t.run_dir), t.callbacks, t, resumed_step=t.step if cfg.resume else None, val_pending=t.val_pending
+    )
     if files.removed:
         t.notes.append(f"removed {len(files.removed)} temp file(s) left by an interrupted write")
     if files.rolled_back:

@@ -75,6 +75,7 @@ class BestTracker:
 def validate(self: Any) -> dict[str, float]:
     """Score the val split on rank 0, log it, keep best.pt when it improved; every rank waits for it."""
     self._last_val_step = self.step
+    self.val_pending = None  # the validation a checkpoint announced is under way; checkpoints from now on say so
     if self.task.val_set is None:
         return {}
     metrics: dict[str, float] = {}

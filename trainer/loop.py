@@ -66,6 +66,7 @@ class Trainer:
         self.chunks = 1  # micro-batches each batch is cut into after a CUDA out-of-memory error
         self.files: RunFiles | None = None
         self.bar = None
+        self.val_pending: int | None = None  # step whose validation the next checkpoint must announce (resume)
         build_run(self)  # runtime, data, model, optimizer, schedule, resume: trainer/build.py
 
     def log(self, msg: str) -> None:
@@ -114,16 +115,28 @@ class Trainer:
             with StopRequest() as stop:
                 self.stop = stop
                 open_bar(self)
-                while self.epoch < self.max_epochs and self.step < self.total_steps and not stop.signum:
+                halted = False
+                if self.val_pending is not None:  # resumed from a checkpoint written right before a validation
+                    last_val = validate(self) or last_val
+                    halted = early_stop(self)
+                while not halted and self.epoch < self.max_epochs and self.step < self.total_steps and not stop.signum:
                     self._train_epoch()
                     epoch_done, last = self.batches_done == 0, self.step >= self.total_steps
+                    val_now = cfg.val_check_steps is None and (last or self.epoch % cfg.validation_interval == 0)
                     if epoch_done or last or stop.signum:
-                        self._save("last.pt")  # before validation: a stop during it loses nothing
+                        # before validation: a stop during it loses nothing, and the resume redoes the validation
+                        due = val_now or (last and cfg.val_check_steps is not None and self._last_val_step != self.step)
+                        self.val_pending = (
+                            self.step if due and not stop.signum and self.task.val_set is not None else None
+                        )
+                        self._save("last.pt")
                         epoch_line(self, t0)
                     if stop.signum:
                         break
-                    if cfg.val_check_steps is None and (last or self.epoch % cfg.validation_interval == 0):
+                    if val_now:
                         last_val = validate(self) or last_val
+                        if stop.signum:  # the stop came during validation: last.pt again, without the pending mark
+                            self._save("last.pt")
                     if early_stop(self):
                         break
                 stopped = stop.signum

@@ -128,10 +128,11 @@ class RunLock:
 ROLLED_BACK = "metrics.rolled_back.jsonl"
 
 
-def roll_back_metrics(run_dir: Path, step: int) -> int:
+def roll_back_metrics(run_dir: Path, step: int, val_pending: bool = False) -> int:
     """Resuming from a checkpoint at `step`: rows a killed process wrote after it are trained again, so they move
-    from metrics.jsonl to metrics.rolled_back.jsonl (kept, never deleted), as does a line torn by the kill.
-    Returns how many lines moved."""
+    from metrics.jsonl to metrics.rolled_back.jsonl (kept, never deleted), as does a line torn by the kill. With
+    `val_pending` (the checkpoint came right before a validation, which the resume runs again) a val row at `step`
+    moves too. Returns how many lines moved."""
     path = run_dir / "metrics.jsonl"
     try:
         lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
@@ -145,6 +146,8 @@ def roll_back_metrics(run_dir: Path, step: int) -> int:
             row = None
         s = row.get("step") if isinstance(row, dict) else None
         ok = isinstance(row, dict) and (not isinstance(s, int) or s <= step)
+        if ok and val_pending and s == step and row.get("kind") == "val":
+            ok = False
         (keep if ok else moved).append(line if line.endswith("\n") else line + "\n")
     if moved:
         with open(run_dir / ROLLED_BACK, "a", encoding="utf-8") as fh:
@@ -160,12 +163,21 @@ def roll_back_metrics(run_dir: Path, step: int) -> int:
 class RunFiles:
     """Writes config, metrics rows and the summary of one run (rank 0 only), and tells the callbacks."""
 
-    def __init__(self, run_dir: Path, callbacks: list[Any], trainer: Any, resumed_step: int | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        callbacks: list[Any],
+        trainer: Any,
+        resumed_step: int | None = None,
+        val_pending: int | None = None,
+    ) -> None:
         self.run_dir, self.callbacks, self.trainer = run_dir, callbacks, trainer
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         self.lock = RunLock(run_dir)
         self.removed = remove_orphan_temps(run_dir / "checkpoints") + remove_orphan_temps(run_dir)
-        self.rolled_back = 0 if resumed_step is None else roll_back_metrics(run_dir, resumed_step)
+        self.rolled_back = (
+            0 if resumed_step is None else roll_back_metrics(run_dir, resumed_step, val_pending == resumed_step)
+        )
         self._metrics = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
 
     def write_json(self, name: str, obj: Any) -> None:
