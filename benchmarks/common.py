@@ -19,28 +19,15 @@ from typing import Any
 
 import torch
 
+from benchmarks.sizes import CPU_MODEL, TINY_MODEL
 from tasks.era5 import SEED_PRESET
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 # The RecursiveAttentionTransformer sizes of the benchmark configurations; "seed" is seed 000's model (the CLI's
 # seed preset without its grid and context).
 MODEL_SIZES: dict[str, dict[str, Any]] = {
-    "tiny": {
-        "d_model": 32,
-        "num_heads": 2,
-        "num_layers": 1,
-        "dim_feedforward": 64,
-        "recursion_depth": 1,
-        "dropout": 0.0,
-    },
-    "cpu": {
-        "d_model": 128,
-        "num_heads": 4,
-        "num_layers": 2,
-        "dim_feedforward": 256,
-        "recursion_depth": 2,
-        "dropout": 0.0,
-    },
+    "tiny": TINY_MODEL,
+    "cpu": CPU_MODEL,
     "seed": {k: v for k, v in SEED_PRESET.items() if k not in ("resolution", "seq_len")},
 }
 

@@ -40,19 +40,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.sizes import TINY_MODEL
+
 AREA = {"lon": [-180.0, 180.0], "lat": [-80.0, 80.0]}
 LAYOUTS = ("legacy", "cds2024")
 PEERS = ("xarray_dask", "xarray")
 FULL = {"years": (5, 10, 20, 40), "grid": 0.25, "resolution": 2.0, "sampler_scales": (1.0, 4.0, 16.0)}
 QUICK = {"years": (1, 2), "grid": 5.0, "resolution": 10.0, "sampler_scales": (0.05,)}
-TRAIN_MODEL = {
-    "d_model": 32,
-    "num_heads": 2,
-    "num_layers": 1,
-    "dim_feedforward": 64,
-    "recursion_depth": 1,
-    "dropout": 0.0,
-}
+TRAIN_MODEL = TINY_MODEL
 
 
 # ------------------------------------------------------------------------------------------ memory

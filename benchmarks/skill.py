@@ -275,8 +275,11 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+Spec = tuple[str, tuple[float, float], tuple[float, float], float]  # source, lon, lat, resolution
+
+
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    """--datasets and --leads, shared with benchmarks.skill_ceiling."""
     p.add_argument(
         "--datasets",
         nargs="+",
@@ -284,6 +287,23 @@ def main(argv: list[str] | None = None) -> int:
         choices=list(DATASETS),
         help="built-in data set/area combinations (default: all)",
     )
+    p.add_argument("--leads", type=int, nargs="+", default=[1, 3, 6], help="months ahead (default: 1 3 6)")
+
+
+def quick_sample(work: Path) -> dict[str, Spec]:
+    """A small sample file (20 years at 2.5°) instead of the 1° built-in one: seconds, not minutes (CI)."""
+    from datasets.era5_sample import write_sample_file
+
+    work.mkdir(parents=True, exist_ok=True)
+    small = work / "quick_sample.nc"
+    if not small.is_file():
+        write_sample_file(small, layout="cf", years=20, grid=2.5)
+    return {"quick_sample_tropical_pacific": (str(small), (120.0, 290.0), (-20.0, 20.0), 5.0)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_data_args(p)
     p.add_argument(
         "--data",
         nargs="*",
@@ -291,7 +311,6 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PATH:W,E,S,N:RES",
         help="extra real monthly SST files with their area and resolution",
     )
-    p.add_argument("--leads", type=int, nargs="+", default=[1, 3, 6], help="months ahead (default: 1 3 6)")
     p.add_argument("--contexts", type=int, nargs="+", default=[2, 6, 12], help="input months (default: 2 6 12)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="model seeds (default: 0 1 2)")
     p.add_argument("--epochs", type=int, default=None, help="cap the epochs (default: era5_train_defaults)")
@@ -318,17 +337,9 @@ def main(argv: list[str] | None = None) -> int:
         if min(vals) < lo:
             p.error(f"{name} {vals}: every value must be >= {lo}")
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="plainloop-skill-"))
-    specs: dict[str, tuple[str, tuple[float, float], tuple[float, float], float]] = {
-        n: DATASETS[n] for n in args.datasets
-    }
-    if args.quick:  # a small sample file (20 years at 2.5°) instead of the 1° built-in one: seconds, not minutes
-        from datasets.era5_sample import write_sample_file
-
-        work.mkdir(parents=True, exist_ok=True)
-        small = work / "quick_sample.nc"
-        if not small.is_file():
-            write_sample_file(small, layout="cf", years=20, grid=2.5)
-        specs = {"quick_sample_tropical_pacific": (str(small), (120.0, 290.0), (-20.0, 20.0), 5.0)}
+    specs: dict[str, Spec] = {n: DATASETS[n] for n in args.datasets}
+    if args.quick:
+        specs = quick_sample(work)
         args.data, args.leads, args.contexts, args.seeds = [], [1], [2], [0]
         args.epochs = args.epochs or 3
     for d in args.data:

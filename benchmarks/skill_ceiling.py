@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import RESULTS_DIR, environment, md_table, write_json
-from benchmarks.skill import DATASETS, resolve_data
+from benchmarks.skill import DATASETS, add_data_args, quick_sample, resolve_data
 
 MODES = (4, 8, 14, 20, 30, 40, 60)  # EOFs kept as predictors
 LAGS = (1, 2, 3, 6)  # input months used (the last L of the context)
@@ -259,14 +259,7 @@ def render(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--datasets",
-        nargs="+",
-        default=list(DATASETS),
-        choices=list(DATASETS),
-        help="data set/area combinations of benchmarks.skill (default: all)",
-    )
-    p.add_argument("--leads", type=int, nargs="+", default=[1, 3, 6], help="months ahead (default: 1 3 6)")
+    add_data_args(p)
     p.add_argument("--quick", action="store_true", help="CI: a small generated sample, lead 1")
     p.add_argument("--tag", default="cpu", help="results go to benchmarks/results/skill_ceiling_<tag>.{json,md}")
     p.add_argument("--out", default=None, help="results path (default: benchmarks/results/skill_ceiling_<tag>.json)")
@@ -276,14 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     specs = {n: DATASETS[n] for n in args.datasets}
     cache_dir = None
     tmp = tempfile.TemporaryDirectory(prefix="plainloop-ceiling-")
-    if args.quick:  # 20 years at 2.5°: seconds
-        from datasets.era5_sample import write_sample_file
-
-        work = Path(tmp.name)
-        small = work / "quick_sample.nc"
-        write_sample_file(small, layout="cf", years=20, grid=2.5)
-        specs = {"quick_sample_tropical_pacific": (str(small), (120.0, 290.0), (-20.0, 20.0), 5.0)}
-        args.leads, cache_dir = [1], str(work / "cache")
+    if args.quick:
+        specs = quick_sample(Path(tmp.name))
+        args.leads, cache_dir = [1], str(Path(tmp.name) / "cache")
     skill_json = RESULTS_DIR / f"skill_{args.tag}.json"
     result: dict[str, Any] = {
         "benchmark": "skill_ceiling",
