@@ -192,6 +192,7 @@ def test_system_report_writes_markdown(tmp_path, era5_cache, capsys):
     )
     text = (tmp_path / "s" / "report.md").read_text()
     assert "## Verdict" in text and "your settings" in text and "## Hardware" in text
+    assert "precision=bf16-mixed" in text  # measured on a CPU too (whether it wins depends on the CPU)
 
 
 def test_reid_task_runs(tmp_path, capsys):
