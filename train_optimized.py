@@ -66,7 +66,7 @@ class RunOptions:
     debug: bool = knob(False, "show the traceback of known errors too (also PLAINLOOP_DEBUG=1)", RUN)
     logger: str = knob(
         "jsonl",
-        "jsonl = metrics.jsonl only; tensorboard = also TensorBoard events in RUN_DIR/tb",
+        "jsonl = metrics.jsonl only; tensorboard = also TensorBoard events in RUN_DIR (tensorboard --logdir OUTPUT_DIR)",
         RUN,
         choices=("jsonl", "tensorboard"),
     )
