@@ -236,11 +236,12 @@ def run(explicit: dict[str, Any]) -> int:
     if preset_note:
         notes.append(preset_note)
     task_kw.update(seed=train_kw.get("seed", TrainConfig.seed), device_cache=train_kw.get("device_cache"))
+    say = print if int(os.environ.get("RANK", "0")) == 0 else (lambda *a, **k: None)  # under torchrun: rank 0 speaks
     for n in notes:
-        print(f"[plainloop] {n}")
+        say(f"[plainloop] {n}")
     task = TASK_BUILDERS[opts.task]()(**task_kw)
     for line in data_lines(task):
-        print(f"[plainloop] {line}")
+        say(f"[plainloop] {line}")
     defaults = train_defaults(opts.task, on_gpu, task_kw, len(task.train_set))
     cfg = TrainConfig(**{"run_name": None, **defaults, **train_kw})
     if opts.auto_batch_size or opts.auto_num_workers:
@@ -269,7 +270,7 @@ def run(explicit: dict[str, Any]) -> int:
         for line in (
             [task.info["sampler"]] if isinstance(task.info.get("sampler"), str) else task.info.get("sampler") or []
         ):
-            print(f"[plainloop] sampler: {line}")  # the P x K sampler's cache summary, once
+            say(f"[plainloop] sampler: {line}")  # the P x K sampler's cache summary, once (rank 0)
         summary = trainer.fit()
     except ResumeError as e:
         changed = [n for n in notes if n.startswith("resume:")]
