@@ -174,7 +174,24 @@ def resolve_settings(explicit: dict[str, Any], notes: list[str]) -> dict[str, An
             for k, v in given.items():
                 if k in saved and saved[k] != v and k not in NOT_IN_CONFIG_FILE:
                     notes.append(f"resume: {k} {saved[k]!r} -> {v!r} (given now)")
-    return {**saved, **given}
+    out = {**saved, **given}
+    # one length (or validation interval) in two units: the one given with the higher priority wins, so
+    # `--config seed002_mmseg.toml --max_steps 4` shortens the file's runner.max_iters (max_batches) run
+    layers = [("the command line", explicit), (f"--config {explicit.get('config')}", file_vals), ("the run", saved)]
+    for what, pair in (
+        ("run's length", ("max_steps", "max_batches")),
+        ("validation interval", ("val_check_steps", "val_check_batches")),
+    ):
+        if all(out.get(k) is not None for k in pair):
+            rank = {k: next(i for i, (_, d) in enumerate(layers) if d.get(k) is not None) for k in pair}
+            if rank[pair[0]] != rank[pair[1]]:
+                win, lose = sorted(pair, key=rank.__getitem__)
+                notes.append(
+                    f"{win}={out[win]} from {layers[rank[win]][0]} replaces {lose}={out[lose]} from "
+                    f"{layers[rank[lose]][0]} (both set the {what}, in optimizer steps or in batches)"
+                )
+                out.pop(lose)
+    return out
 
 
 def _resume_dir(resume: str, given: dict[str, Any]) -> Path | None:
