@@ -278,6 +278,7 @@ def run(explicit: dict[str, Any]) -> int:
 
         profile(cfg, task, sections)
         if not opts.profile_then_train:
+            say("[plainloop] profiled only, nothing trained (add --profile_then_train to go on and train)")
             return 0
     from trainer.loop import Trainer
 

@@ -149,6 +149,7 @@ def test_profile_and_auto_batch_size(tmp_path, era5_cache, capsys):
     assert json.loads(trace.read_text())["traceEvents"]  # a Chrome trace with events
     assert "|" in (tmp_path / "p" / "profile" / "profile_top_ops.md").read_text()
     assert not (tmp_path / "p" / "checkpoints").exists()  # profiled, then stopped: no training
+    assert "profiled only, nothing trained (add --profile_then_train" in out  # the console said nothing of it
     assert "USDT" not in out
 
 
