@@ -66,7 +66,7 @@ class RunOptions:
     debug: bool = knob(False, "show the traceback of known errors too (also PLAINLOOP_DEBUG=1)", RUN)
     logger: str = knob(
         "jsonl",
-        "jsonl = metrics.jsonl only; tensorboard = also TensorBoard events in RUN_DIR/tb",
+        "jsonl = metrics.jsonl only; tensorboard = also TensorBoard events in RUN_DIR (tensorboard --logdir OUTPUT_DIR)",
         RUN,
         choices=("jsonl", "tensorboard"),
     )
@@ -174,7 +174,24 @@ def resolve_settings(explicit: dict[str, Any], notes: list[str]) -> dict[str, An
             for k, v in given.items():
                 if k in saved and saved[k] != v and k not in NOT_IN_CONFIG_FILE:
                     notes.append(f"resume: {k} {saved[k]!r} -> {v!r} (given now)")
-    return {**saved, **given}
+    out = {**saved, **given}
+    # one length (or validation interval) in two units: the one given with the higher priority wins, so
+    # `--config seed002_mmseg.toml --max_steps 4` shortens the file's runner.max_iters (max_batches) run
+    layers = [("the command line", explicit), (f"--config {explicit.get('config')}", file_vals), ("the run", saved)]
+    for what, pair in (
+        ("run's length", ("max_steps", "max_batches")),
+        ("validation interval", ("val_check_steps", "val_check_batches")),
+    ):
+        if all(out.get(k) is not None for k in pair):
+            rank = {k: next(i for i, (_, d) in enumerate(layers) if d.get(k) is not None) for k in pair}
+            if rank[pair[0]] != rank[pair[1]]:
+                win, lose = sorted(pair, key=rank.__getitem__)
+                notes.append(
+                    f"{win}={out[win]} from {layers[rank[win]][0]} replaces {lose}={out[lose]} from "
+                    f"{layers[rank[lose]][0]} (both set the {what}, in optimizer steps or in batches)"
+                )
+                out.pop(lose)
+    return out
 
 
 def _resume_dir(resume: str, given: dict[str, Any]) -> Path | None:
@@ -236,11 +253,12 @@ def run(explicit: dict[str, Any]) -> int:
     if preset_note:
         notes.append(preset_note)
     task_kw.update(seed=train_kw.get("seed", TrainConfig.seed), device_cache=train_kw.get("device_cache"))
+    say = print if int(os.environ.get("RANK", "0")) == 0 else (lambda *a, **k: None)  # under torchrun: rank 0 speaks
     for n in notes:
-        print(f"[plainloop] {n}")
+        say(f"[plainloop] {n}")
     task = TASK_BUILDERS[opts.task]()(**task_kw)
     for line in data_lines(task):
-        print(f"[plainloop] {line}")
+        say(f"[plainloop] {line}")
     defaults = train_defaults(opts.task, on_gpu, task_kw, len(task.train_set))
     cfg = TrainConfig(**{"run_name": None, **defaults, **train_kw})
     if opts.auto_batch_size or opts.auto_num_workers:
@@ -260,6 +278,7 @@ def run(explicit: dict[str, Any]) -> int:
 
         profile(cfg, task, sections)
         if not opts.profile_then_train:
+            say("[plainloop] profiled only, nothing trained (add --profile_then_train to go on and train)")
             return 0
     from trainer.loop import Trainer
 
@@ -269,7 +288,7 @@ def run(explicit: dict[str, Any]) -> int:
         for line in (
             [task.info["sampler"]] if isinstance(task.info.get("sampler"), str) else task.info.get("sampler") or []
         ):
-            print(f"[plainloop] sampler: {line}")  # the P x K sampler's cache summary, once
+            say(f"[plainloop] sampler: {line}")  # the P x K sampler's cache summary, once (rank 0)
         summary = trainer.fit()
     except ResumeError as e:
         changed = [n for n in notes if n.startswith("resume:")]

@@ -190,9 +190,8 @@ def _batch_sampler_rule(given: str, fix: str, sampler: Any) -> str:
     return (
         f"DataLoader {given} cannot be combined with batch_sampler=CachedModalAwarePKSampler: PyTorch raises "
         f"'batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last', "
-        f"because a batch sampler decides every batch itself. Set {fix} on the sampler instead "
-        f"(CachedModalAwarePKSampler(..., batch_size={sampler.batch_size}, drop_last={sampler.drop_last})) "
-        f"and leave it out of the DataLoader."
+        f"because a batch sampler decides every batch itself. Set {fix} on the sampler instead (this one has "
+        f"batch_size={sampler.batch_size}, drop_last={sampler.drop_last}) and leave it out of the DataLoader."
     )
 
 

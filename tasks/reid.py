@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -129,6 +130,14 @@ def build_reid_task(
         raise ValueError(
             f"--data_path {data_path} given with --reid_format synthetic: add --reid_format market1501 or sysu"
         )
+    if data_path is not None and not Path(data_path).is_dir():
+        layout = (
+            "the SYSU-MM01 folder holding cam1..cam6/ and exp/"
+            if reid_format == "sysu"
+            else "the extracted Market-1501 folder holding bounding_box_train/, query/ and bounding_box_test/"
+        )
+        what = "is a file, not a directory" if Path(data_path).exists() else "no such directory"
+        raise FileNotFoundError(f"--data_path {data_path}: {what}; give {layout}")
     if not 0.0 <= channel_aug <= 1.0:
         raise ValueError(f"--channel_aug {channel_aug}: a probability in [0, 1]")
     if margin < 0:

@@ -149,6 +149,7 @@ def test_profile_and_auto_batch_size(tmp_path, era5_cache, capsys):
     assert json.loads(trace.read_text())["traceEvents"]  # a Chrome trace with events
     assert "|" in (tmp_path / "p" / "profile" / "profile_top_ops.md").read_text()
     assert not (tmp_path / "p" / "checkpoints").exists()  # profiled, then stopped: no training
+    assert "profiled only, nothing trained (add --profile_then_train" in out  # the console said nothing of it
     assert "USDT" not in out
 
 
@@ -169,7 +170,9 @@ def test_tensorboard_logger_writes_events_into_the_run_dir(tmp_path, era5_cache)
         )
         == 0
     )
-    assert list((tmp_path / "tb").rglob("events.out.tfevents.*"))
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*")), "in RUN_DIR itself: --logdir OUTPUT_DIR names runs"
+    helps = {a.dest: a.help for a in cli.build_parser()._actions}
+    assert "RUN_DIR/tb" not in helps["logger"] and "events in RUN_DIR" in helps["logger"]  # the help said RUN_DIR/tb
 
 
 def test_system_report_writes_markdown(tmp_path, era5_cache, capsys):

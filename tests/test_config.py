@@ -213,3 +213,25 @@ def test_rerun_from_the_written_config_is_bit_identical(tmp_path, era5_cache):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     cfg = json.loads((again / "config.json").read_text())["requested"]
     assert cfg["max_steps"] == 4
+
+
+def test_a_flag_replaces_the_files_setting_of_the_same_thing_in_other_units(tmp_path: Path) -> None:
+    """`--config configs/seed002_mmseg.toml --max_steps 4` failed: "TrainConfig: give max_steps (optimizer steps)
+    or max_batches (batches), not both" (runner.max_iters -> max_batches came from the file). Flags win over the
+    file, also across the two units of one setting; the file's own contradiction is still an error."""
+    root = Path(__file__).resolve().parents[1]
+    explicit = cli.build_parser().parse_args(["--config", str(root / "configs" / "seed002_mmseg.toml"),
+                                              "--max_steps", "4", "--val_check_steps", "2"])  # fmt: skip
+    notes: list[str] = []
+    _, _, train_kw = cli.split_settings(cli.resolve_settings(vars(explicit), notes))
+    assert train_kw["max_steps"] == 4 and "max_batches" not in train_kw
+    assert train_kw["val_check_steps"] == 2 and "val_check_batches" not in train_kw
+    TrainConfig(**train_kw)  # no "not both" error
+    assert any(n.startswith("max_steps=4 from the command line replaces max_batches=400 from --config") for n in notes)
+    both = tmp_path / "both.toml"
+    both.write_text("max_steps = 4\nmax_batches = 8\n")
+    _, _, kw = cli.split_settings(
+        cli.resolve_settings(vars(cli.build_parser().parse_args(["--config", str(both)])), [])
+    )
+    with pytest.raises(ValueError, match="not both"):
+        TrainConfig(**kw)

@@ -66,3 +66,19 @@ def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["signal"] for r in rows if r["kind"] == "event"] == ["SIGTERM"]  # rank 0 wrote once
     assert "Resume with" in proc.stdout + proc.stderr
+
+
+def test_cli_under_torchrun_prints_its_start_up_lines_once(tmp_path):
+    """train_optimized.py under torchrun printed the preset, data and P x K sampler lines once per rank."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(ROOT / "train_optimized.py"), "--task", "reid", "--num_identities", "24", "--max_steps", "2",
+           "--output_dir", str(tmp_path), "--run_name", "r", "--no-plots", "--no-progress_bar"]  # fmt: skip
+    for _attempt in range(2):
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+        if GLOO_EXIT_ABORT not in proc.stdout + proc.stderr:
+            break
+        cmd[cmd.index("--run_name") + 1] += "x"
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("[plainloop] sampler: CachedModalAwarePKSampler") == 1, proc.stdout
+    assert proc.stdout.count("  P x K = ") == 1 and proc.stdout.count("[plainloop] reid:") == 1

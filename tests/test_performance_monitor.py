@@ -445,3 +445,26 @@ def test_torchrun_siblings_are_the_same_job(monkeypatch: pytest.MonkeyPatch) -> 
     mon.stop_monitoring()
     assert mon._tree is not None and mon._tree.proc.pid == os.getppid() and os.getpid() in mon._tree.pids()
     assert "torchrun" in mon.get_summary()["process_cpu_scope"]
+
+
+def test_format_summary_names_each_figure_that_was_not_measured() -> None:
+    """A short run without batch_size: the lines read "| not measured |" and "CPU not measured busy (whole
+    machine), ... other processes not measured of 2" before, naming no figure."""
+    from utils.performance_monitor import format_summary
+
+    s = {"iterations": 30, "wall_s": 0.03, "samples_per_s": None, "iters_per_s": 1000.0, "cpu_percent_mean": None,
+         "process_cpu_percent_mean": None, "cpu_others_cores_mean": None, "cpu_count_logical": 2,
+         "ram_used_gb_max": 1.5, "sampler_overhead_frac": None}  # fmt: skip
+    text = format_summary(s)
+    assert "| samples/s not measured |" in text and "| not measured |" not in text
+    assert (
+        "CPU: whole machine not measured, training process + workers not measured, other processes not measured" in text
+    )
+    assert "busy (whole" not in text and "monitor overhead not measured (" in text
+    s.update(samples_per_s=120.0, cpu_percent_mean=77.0, process_cpu_percent_mean=101.0, cpu_others_cores_mean=0.5,
+             sampler_overhead_frac=0.0148)  # fmt: skip
+    text = format_summary(s)
+    assert "120.0 samples/s | 1000.00 it/s" in text and "monitor overhead 1.48% of one core (" in text
+    assert (
+        "CPU: whole machine 77% busy, training process + workers 101% of a core, other processes 0.5 of 2 cores" in text
+    )

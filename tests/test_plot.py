@@ -267,3 +267,26 @@ def test_map_figure_without_climatology_and_bad_arrays() -> None:
         map_figure({**month_arrays(np.random.default_rng(3)), "clim_c": np.zeros((3, 3))})
     with pytest.raises(ValueError, match="missing arrays"):
         map_figure({"truth_c": np.zeros((2, 2))})
+
+
+def test_sysu_trial_spread_is_a_band_not_panels_of_its_own() -> None:
+    """SYSU-MM01 logs mean and std over gallery trials (val_allsearch_mAP, ..._mAP_std, ..._trials): the std and
+    the trial count used to get three extra panels (val_allsearch_mAP_std, ..._rank1_std, ..._rank10_std)."""
+    import matplotlib.pyplot as plt
+
+    train, _ = reid_rows(1)
+    val = []
+    for i in range(3):
+        m: dict = {}
+        for proto in ("allsearch", "indoor"):
+            for k in ("mAP", "rank1", "rank10", "rank20"):
+                m[f"val_{proto}_{k}"] = 0.2 + 0.1 * i
+                m[f"val_{proto}_{k}_std"] = 0.02
+            m[f"val_{proto}_trials"] = 10
+        val.append({"kind": "val", "step": 640 * (i + 1), "epoch": 20 * (i + 1), **m})
+    fig = curves_figure(train, val, "s (reid)", selection="val_allsearch_mAP")
+    axes = _panels(fig)
+    assert [a.get_title() for a in axes] == ["loss", "validation mAP", "validation rank-1", "learning rate"]
+    assert [t.split(":")[0] for t in _legend(axes[1])] == ["allsearch (selects best.pt)", "indoor"]
+    assert len(axes[1].collections) == 2  # one ± std band per protocol
+    plt.close(fig)

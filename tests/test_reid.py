@@ -439,3 +439,31 @@ def test_sysu_task_scores_the_standard_protocol(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="exp/val_id.txt"):
         build_reid_task(data_path=str(tmp_path), reid_format="sysu", val_fraction=0.2)
     assert build_reid_task(data_path=str(tmp_path), reid_format="sysu", val_fraction=0, width=4).val_set is None
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 6])
+@pytest.mark.parametrize("data_path", [None, "/data/SYSU-MM01"])
+@pytest.mark.parametrize("on_gpu", [False, True])
+def test_cli_default_batch_is_p_times_k(k: int, data_path: str | None, on_gpu: bool) -> None:
+    """The engine's batch 150 is no P x K batch (150 % 4 != 0): `--task reid --data_path ... --reid_format sysu`
+    and `--task reid` on a GPU failed before training with "batch_size=150 is not divisible by num_instances=4"."""
+    from tasks import train_defaults
+
+    kw = {"num_instances": k, "data_path": data_path}
+    d = train_defaults("reid", on_gpu, kw, 1000)
+    assert d["batch_size"] % k == 0 and d["test_with_best"] is True
+    small = data_path is None and not on_gpu
+    assert d["batch_size"] == (8 if small else 16) * k
+    assert ("epochs" in d) == small
+    assert train_defaults("reid", on_gpu, {"data_path": data_path}, 1000)["batch_size"] == (32 if small else 64)
+
+
+def test_missing_data_path_names_the_flag_and_the_layout(tmp_path: Path) -> None:
+    from tasks.reid import build_reid_task
+
+    with pytest.raises(FileNotFoundError, match=r"--data_path .*nope: no such directory; give the SYSU-MM01 folder"):
+        build_reid_task(data_path=str(tmp_path / "nope"), reid_format="sysu")
+    f = tmp_path / "train_id.txt"
+    f.write_text("1")
+    with pytest.raises(FileNotFoundError, match="is a file, not a directory; give the extracted Market-1501"):
+        build_reid_task(data_path=str(f), reid_format="market1501")

@@ -383,3 +383,27 @@ def test_run_system_report_with_standin_trainer(tmp_path: Path) -> None:
 if __name__ == "__main__":
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "system_report_cpu.md"
     print(generate(target, steps=20, read_ms=5.0, repeats=3).read_text())
+
+
+def test_small_jobs_read_in_minutes_and_held_data_is_not_a_candidate(tmp_path: Path, no_rapl: None) -> None:
+    """A CLI report of a short job said "the configured job: 0.00 h instead of 0.00 h"; and with the data
+    already held in memory (device_cache auto) it measured and recommended "device_cache=True" as 1.06x faster,
+    which is the user's own setting again (noise); "pass power_w" named no flag."""
+    from tasks.cli_tools import _report_candidates
+    from trainer import TrainConfig
+    from utils.system_report import _duration
+
+    assert [_duration(h) for h in (6.666, 0.05, 0.001)] == ["6.67 h", "3.0 min", "3.6 s"]
+    trials = tmp_path / "run" / "trials"
+    table = {"base": [100.0, 104.0, 98.0], "compile_model=True": [150.0, 149.0, 155.0]}
+    out = run_system_report(_scripted_trial(table, trials), {"batch_size": 32}, [{"compile_model": True}], 5,
+                            tmp_path / "run" / "report.md", {"task": "scripted", "hardware": {"cpu_model": "x"}},
+                            repeats=3, job_samples=3600, trial_dir=trials)  # fmt: skip
+    md = out.read_text()
+    assert "the configured job: 24.0 s instead of 36.0 s" in md and "0.00 h" not in md
+    assert "| your settings | 100.0 | 0.01 |" in md
+    assert "pass --power_w" in md
+    cfg = TrainConfig(batch_size=32)
+    assert {"device_cache": True, "num_workers": 0} in _report_candidates(cfg, held=False)
+    assert not any(c.get("device_cache") is True for c in _report_candidates(cfg, held=True))
+    assert {"device_cache": False, "num_workers": 2} in _report_candidates(cfg, held=True)

@@ -841,8 +841,9 @@ class TrainingMonitor:
         self.stop_monitoring()
 
 
-def _fmt(v: float | None, spec: str, unit: str = "") -> str:
-    return "not measured" if v is None else f"{v:{spec}}{unit}"
+def _fmt(v: float | None, spec: str, unit: str = "", what: str = "") -> str:
+    """`v` with its unit, or "<what>not measured" (`what` names the figure when the unit would have)."""
+    return f"{what}not measured" if v is None else f"{v:{spec}}{unit}"
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -852,13 +853,14 @@ def format_summary(s: dict[str, Any]) -> str:
     dw = s.get("data_wait_frac")
     lines = [
         f"steps {s.get('iterations', 0)} in {_fmt(s.get('wall_s'), '.1f', ' s')} | "
-        f"{_fmt(s.get('samples_per_s'), '.1f', ' samples/s')} | {_fmt(s.get('iters_per_s'), '.2f', ' it/s')}",
+        f"{_fmt(s.get('samples_per_s'), '.1f', ' samples/s', 'samples/s ')} | "
+        f"{_fmt(s.get('iters_per_s'), '.2f', ' it/s', 'it/s ')}",
         f"step time p50 {_fmt(ms.get('p50'), '.1f', ' ms')}, p90 {_fmt(ms.get('p90'), '.1f', ' ms')}, "
         f"p99 {_fmt(ms.get('p99'), '.1f', ' ms')} | data wait "
         + ("not measured" if dw is None else f"{100 * dw:.0f}% of step time"),
-        f"CPU {_fmt(s.get('cpu_percent_mean'), '.0f', '%')} busy (whole machine), training process + workers "
+        f"CPU: whole machine {_fmt(s.get('cpu_percent_mean'), '.0f', '% busy')}, training process + workers "
         f"{_fmt(s.get('process_cpu_percent_mean'), '.0f', '% of a core')}, other processes "
-        f"{_fmt(s.get('cpu_others_cores_mean'), '.1f', ' cores')} of {s.get('cpu_count_logical')} | RAM max "
+        f"{_fmt(s.get('cpu_others_cores_mean'), '.1f', ' of ' + str(s.get('cpu_count_logical')) + ' cores')} | RAM max "
         f"{_fmt(s.get('ram_used_gb_max'), '.1f', ' GB')}",
     ]
     wait = s.get("cpu_wait_frac")
@@ -886,7 +888,7 @@ def format_summary(s: dict[str, Any]) -> str:
         )
     ovh = s.get("sampler_overhead_frac")
     lines.append(
-        f"monitor overhead {_fmt(None if ovh is None else 100 * ovh, '.2f', '%')} of one core "
+        f"monitor overhead {_fmt(None if ovh is None else 100 * ovh, '.2f', '% of one core')} "
         f"({s.get('sampler_samples', 0)} samples)"
     )
     lines += [f"not measured: {m}" for m in s.get("not_measured") or []]

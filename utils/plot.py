@@ -98,7 +98,9 @@ _PANELS = (
     (re.compile(r"(^|_)mAP$"), "validation mAP", "mAP, higher is better"),
     (re.compile(r"(^|_)rank1$"), "validation rank-1", "rank-1 accuracy, higher is better"),
 )
-_HIDDEN = re.compile(r"(^|_)rank(5|10|20)$")  # rank-k beyond 1: in summary.json, not on the curves
+# rank-k beyond 1 and the spread / count of SYSU-MM01's gallery trials: in summary.json, not panels of their own
+# (a metric's `_std` is drawn as a band around it)
+_HIDDEN = re.compile(r"(^|_)rank(5|10|20)$|_std$|(^|_)trials$")
 
 
 def _series_label(key: str) -> tuple[str, bool]:
@@ -215,6 +217,10 @@ def curves_figure(train: list[dict], val: list[dict], title: str = "", selection
             color = next(styles, None)
             ax.plot(xm, ym, lw=2.4 if chosen else 1.4, color=color, **_val_markers(xm.size),
                     label=f"{label}{' (selects best.pt)' if chosen else ''}: {ym[-1]:.4f}")  # fmt: skip
+            xsd, sd = _series(val, f"{key}_std")  # mean ± std over trials (SYSU-MM01's gallery draws)
+            if xsd.size and xsd.size == xm.size and np.array_equal(xsd, xm):
+                ax.fill_between(xm, ym - sd, ym + sd, color=color, alpha=0.15, lw=0)
+                seen += list(ym + sd)
         ax.set_title(ptitle)
         ax.set_ylabel(ylabel)
         ax.legend(frameon=False, fontsize=8)

@@ -447,6 +447,13 @@ def remove_trial_dir(trial_dir: str | os.PathLike | None) -> bool:
 
 
 # --------------------------------------------------------------------------- report
+def _duration(hours: float) -> str:
+    """6.67 h; a job under 0.1 h in minutes or seconds (0.00 h instead of 0.00 h said nothing)."""
+    if hours >= 0.1:
+        return f"{hours:.2f} h"
+    return f"{hours * 60:.1f} min" if hours * 60 >= 1 else f"{hours * 3600:.1f} s"
+
+
 def _f(v: Any, spec: str = ".1f", suffix: str = "") -> str:
     if v is None:
         return "n/a"
@@ -531,7 +538,7 @@ def render_report(
                 pj, pb = t.get("projection") or {}, base.get("projection") or {}
                 saves = ""
                 if pj.get("hours") is not None and pb.get("hours") is not None:
-                    saves = f"; the configured job: {pj['hours']:.2f} h instead of {pb['hours']:.2f} h"
+                    saves = f"; the configured job: {_duration(pj['hours'])} instead of {_duration(pb['hours'])}"
                     if pj.get("cost") is not None and pb.get("cost") is not None:
                         saves += f", {_money(pj['cost'], currency)} instead of {_money(pb['cost'], currency)}"
                 out.append(f"{i}. **{_settings_str(t.get('overrides') or {})}** — {t['ratio']:.2f}× your "
@@ -569,7 +576,7 @@ def render_report(
             for t in [base, *faster]:
                 pj = t.get("projection") or {}
                 label = "your settings" if t is base else _settings_str(t.get("overrides") or {})
-                out.append(f"| {label} | {_f(t.get('samples_per_s'))} | {_f(pj.get('hours'), '.2f')} | "
+                out.append(f"| {label} | {_f(t.get('samples_per_s'))} | {_f(pj.get('hours'), '.2g' if (pj.get('hours') or 1) < 0.1 else '.2f')} | "
                            f"{_f(t.get('power_w'), '.0f')} | {_f(pj.get('kwh'), '.3f')} | "
                            f"{_money(pj.get('cost'), currency)} |")  # fmt: skip
             src = base.get("power_source")
@@ -578,7 +585,7 @@ def render_report(
             out.append("")
             out.append(
                 "Hours = samples ÷ measured samples/s (training steps only: add validation and start-up). "
-                f"Power: {src or 'not measured on this machine (no NVML, no readable RAPL): pass power_w to get kWh'}. "
+                f"Power: {src or 'not measured on this machine (no NVML, no readable RAPL): pass --power_w (run_system_report(power_w=...)) to get kWh'}. "
                 f"Prices: {_f(config.get('price_per_kwh'), '.3g')}{cur} per kWh, "
                 f"{_f(config.get('price_per_gpu_hour'), '.3g')}{cur} per {unit} hour."
             )
