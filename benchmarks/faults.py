@@ -390,11 +390,10 @@ class Campaign:
             except CheckpointError as e:  # a kill must never leave an unreadable last.pt
                 case.detail, case.lost = f"last.pt unreadable after the kill: {e}", True
                 return self.record(case)
-            if step >= ref["step"]:  # killed after training, during the final evaluation: weights complete
-                res = Proc(0, "", "", 0.0)
-                case.info["after_training"] = True
-            else:
-                res = self.cli("--resume", str(run_dir), tag=f"{name}-resume")  # alone: settings from the run
+            # alone: settings from the run; killed after its last step (while validating or testing), the resume
+            # finishes the evaluation and the summary
+            case.info["after_training"] = step >= ref["step"]
+            res = self.cli("--resume", str(run_dir), tag=f"{name}-resume")
         else:  # killed before the first checkpoint: start it again under its name
             res = self.cli(*self.train_args(name), "--resume", "auto", tag=f"{name}-restart")
         case.info["resume_rc"] = res.rc
@@ -486,12 +485,10 @@ class Campaign:
             resume_cmd = [sys.executable, str(ROOT / "train_optimized.py"), *argv]
         elif resume_cmd[1:2] == ["train_optimized.py"]:
             resume_cmd[1] = str(ROOT / "train_optimized.py")
-        if ck_step is not None and ck_step >= ref["step"]:  # stopped at the very last step: nothing to resume
-            res = Proc(0, "", "", 0.0)
-            case.info["stopped_at_last_step"] = True
-        else:
-            rp, rh = self.start(resume_cmd, f"{name}-resume")
-            res = self.finish(rp, rh)
+        # stopped at the very last step: the resume still scores the test split and writes the summary
+        case.info["stopped_at_last_step"] = ck_step is not None and ck_step >= ref["step"]
+        rp, rh = self.start(resume_cmd, f"{name}-resume")
+        res = self.finish(rp, rh)
         case.info["resume_rc"] = res.rc
         case.info["resume_command"] = " ".join(shlex.quote(a) for a in resume_cmd)
         case.seconds = time.monotonic() - t0

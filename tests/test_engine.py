@@ -382,7 +382,7 @@ def test_a_run_killed_during_validation_redoes_it_first_on_resume(tmp_path, kill
     rest = Trainer(
         toy_config(tmp_path, run_name="p", epochs=3, resume=str(tmp_path / "p")), make_task(dropout=0.2, seed=5)
     )
-    assert any(f"validation at step {8 * kill_at} did not finish" in n for n in rest.notes), rest.notes
+    assert any(f"validation at step {8 * kill_at} may not have finished" in n for n in rest.notes), rest.notes
     summary = rest.fit()
 
     def vals(run):

@@ -216,6 +216,35 @@ def test_extending_epochs_notes_how_the_schedule_continues(tmp_path):
         )
 
 
+def test_a_run_stopped_while_scoring_the_test_split_finishes_on_resume(tmp_path):
+    """Training complete, test scoring interrupted (a kill there leaves last.pt at the last step and no summary):
+    --resume RUN_DIR scores the test split and writes the summary instead of saying there is nothing to train."""
+    ds = TensorDataset(*data())
+    calls = []
+
+    def make_task(fail: bool) -> Task:
+        def evaluate(model, split, device):
+            calls.append(split)
+            if fail and split == "test":
+                raise KeyboardInterrupt  # stands in for the kill
+            x, y = ds.tensors
+            return {f"{split}_mse": float(((model(x.to(device)) - y.to(device)) ** 2).mean())}
+
+        return Task("toy", toy(), ds, test_set=ds, evaluate_fn=evaluate)  # no val set: nothing pending but the test
+
+    ref = Trainer(toy_config(tmp_path, run_name="ref"), make_task(False)).fit()
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(toy_config(tmp_path, run_name="cut"), make_task(True)).fit()
+    assert not (tmp_path / "cut" / "summary.json").exists()
+    t = Trainer(toy_config(tmp_path, resume=str(tmp_path / "cut")), make_task(False))
+    assert any("training had ended" in n for n in t.notes)
+    done = t.fit()
+    assert done["final_metrics"] == ref["final_metrics"] and done["steps"] == ref["steps"] == 16
+    assert calls.count("test") == 3  # the reference, the interrupted one, the resumed one
+    with pytest.raises(ResumeError, match="nothing left to train"):  # now it has finished
+        Trainer(toy_config(tmp_path, resume=str(tmp_path / "cut")), make_task(False))
+
+
 # ---------------------------------------------------------------- out of memory, early stopping, batch counts
 class OOMAbove(nn.Sequential):
     """Raises CUDA's out-of-memory error for micro-batches larger than `limit` (an injected OOM)."""

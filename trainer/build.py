@@ -20,7 +20,7 @@ from .evaluation import BestTracker
 from .hooks import call
 from .optim import WarmupCosine, build_adamw, scaled_lr
 from .options import write_config_file
-from .runfiles import ROLLED_BACK, RunDirError, RunFiles, claim_run_dir
+from .runfiles import ROLLED_BACK, RunDirError, RunFiles, claim_run_dir, finished
 from .setup import resolve_runtime, rng_state, seed_everything, set_rng_state
 from .step import OptimizerStep
 from .task import pick_default_loss
@@ -237,13 +237,16 @@ def load_checkpoint_into(t: Any, path: Path, weights_only: bool = False) -> None
             f"cosine are recomputed for the new length and continue from step {t.step}"
         )
     if t.step >= t.total_steps and t.val_pending is None:
-        raise ResumeError(
-            f"{path} is already at step {t.step} of {t.total_steps}: nothing left to train. Give more "
-            f"--epochs or --max_steps to extend it"
-        )
+        if not (run_dir / "checkpoints").is_dir() or finished(run_dir):
+            raise ResumeError(
+                f"{path} is already at step {t.step} of {t.total_steps}: nothing left to train. Give more "
+                f"--epochs or --max_steps to extend it"
+            )
+        # stopped after its last step but before its summary (e.g. killed while scoring the test split)
+        t.notes.append(f"resume: training had ended at step {t.step}; the run ends with its test scores and summary")
     t.notes.append(f"resume: {path} at step {t.step} ({position(t)})")
     if t.val_pending is not None:
-        t.notes.append(f"resume: the validation at step {t.step} did not finish before the stop; it runs first")
+        t.notes.append(f"resume: the validation at step {t.step} may not have finished before the stop; it runs first")
 
 
 def position(t: Any) -> str:

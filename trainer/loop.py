@@ -98,6 +98,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ the run
     def fit(self) -> dict[str, Any]:
+        """Train, validate and test; returns the summary (also written to RUN_DIR/summary.json)."""
+        try:
+            return self._fit()
+        except BaseException:
+            if self.files is not None:  # a fit that failed releases its run dir: the same process may resume it
+                self.files.close()
+            raise
+
+    def _fit(self) -> dict[str, Any]:
         cfg, rt = self.cfg, self.rt
         self.files = open_run_dir(self)
         for n in self.notes:
