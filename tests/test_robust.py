@@ -287,6 +287,34 @@ def test_early_stopping_and_testing_with_the_best_weights(tmp_path):
     assert s["epochs"] < 40 and any("early stopping" in n for n in s["notes"])
 
 
+def test_an_early_stopped_run_stopped_while_testing_does_not_train_on_after_resume(tmp_path):
+    """Early stopping, then a kill while scoring the test split: the resume redoes the last validation (last.pt was
+    written right before it), stops early again and tests; it never trains past the early stop."""
+    x, y = data()
+    fail = [True]
+
+    def make_task() -> Task:
+        def evaluate(model, split, device):
+            if split == "test" and fail[0]:
+                raise KeyboardInterrupt  # stands in for the kill
+            xs, ys = (x, y) if split == "test" else (x[:64], y[:64] + 5.0)
+            return {f"{split}_loss": float(((model(xs.to(device)) - ys.to(device)) ** 2).mean())}
+
+        return Task("toy", toy(), TensorDataset(x, y), TensorDataset(x[:64], y[:64] + 5.0), TensorDataset(x, y),
+                    evaluate_fn=evaluate, monitor_metric="val_loss")  # fmt: skip
+
+    kw = dict(epochs=40, lr=3e-2, early_stopping_patience=2)
+    fail[0] = False
+    ref = Trainer(toy_config(tmp_path, run_name="ref", **kw), make_task()).fit()
+    assert ref["epochs"] < 40
+    fail[0] = True
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(toy_config(tmp_path, run_name="cut", **kw), make_task()).fit()
+    fail[0] = False
+    done = Trainer(toy_config(tmp_path, resume=str(tmp_path / "cut"), **kw), make_task()).fit()
+    assert (done["steps"], done["final_metrics"]) == (ref["steps"], ref["final_metrics"])
+
+
 def test_max_batches_counts_batches_and_the_last_step_validates_once(tmp_path):
     t = Trainer(
         toy_config(tmp_path, epochs=100, max_batches=12, accumulate_grad_batches=2, val_check_batches=6),
