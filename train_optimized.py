@@ -296,7 +296,7 @@ def run(explicit: dict[str, Any]) -> int:
             f"{e}{' Settings changed from the saved run: ' + '; '.join(c[8:] for c in changed) if changed else ''}"
         ) from None
     if trainer.rt.is_main:
-        report_run(summary, trainer.run_dir, opts)
+        report_run(summary, trainer.run_dir, opts, task.console_metrics)
     return 0
 
 
@@ -340,7 +340,8 @@ def plugins(opts: RunOptions, cfg: TrainConfig) -> tuple[list[Any], Any]:
     return callbacks, monitor
 
 
-def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions) -> None:
+def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions, shown: tuple[str, ...] | None = None) -> None:
+    """The closing lines; of the final metrics, those in `shown` (the task's console_metrics; None: all)."""
     v = summary.get("verdict") or {}
     verdict = v.get("headline") or v.get("verdict", "not judged")
     sps = summary["samples_per_s"]
@@ -354,8 +355,13 @@ def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions) -> None
         print("[plainloop] test split, latitude-weighted over ocean cells:")
         print(format_scores(summary["test_scores"]))
     elif summary["final_metrics"]:
-        for k, v in summary["final_metrics"].items():
-            print(f"  {k}: {v:.4f}")
+        final = summary["final_metrics"]
+        for k, v in final.items():
+            if shown is None or k in shown:  # e.g. not re-ID's "<...>_trials" (a count of gallery draws)
+                print(f"  {k}: {v:.4f}")
+        hidden = len(final) - sum(1 for k in final if k in shown) if shown is not None else 0
+        if hidden:
+            print(f"  (+{hidden} more in summary.json)")
     if opts.plots:
         try:
             from utils.plot import plot_run

@@ -15,7 +15,6 @@ identities are used only for the final test scores. Metrics are "val_..." and "t
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from datasets.cached_sampler import CachedModalAwarePKSampler, parse_epoch_lengt
 from datasets.reid import read_market1501, read_sysu_mm01, synthetic_reid
 from models.reid_net import ReIDLoss, ReIDNet
 from trainer import Task
-from utils.reid_eval import retrieval_metrics
+from utils.reid_eval import retrieval_metrics, score_names
 
 logger = logging.getLogger(__name__)
 
@@ -276,10 +275,11 @@ def build_reid_task(
         info["sampler_cache"] = sampler.cache_summary
         return sampler
 
-    extra: dict[str, Any] = {}
-    if "step_metrics" in {f.name for f in dataclasses.fields(Task)}:
-        extra["step_metrics"] = step_metrics
-    task = Task(
+    # the scores on the console line; "<...>_trials" (the number of SYSU gallery draws) stays in metrics.jsonl
+    console = score_names(test.protocols, test.ranks, "test_")
+    if val is not None:
+        console = score_names(val.protocols, val.ranks, "val_") + console
+    return Task(
         "reid",
         model,
         train,
@@ -289,10 +289,8 @@ def build_reid_task(
         evaluate_fn=evaluate_fn,
         batch_sampler_fn=batch_sampler_fn,
         monitor_metric=f"val_{monitor}",
+        console_metrics=console,
         monitor_mode="max",
+        step_metrics=step_metrics,
         info=info,
-        **extra,
     )
-    if not extra:  # until the engine's Task has the field: the loop looks it up by name
-        task.step_metrics = step_metrics  # type: ignore[attr-defined]
-    return task

@@ -222,6 +222,24 @@ def test_reid_task_runs(tmp_path, capsys):
     assert 0 <= summary["final_metrics"]["test_rgb2ir_mAP"] <= 1 and summary["steps"] == 4
 
 
+def test_closing_lines_show_the_tasks_console_metrics(tmp_path, capsys):
+    """SYSU-MM01 printed "val_allsearch_trials: 10.0000" among the scores: the number of gallery draws is no score."""
+    final = {
+        "val_allsearch_mAP": 0.5,
+        "val_allsearch_trials": 10.0,
+        "test_allsearch_mAP": 0.4,
+        "test_allsearch_trials": 10.0,
+    }
+    summary = {"steps": 4, "train_time_s": 1.0, "samples_per_s": 100.0, "final_metrics": final}
+    opts = cli.RunOptions(plots=False)
+    cli.report_run(summary, tmp_path, opts, ("val_allsearch_mAP", "test_allsearch_mAP"))
+    out = capsys.readouterr().out
+    assert "val_allsearch_mAP: 0.5000" in out and "test_allsearch_mAP: 0.4000" in out
+    assert "_trials" not in out and "(+2 more in summary.json)" in out
+    cli.report_run(summary, tmp_path, opts)  # a task without console_metrics: every metric
+    assert "val_allsearch_trials: 10.0000" in capsys.readouterr().out
+
+
 def test_shell_launcher_reid_task(tmp_path):
     args = ("--run_name", "r", "--max_steps", "2", "--num_identities", "24", "--no-progress_bar", "--no-plots")
     run_launcher(tmp_path, *args, TASK="reid")

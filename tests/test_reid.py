@@ -20,7 +20,7 @@ from datasets.reid import (
     synthetic_reid,
 )
 from models.reid_net import ReIDLoss, ReIDNet, batch_hard_triplet_loss
-from utils.reid_eval import cosine_distance, evaluate_rank, retrieval_metrics
+from utils.reid_eval import cosine_distance, evaluate_rank, retrieval_metrics, score_names
 
 
 # ------------------------------------------------------------------------------------------------ metrics
@@ -305,6 +305,10 @@ def test_trial_galleries_give_mean_and_std() -> None:
     assert out["p_trials"] == 4 and "p_mAP_std" not in singles[0]
     pre = retrieval_metrics(feats, pids, cams, {"p": (q, trials[0])}, prefix="val_")
     assert set(pre) == {"val_p_mAP", "val_p_rank1", "val_p_rank5", "val_p_rank10"}
+    # the console shows the scores, not the number of gallery draws ("val_allsearch_trials: 10.0000")
+    protocols = {"p": (q, trials), "": (q, trials[0])}
+    both = retrieval_metrics(feats, pids, cams, protocols, ranks=(1, 10), prefix="val_")
+    assert set(score_names(protocols, (1, 10), "val_")) == set(both) - {"val_p_trials"}
 
 
 def test_sysu_protocol_draws_and_cam2_cam3_exclusion() -> None:
@@ -435,7 +439,11 @@ def test_sysu_task_scores_the_standard_protocol(tmp_path: Path) -> None:
         for key in ("mAP", "rank1", "rank10", "rank20"):
             assert 0 <= scores[f"test_{name}_{key}"] <= 1 and f"test_{name}_{key}_std" in scores
         assert scores[f"test_{name}_trials"] == 10
-    assert set(task.evaluate_fn(task.model, "val", torch.device("cpu"))) == {k.replace("test_", "val_") for k in scores}
+    val_scores = task.evaluate_fn(task.model, "val", torch.device("cpu"))
+    assert set(val_scores) == {k.replace("test_", "val_") for k in scores}
+    shown = set(task.console_metrics or ())
+    assert "val_allsearch_trials" not in shown and "test_allsearch_trials" not in shown  # a count, not a score
+    assert shown == {k for k in {**scores, **val_scores} if not k.endswith("_trials")}
     with pytest.raises(ValueError, match="exp/val_id.txt"):
         build_reid_task(data_path=str(tmp_path), reid_format="sysu", val_fraction=0.2)
     assert build_reid_task(data_path=str(tmp_path), reid_format="sysu", val_fraction=0, width=4).val_set is None
