@@ -250,6 +250,21 @@ def build_reid_task(
         },
     }
 
+    # the CLI's "data:" line: where the images came from and how many per split
+    def split(ids: int, images: int) -> str:
+        return f"{ids} {'identity' if ids == 1 else 'identities'} / {images} image{'' if images == 1 else 's'}"
+
+    source = (
+        "the built-in SYNTHETIC cross-modality set (not real data)"
+        if reid_format == "synthetic"
+        else f"{data_path} ({'SYSU-MM01' if reid_format == 'sysu' else 'Market-1501'} folder)"
+    )
+    info["data_source"] = (
+        f"{source}; train {split(info['train_identities'], info['train_samples'])}, val "
+        + (split(info["val_identities"], info["val_samples"]) if val is not None else "none (--val_fraction 0)")
+        + f", test {split(info['test_identities'], info['test_samples'])}"
+    )
+
     def batch_sampler_fn(
         dataset: Any,
         batch_size: int,

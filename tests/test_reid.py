@@ -290,6 +290,28 @@ def test_market1501_holds_out_validation_identities(tmp_path: Path) -> None:
         read_market1501(tmp_path, image_size=(16, 8), val_fraction=0.9)
 
 
+def test_image_folder_runs_print_a_data_line(tmp_path: Path) -> None:
+    """The synthetic set and ERA5 said where their data came from; SYSU/Market folder runs printed no `data:` line."""
+    pytest.importorskip("PIL")
+    from tasks.reid import build_reid_task
+    from train_optimized import data_lines
+
+    for pid in range(1, 11):
+        for cam in (1, 2):
+            _write_img(tmp_path / "bounding_box_train" / f"{pid:04d}_c{cam}s1_000001_00.jpg", (10 * pid, 0, 0))
+    _write_img(tmp_path / "query" / "0101_c1s1_000001_00.jpg", (0, 0, 0))
+    for k in range(3):
+        _write_img(tmp_path / "bounding_box_test" / f"0101_c2s1_00000{k}_00.jpg", (0, 0, 0))
+    task = build_reid_task(data_path=str(tmp_path), reid_format="market1501", val_fraction=0.2, width=4)
+    assert data_lines(task) == [
+        f"data: {tmp_path} (Market-1501 folder); train 8 identities / 16 images, val 2 identities / 4 images, "
+        "test 1 identity / 4 images"
+    ]
+    task = build_reid_task(data_path=str(tmp_path), reid_format="market1501", val_fraction=0, width=4)
+    assert "val none (--val_fraction 0)" in data_lines(task)[0]
+    assert data_lines(build_reid_task(num_identities=8, width=4))[0].startswith("data: the built-in SYNTHETIC")
+
+
 def test_trial_galleries_give_mean_and_std() -> None:
     rng = np.random.default_rng(0)
     n = 60
