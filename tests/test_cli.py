@@ -153,6 +153,17 @@ def test_profile_and_auto_batch_size(tmp_path, era5_cache, capsys):
     assert "USDT" not in out
 
 
+def test_profile_then_train_names_its_own_profiling_pass(tmp_path, capsys):
+    """--profile --profile_then_train said "reusing RUN (an earlier start left no checkpoint...)": the earlier start
+    was its own profiling pass."""
+    args = ["--task", "reid", "--num_identities", "24", "--max_steps", "2", "--no-progress_bar", "--no-plots"]
+    run = ["--profile", "--profile_then_train", "--output_dir", str(tmp_path), "--run_name", "p"]
+    assert cli.main([*args, *run]) == 0
+    out = capsys.readouterr().out
+    assert "earlier start" not in out and "holds the profiler's trace, profile/, and no checkpoint" in out
+    assert (tmp_path / "p" / "profile" / "trace.json").is_file() and (tmp_path / "p" / "summary.json").is_file()
+
+
 def test_tensorboard_logger_writes_events_into_the_run_dir(tmp_path, era5_cache):
     assert (
         cli.main(
