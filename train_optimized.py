@@ -249,7 +249,7 @@ def run(explicit: dict[str, Any]) -> int:
     values = resolve_settings(explicit, notes)
     opts, task_kw, train_kw = split_settings(values)
     on_gpu = torch.cuda.is_available() and str(train_kw.get("device") or "cuda").startswith("cuda")
-    task_kw, preset_note = resolve_task_args(opts.task, task_kw, opts.preset, on_gpu)
+    task_kw, preset_note = resolve_task_args(opts.task, task_kw, opts.preset, on_gpu, train_kw.get("batch_size"))
     if preset_note:
         notes.append(preset_note)
     task_kw.update(seed=train_kw.get("seed", TrainConfig.seed), device_cache=train_kw.get("device_cache"))

@@ -59,6 +59,29 @@ def test_bad_values_are_clear_errors_with_exit_2(argv, message, capsys):
     assert len(lines) <= 2 and "usage:" not in err and lines[0].startswith(("train_optimized.py: error:", "error:"))
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--batch_size", "30"], "--batch_size 30 is not divisible by --num_instances 4"),
+        (["--batch_size", "30", "--num_instances", "4"], "e.g. --batch_size 28 or 32"),
+        (["--batch_size", "10", "--num_instances", "3"], "--batch_size 10 is not divisible by --num_instances 3"),
+    ],
+)
+def test_reid_pk_batch_is_checked_with_flag_names(argv, message, capsys, monkeypatch):
+    """The sampler's error said "batch_size=30 is not divisible by num_instances=4" (its keywords), after the data
+    was read; the CLI checks first and names the flags."""
+    import tasks.reid
+
+    def not_yet(*_a, **_kw):
+        raise AssertionError("the data was read before the P x K batch was checked")
+
+    monkeypatch.setattr(tasks.reid, "synthetic_reid", not_yet)
+    assert exit_code(["--task", "reid", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "batch_size=" not in err and "num_instances=" not in err, err
+    assert len(err.strip().splitlines()) <= 2
+
+
 def test_preset_line_counts_layers_and_recursions_in_words():
     _, note = cli.resolve_task_args("era5", {}, "cpu", on_gpu=False)  # the CPU preset: one layer, two recursions
     assert "1 layer x 2 recursions" in note
