@@ -370,9 +370,25 @@ def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions, shown: 
             print(f"[plainloop] plots: {', '.join(str(p) for p in paths)}")
         except ImportError as e:
             print(f"[plainloop] plots skipped: {e}")
-    print(
-        f"[plainloop] run directory: {run_dir} (re-run: python train_optimized.py --config {run_dir / 'config.toml'})"
-    )
+    print(f"[plainloop] run directory: {run_dir} (re-run: {rerun_command(run_dir / 'config.toml')})")
+
+
+def rerun_command(config: Path, env: Any = os.environ) -> str:
+    """The command that runs this job again: under torchrun (WORLD_SIZE > 1) with its torchrun prefix."""
+    world = int(env.get("WORLD_SIZE", "1") or 1)
+    if world <= 1:
+        return f"python train_optimized.py --config {config}"
+    per_node = int(env.get("LOCAL_WORLD_SIZE", "0") or 0) or world
+    nodes = max(1, world // per_node)
+    if nodes == 1:
+        launch = f"torchrun --standalone --nproc_per_node {per_node}"
+    else:  # the same line on each node, with that node's --node_rank
+        addr, port = env.get("MASTER_ADDR", "HOST0"), env.get("MASTER_PORT", "29500")
+        launch = (
+            f"torchrun --nnodes {nodes} --node_rank NODE_RANK --nproc_per_node {per_node} --master_addr {addr} "
+            f"--master_port {port}"
+        )
+    return f"{launch} train_optimized.py --config {config}" + (" (on each node)" if nodes > 1 else "")
 
 
 if __name__ == "__main__":

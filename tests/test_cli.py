@@ -274,6 +274,21 @@ def test_closing_lines_show_the_tasks_console_metrics(tmp_path, capsys):
     assert "val_allsearch_trials: 10.0000" in capsys.readouterr().out
 
 
+def test_rerun_line_keeps_the_torchrun_prefix():
+    """Under torchrun the final line said "re-run: python train_optimized.py --config ...", which runs one process."""
+    cfg = Path("runs/r/config.toml")
+    assert cli.rerun_command(cfg, {}) == f"python train_optimized.py --config {cfg}"
+    assert cli.rerun_command(cfg, {"WORLD_SIZE": "1"}) == f"python train_optimized.py --config {cfg}"
+    two = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    assert cli.rerun_command(cfg, two) == f"torchrun --standalone --nproc_per_node 2 train_optimized.py --config {cfg}"
+    assert cli.rerun_command(cfg, {"WORLD_SIZE": "4"}).startswith("torchrun --standalone --nproc_per_node 4 ")
+    nodes = {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "MASTER_ADDR": "node0", "MASTER_PORT": "29400"}
+    assert cli.rerun_command(cfg, nodes) == (
+        "torchrun --nnodes 2 --node_rank NODE_RANK --nproc_per_node 8 --master_addr node0 --master_port 29400 "
+        f"train_optimized.py --config {cfg} (on each node)"
+    )
+
+
 def test_shell_launcher_reid_task(tmp_path):
     args = ("--run_name", "r", "--max_steps", "2", "--num_identities", "24", "--no-progress_bar", "--no-plots")
     run_launcher(tmp_path, *args, TASK="reid")
