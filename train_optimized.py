@@ -249,7 +249,7 @@ def run(explicit: dict[str, Any]) -> int:
     values = resolve_settings(explicit, notes)
     opts, task_kw, train_kw = split_settings(values)
     on_gpu = torch.cuda.is_available() and str(train_kw.get("device") or "cuda").startswith("cuda")
-    task_kw, preset_note = resolve_task_args(opts.task, task_kw, opts.preset, on_gpu)
+    task_kw, preset_note = resolve_task_args(opts.task, task_kw, opts.preset, on_gpu, train_kw.get("batch_size"))
     if preset_note:
         notes.append(preset_note)
     task_kw.update(seed=train_kw.get("seed", TrainConfig.seed), device_cache=train_kw.get("device_cache"))
@@ -296,7 +296,7 @@ def run(explicit: dict[str, Any]) -> int:
             f"{e}{' Settings changed from the saved run: ' + '; '.join(c[8:] for c in changed) if changed else ''}"
         ) from None
     if trainer.rt.is_main:
-        report_run(summary, trainer.run_dir, opts)
+        report_run(summary, trainer.run_dir, opts, task.console_metrics)
     return 0
 
 
@@ -340,7 +340,8 @@ def plugins(opts: RunOptions, cfg: TrainConfig) -> tuple[list[Any], Any]:
     return callbacks, monitor
 
 
-def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions) -> None:
+def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions, shown: tuple[str, ...] | None = None) -> None:
+    """The closing lines; of the final metrics, those in `shown` (the task's console_metrics; None: all)."""
     v = summary.get("verdict") or {}
     verdict = v.get("headline") or v.get("verdict", "not judged")
     sps = summary["samples_per_s"]
@@ -354,8 +355,13 @@ def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions) -> None
         print("[plainloop] test split, latitude-weighted over ocean cells:")
         print(format_scores(summary["test_scores"]))
     elif summary["final_metrics"]:
-        for k, v in summary["final_metrics"].items():
-            print(f"  {k}: {v:.4f}")
+        final = summary["final_metrics"]
+        for k, v in final.items():
+            if shown is None or k in shown:  # e.g. not re-ID's "<...>_trials" (a count of gallery draws)
+                print(f"  {k}: {v:.4f}")
+        hidden = len(final) - sum(1 for k in final if k in shown) if shown is not None else 0
+        if hidden:
+            print(f"  (+{hidden} more in summary.json)")
     if opts.plots:
         try:
             from utils.plot import plot_run
@@ -364,9 +370,25 @@ def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions) -> None
             print(f"[plainloop] plots: {', '.join(str(p) for p in paths)}")
         except ImportError as e:
             print(f"[plainloop] plots skipped: {e}")
-    print(
-        f"[plainloop] run directory: {run_dir} (re-run: python train_optimized.py --config {run_dir / 'config.toml'})"
-    )
+    print(f"[plainloop] run directory: {run_dir} (re-run: {rerun_command(run_dir / 'config.toml')})")
+
+
+def rerun_command(config: Path, env: Any = os.environ) -> str:
+    """The command that runs this job again: under torchrun (WORLD_SIZE > 1) with its torchrun prefix."""
+    world = int(env.get("WORLD_SIZE", "1") or 1)
+    if world <= 1:
+        return f"python train_optimized.py --config {config}"
+    per_node = int(env.get("LOCAL_WORLD_SIZE", "0") or 0) or world
+    nodes = max(1, world // per_node)
+    if nodes == 1:
+        launch = f"torchrun --standalone --nproc_per_node {per_node}"
+    else:  # the same line on each node, with that node's --node_rank
+        addr, port = env.get("MASTER_ADDR", "HOST0"), env.get("MASTER_PORT", "29500")
+        launch = (
+            f"torchrun --nnodes {nodes} --node_rank NODE_RANK --nproc_per_node {per_node} --master_addr {addr} "
+            f"--master_port {port}"
+        )
+    return f"{launch} train_optimized.py --config {config}" + (" (on each node)" if nodes > 1 else "")
 
 
 if __name__ == "__main__":

@@ -328,10 +328,16 @@ class CachedModalAwarePKSampler:
         how = {"auto": "auto: about one look per sample", "seed": "seed: one pass over the identities"}.get(
             str(s["epoch_length"]), f"fixed at {s['epoch_length']}"
         )
+        mods = list(s["modalities"])
+        if len(mods) > 1:
+            ids = (f"ids: {s['ids']} ({s['eligible_ids']} eligible, {s['pairable_ids']} pairable = {pct:.1f}% with "
+                   f"RGB and non-RGB samples); modalities: {', '.join(mods)}")  # fmt: skip
+        else:  # Market-1501 and the like: "0 pairable = 0.0%" would read like an alarm
+            ids = (f"ids: {s['ids']} ({s['eligible_ids']} eligible); one modality ({', '.join(mods) or 'none'}): "
+                   "cross-modality pairing does not apply")  # fmt: skip
         return (
             f"CachedModalAwarePKSampler: metadata of {s['samples']} samples cached in {s['setup_seconds']:.4f} s\n"
-            f"  ids: {s['ids']} ({s['eligible_ids']} eligible, {s['pairable_ids']} pairable = {pct:.1f}% with "
-            f"RGB and non-RGB samples); modalities: {', '.join(s['modalities'])}\n"
+            f"  {ids}\n"
             f"  P x K = {s['P']} x {s['K']}; {s['batches_per_epoch']} batches per epoch per rank "
             f"({s['num_passes']} pass(es) over the identities, epoch_length {how}; world_size {s['world_size']})"
         )

@@ -48,8 +48,13 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def resolve_task_args(task: str, kw: dict[str, Any], preset: str, on_gpu: bool) -> tuple[dict[str, Any], str]:
-    """ERA5: fill the model and grid from the preset (explicit settings win); returns (kwargs, note)."""
+def resolve_task_args(
+    task: str, kw: dict[str, Any], preset: str, on_gpu: bool, batch_size: int | None = None
+) -> tuple[dict[str, Any], str]:
+    """ERA5: fill the model and grid from the preset (explicit settings win); returns (kwargs, note).
+    Re-ID: check the P x K batch against the flags (`batch_size`: the one given, None = the task's default)."""
+    if task == "reid":
+        _check_pk_batch(kw, batch_size)
     if task != "era5":
         return kw, ""
     # the library's errors name its keywords (lat=, data_path=); checked here first, they name the flags
@@ -85,6 +90,24 @@ def resolve_task_args(task: str, kw: dict[str, Any], preset: str, on_gpu: bool) 
         f"{_count(depth, 'recursion')}); explicit settings override it"
     )
     return kw, note
+
+
+def _check_pk_batch(kw: dict[str, Any], batch_size: int | None) -> None:
+    """The sampler's own error names its keywords (batch_size=, num_instances=); checked here first, before the
+    data is read, it names the flags."""
+    import inspect
+
+    k = kw.get("num_instances")
+    if k is None:
+        k = inspect.signature(_builder("reid")()).parameters["num_instances"].default
+    if batch_size is None or isinstance(batch_size, bool) or not isinstance(k, int) or k < 1:
+        return  # the task's default batch is P x K; a bad --num_instances is the builder's error
+    if batch_size % k:
+        lo = batch_size - batch_size % k
+        raise ValueError(
+            f"--batch_size {batch_size} is not divisible by --num_instances {k}: a P x K batch needs --batch_size = "
+            f"P x --num_instances (P identities, K images each), e.g. --batch_size {lo or k} or {lo + k}"
+        )
 
 
 def train_defaults(task: str, on_gpu: bool, kw: dict[str, Any], n_train: int) -> dict[str, Any]:

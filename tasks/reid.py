@@ -15,7 +15,6 @@ identities are used only for the final test scores. Metrics are "val_..." and "t
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from datasets.cached_sampler import CachedModalAwarePKSampler, parse_epoch_lengt
 from datasets.reid import read_market1501, read_sysu_mm01, synthetic_reid
 from models.reid_net import ReIDLoss, ReIDNet
 from trainer import Task
-from utils.reid_eval import retrieval_metrics
+from utils.reid_eval import retrieval_metrics, score_names
 
 logger = logging.getLogger(__name__)
 
@@ -251,6 +250,21 @@ def build_reid_task(
         },
     }
 
+    # the CLI's "data:" line: where the images came from and how many per split
+    def split(ids: int, images: int) -> str:
+        return f"{ids} {'identity' if ids == 1 else 'identities'} / {images} image{'' if images == 1 else 's'}"
+
+    source = (
+        "the built-in SYNTHETIC cross-modality set (not real data)"
+        if reid_format == "synthetic"
+        else f"{data_path} ({'SYSU-MM01' if reid_format == 'sysu' else 'Market-1501'} folder)"
+    )
+    info["data_source"] = (
+        f"{source}; train {split(info['train_identities'], info['train_samples'])}, val "
+        + (split(info["val_identities"], info["val_samples"]) if val is not None else "none (--val_fraction 0)")
+        + f", test {split(info['test_identities'], info['test_samples'])}"
+    )
+
     def batch_sampler_fn(
         dataset: Any,
         batch_size: int,
@@ -276,10 +290,11 @@ def build_reid_task(
         info["sampler_cache"] = sampler.cache_summary
         return sampler
 
-    extra: dict[str, Any] = {}
-    if "step_metrics" in {f.name for f in dataclasses.fields(Task)}:
-        extra["step_metrics"] = step_metrics
-    task = Task(
+    # the scores on the console line; "<...>_trials" (the number of SYSU gallery draws) stays in metrics.jsonl
+    console = score_names(test.protocols, test.ranks, "test_")
+    if val is not None:
+        console = score_names(val.protocols, val.ranks, "val_") + console
+    return Task(
         "reid",
         model,
         train,
@@ -289,10 +304,8 @@ def build_reid_task(
         evaluate_fn=evaluate_fn,
         batch_sampler_fn=batch_sampler_fn,
         monitor_metric=f"val_{monitor}",
+        console_metrics=console,
         monitor_mode="max",
+        step_metrics=step_metrics,
         info=info,
-        **extra,
     )
-    if not extra:  # until the engine's Task has the field: the loop looks it up by name
-        task.step_metrics = step_metrics  # type: ignore[attr-defined]
-    return task

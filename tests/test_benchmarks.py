@@ -162,12 +162,17 @@ def test_before_dataset_matches_cached_path(tmp_path):
         np.testing.assert_allclose(ys.numpy(), yc.numpy(), atol=1e-5)
 
 
-def test_loop_overhead_harness(tmp_path):
+def test_loop_overhead_harness(tmp_path, capfd):
     from benchmarks import loop_overhead
 
     out = tmp_path / "lo.json"
-    loops = "hand,plainloop" + (",lightning" if _has_lightning() else "")
+    loops = "hand,plainloop,basetrainer" + (",lightning" if _has_lightning() else "")
     res = loop_overhead.main(["--steps", "200", "--warmup", "100", "--reps", "2", "--loops", loops, "--out", str(out)])
+    # the output is the benchmark's own: no Lightning progress bar or notes, no plainloop epoch/start-up lines
+    printed = capfd.readouterr()
+    lines = [ln for ln in printed.out.splitlines() if ln.startswith("[")]
+    assert lines and all(ln.startswith("[overhead]") for ln in lines), printed.out[:2000]
+    assert "it/s" not in printed.out + printed.err and "GPU available" not in printed.err, printed.err[:2000]
     saved = json.loads(out.read_text())
     assert saved["schema"] == res["schema"] == "plainloop-bench-loop-overhead-1"
     assert all_figures_finite(saved) == []

@@ -375,6 +375,17 @@ def test_cache_summary_is_data_and_describe_names_the_figures() -> None:
         assert part in text, (part, text)
 
 
+def test_describe_says_plainly_when_the_data_has_one_modality() -> None:
+    """Market-1501 printed "0 pairable = 0.0% with RGB and non-RGB samples", which read like an alarm."""
+    pids = np.repeat(np.arange(10), 6)
+    rgb = Meta(pids, np.tile([1, 2, 3], 20), np.full(len(pids), "rgb"))
+    text = CachedModalAwarePKSampler(rgb, 16, 4).describe()
+    assert "one modality (rgb): cross-modality pairing does not apply" in text and "pairable" not in text, text
+    assert "ids: 10 (10 eligible)" in text
+    two = CachedModalAwarePKSampler(make_meta(2), 16, 4).describe()
+    assert "35 pairable = 87.5% with RGB and non-RGB samples); modalities: rgb, ir" in two, two
+
+
 def test_dataloader_drop_last_rule_is_explained() -> None:
     ds = make_meta(3)
     s = CachedModalAwarePKSampler(ds, 16, 4, seed=1, drop_last=True)

@@ -59,6 +59,29 @@ def test_bad_values_are_clear_errors_with_exit_2(argv, message, capsys):
     assert len(lines) <= 2 and "usage:" not in err and lines[0].startswith(("train_optimized.py: error:", "error:"))
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--batch_size", "30"], "--batch_size 30 is not divisible by --num_instances 4"),
+        (["--batch_size", "30", "--num_instances", "4"], "e.g. --batch_size 28 or 32"),
+        (["--batch_size", "10", "--num_instances", "3"], "--batch_size 10 is not divisible by --num_instances 3"),
+    ],
+)
+def test_reid_pk_batch_is_checked_with_flag_names(argv, message, capsys, monkeypatch):
+    """The sampler's error said "batch_size=30 is not divisible by num_instances=4" (its keywords), after the data
+    was read; the CLI checks first and names the flags."""
+    import tasks.reid
+
+    def not_yet(*_a, **_kw):
+        raise AssertionError("the data was read before the P x K batch was checked")
+
+    monkeypatch.setattr(tasks.reid, "synthetic_reid", not_yet)
+    assert exit_code(["--task", "reid", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "batch_size=" not in err and "num_instances=" not in err, err
+    assert len(err.strip().splitlines()) <= 2
+
+
 def test_preset_line_counts_layers_and_recursions_in_words():
     _, note = cli.resolve_task_args("era5", {}, "cpu", on_gpu=False)  # the CPU preset: one layer, two recursions
     assert "1 layer x 2 recursions" in note
@@ -153,6 +176,17 @@ def test_profile_and_auto_batch_size(tmp_path, era5_cache, capsys):
     assert "USDT" not in out
 
 
+def test_profile_then_train_names_its_own_profiling_pass(tmp_path, capsys):
+    """--profile --profile_then_train said "reusing RUN (an earlier start left no checkpoint...)": the earlier start
+    was its own profiling pass."""
+    args = ["--task", "reid", "--num_identities", "24", "--max_steps", "2", "--no-progress_bar", "--no-plots"]
+    run = ["--profile", "--profile_then_train", "--output_dir", str(tmp_path), "--run_name", "p"]
+    assert cli.main([*args, *run]) == 0
+    out = capsys.readouterr().out
+    assert "earlier start" not in out and "holds the profiler's trace, profile/, and no checkpoint" in out
+    assert (tmp_path / "p" / "profile" / "trace.json").is_file() and (tmp_path / "p" / "summary.json").is_file()
+
+
 def test_tensorboard_logger_writes_events_into_the_run_dir(tmp_path, era5_cache):
     assert (
         cli.main(
@@ -220,6 +254,39 @@ def test_reid_task_runs(tmp_path, capsys):
     )
     summary = json.loads((tmp_path / "reid" / "summary.json").read_text())
     assert 0 <= summary["final_metrics"]["test_rgb2ir_mAP"] <= 1 and summary["steps"] == 4
+
+
+def test_closing_lines_show_the_tasks_console_metrics(tmp_path, capsys):
+    """SYSU-MM01 printed "val_allsearch_trials: 10.0000" among the scores: the number of gallery draws is no score."""
+    final = {
+        "val_allsearch_mAP": 0.5,
+        "val_allsearch_trials": 10.0,
+        "test_allsearch_mAP": 0.4,
+        "test_allsearch_trials": 10.0,
+    }
+    summary = {"steps": 4, "train_time_s": 1.0, "samples_per_s": 100.0, "final_metrics": final}
+    opts = cli.RunOptions(plots=False)
+    cli.report_run(summary, tmp_path, opts, ("val_allsearch_mAP", "test_allsearch_mAP"))
+    out = capsys.readouterr().out
+    assert "val_allsearch_mAP: 0.5000" in out and "test_allsearch_mAP: 0.4000" in out
+    assert "_trials" not in out and "(+2 more in summary.json)" in out
+    cli.report_run(summary, tmp_path, opts)  # a task without console_metrics: every metric
+    assert "val_allsearch_trials: 10.0000" in capsys.readouterr().out
+
+
+def test_rerun_line_keeps_the_torchrun_prefix():
+    """Under torchrun the final line said "re-run: python train_optimized.py --config ...", which runs one process."""
+    cfg = Path("runs/r/config.toml")
+    assert cli.rerun_command(cfg, {}) == f"python train_optimized.py --config {cfg}"
+    assert cli.rerun_command(cfg, {"WORLD_SIZE": "1"}) == f"python train_optimized.py --config {cfg}"
+    two = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    assert cli.rerun_command(cfg, two) == f"torchrun --standalone --nproc_per_node 2 train_optimized.py --config {cfg}"
+    assert cli.rerun_command(cfg, {"WORLD_SIZE": "4"}).startswith("torchrun --standalone --nproc_per_node 4 ")
+    nodes = {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "MASTER_ADDR": "node0", "MASTER_PORT": "29400"}
+    assert cli.rerun_command(cfg, nodes) == (
+        "torchrun --nnodes 2 --node_rank NODE_RANK --nproc_per_node 8 --master_addr node0 --master_port 29400 "
+        f"train_optimized.py --config {cfg} (on each node)"
+    )
 
 
 def test_shell_launcher_reid_task(tmp_path):

@@ -82,3 +82,11 @@ def test_cli_under_torchrun_prints_its_start_up_lines_once(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("[plainloop] sampler: CachedModalAwarePKSampler") == 1, proc.stdout
     assert proc.stdout.count("  P x K = ") == 1 and proc.stdout.count("[plainloop] reid:") == 1
+    # the verdict's samples/s are rank 0's (the monitor's), summary.json's are over both ranks: it says so
+    run = tmp_path / cmd[cmd.index("--run_name") + 1]
+    summary = json.loads((run / "summary.json").read_text())
+    assert any("samples/s per rank (measured on one of 2 ranks)" in e for e in summary["verdict"]["evidence"])
+    # a re-run of a torchrun job needs the torchrun prefix
+    assert f"(re-run: torchrun --standalone --nproc_per_node 2 train_optimized.py --config {run / 'config.toml'})" in (
+        proc.stdout
+    )

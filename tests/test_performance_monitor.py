@@ -353,6 +353,16 @@ def _cpu_summary(**kw: object) -> dict:
     return s
 
 
+def test_ddp_verdict_says_its_samples_per_s_are_per_rank() -> None:
+    """Under DDP the evidence quoted rank 0's 565 samples/s while summary.json and the done line said 1130."""
+    for summ in (_cpu_summary(samples_per_s=565.0), _gpu_summary(samples_per_s=565.0)):
+        kind = "cuda" if "gpu_util_mean" in summ else "cpu"
+        v = diagnose(summ, device_type=kind, step_stats={"num_workers": 0, "world_size": 2})
+        assert any("565.0 samples/s per rank (measured on one of 2 ranks)" in e for e in v["evidence"]), v
+        one = diagnose(summ, device_type=kind, step_stats={"num_workers": 0, "world_size": 1})
+        assert any("565.0 samples/s" in e for e in one["evidence"]) and "per rank" not in str(one["evidence"])
+
+
 def test_contention_verdicts_from_synthetic_summaries() -> None:
     st = {"num_workers": 0, "torch_threads": 2}
     v = diagnose(_cpu_summary(), device_type="cpu", step_stats=st)

@@ -20,7 +20,7 @@ from datasets.reid import (
     synthetic_reid,
 )
 from models.reid_net import ReIDLoss, ReIDNet, batch_hard_triplet_loss
-from utils.reid_eval import cosine_distance, evaluate_rank, retrieval_metrics
+from utils.reid_eval import cosine_distance, evaluate_rank, retrieval_metrics, score_names
 
 
 # ------------------------------------------------------------------------------------------------ metrics
@@ -290,6 +290,28 @@ def test_market1501_holds_out_validation_identities(tmp_path: Path) -> None:
         read_market1501(tmp_path, image_size=(16, 8), val_fraction=0.9)
 
 
+def test_image_folder_runs_print_a_data_line(tmp_path: Path) -> None:
+    """The synthetic set and ERA5 said where their data came from; SYSU/Market folder runs printed no `data:` line."""
+    pytest.importorskip("PIL")
+    from tasks.reid import build_reid_task
+    from train_optimized import data_lines
+
+    for pid in range(1, 11):
+        for cam in (1, 2):
+            _write_img(tmp_path / "bounding_box_train" / f"{pid:04d}_c{cam}s1_000001_00.jpg", (10 * pid, 0, 0))
+    _write_img(tmp_path / "query" / "0101_c1s1_000001_00.jpg", (0, 0, 0))
+    for k in range(3):
+        _write_img(tmp_path / "bounding_box_test" / f"0101_c2s1_00000{k}_00.jpg", (0, 0, 0))
+    task = build_reid_task(data_path=str(tmp_path), reid_format="market1501", val_fraction=0.2, width=4)
+    assert data_lines(task) == [
+        f"data: {tmp_path} (Market-1501 folder); train 8 identities / 16 images, val 2 identities / 4 images, "
+        "test 1 identity / 4 images"
+    ]
+    task = build_reid_task(data_path=str(tmp_path), reid_format="market1501", val_fraction=0, width=4)
+    assert "val none (--val_fraction 0)" in data_lines(task)[0]
+    assert data_lines(build_reid_task(num_identities=8, width=4))[0].startswith("data: the built-in SYNTHETIC")
+
+
 def test_trial_galleries_give_mean_and_std() -> None:
     rng = np.random.default_rng(0)
     n = 60
@@ -305,6 +327,10 @@ def test_trial_galleries_give_mean_and_std() -> None:
     assert out["p_trials"] == 4 and "p_mAP_std" not in singles[0]
     pre = retrieval_metrics(feats, pids, cams, {"p": (q, trials[0])}, prefix="val_")
     assert set(pre) == {"val_p_mAP", "val_p_rank1", "val_p_rank5", "val_p_rank10"}
+    # the console shows the scores, not the number of gallery draws ("val_allsearch_trials: 10.0000")
+    protocols = {"p": (q, trials), "": (q, trials[0])}
+    both = retrieval_metrics(feats, pids, cams, protocols, ranks=(1, 10), prefix="val_")
+    assert set(score_names(protocols, (1, 10), "val_")) == set(both) - {"val_p_trials"}
 
 
 def test_sysu_protocol_draws_and_cam2_cam3_exclusion() -> None:
@@ -435,7 +461,11 @@ def test_sysu_task_scores_the_standard_protocol(tmp_path: Path) -> None:
         for key in ("mAP", "rank1", "rank10", "rank20"):
             assert 0 <= scores[f"test_{name}_{key}"] <= 1 and f"test_{name}_{key}_std" in scores
         assert scores[f"test_{name}_trials"] == 10
-    assert set(task.evaluate_fn(task.model, "val", torch.device("cpu"))) == {k.replace("test_", "val_") for k in scores}
+    val_scores = task.evaluate_fn(task.model, "val", torch.device("cpu"))
+    assert set(val_scores) == {k.replace("test_", "val_") for k in scores}
+    shown = set(task.console_metrics or ())
+    assert "val_allsearch_trials" not in shown and "test_allsearch_trials" not in shown  # a count, not a score
+    assert shown == {k for k in {**scores, **val_scores} if not k.endswith("_trials")}
     with pytest.raises(ValueError, match="exp/val_id.txt"):
         build_reid_task(data_path=str(tmp_path), reid_format="sysu", val_fraction=0.2)
     assert build_reid_task(data_path=str(tmp_path), reid_format="sysu", val_fraction=0, width=4).val_set is None

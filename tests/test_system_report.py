@@ -185,7 +185,7 @@ def test_render_report_judges_against_the_noise() -> None:
     md = render_report(hw, {"batch_size": 16, "repeats": 3}, {"iterations": 10}, verdict, trials)
     assert "## Verdict: **data-loading bound**" in md
     assert "1. **num_workers=4** — 2.50× your samples/s" in md
-    assert "| 4 workers | num_workers=4 | 250.0 (240–260) | 2.50× | faster |" in md
+    assert "| 4 workers: num_workers=4 | 250.0 (240–260) | 2.50× | faster |" in md
     assert "**No difference** (inside the noise: yours ranged 96.0–104.0" in md and "device_cache=False (1.03×)" in md
     assert "2. **" not in md, "a difference inside the noise is never a recommendation"
     assert "failed: OutOfMemoryError" in md
@@ -194,6 +194,25 @@ def test_render_report_judges_against_the_noise() -> None:
     md1 = render_report(hw, {"repeats": 1}, {}, verdict, single)
     assert "1. **" not in md1 and "Nothing measured here was faster" in md1
     assert "**Not judged** (one run each: no noise estimate; run with --report_repeats 3" in md1
+
+
+def test_before_after_table_names_each_setting_once() -> None:
+    """The "settings" and "changed" columns repeated each other on every single-setting row."""
+    hw = {"cpu_model": "Test CPU", "cpu_logical_cores": 2, "ram_total_gb": 8, "gpus": []}
+    trials = [
+        {"name": "your settings", "overrides": {}, "samples_per_s": 100.0, "samples_per_s_reps": [100.0, 99.0, 101.0]},
+        {"name": "batch_size=64", "overrides": {"batch_size": 64}, "samples_per_s": 90.0,
+         "samples_per_s_reps": [90.0, 89.0, 91.0]},
+        {"name": "combined", "overrides": {"batch_size": 64, "num_workers": 2}, "samples_per_s": 95.0,
+         "samples_per_s_reps": [95.0, 94.0, 96.0]},
+        {"name": "num_workers=4", "overrides": {"num_workers": 4}, "error": "RuntimeError: boom"},
+    ]  # fmt: skip
+    md = render_report(hw, {"repeats": 3}, {}, {"verdict": "compute bound", "evidence": [], "advice": ""}, trials)
+    assert "| settings | samples/s | vs yours | judged |" in md and "| changed |" not in md
+    assert "| your settings | 100.0 (99–101) | 1.00× | — |" in md
+    assert "| batch_size=64 | 90.0 (89–91) | 0.90× | slower |" in md
+    assert "| combined: batch_size=64, num_workers=2 | 95.0 (94–96) | 0.95× | slower |" in md
+    assert "| num_workers=4 | failed: RuntimeError: boom |" in md
 
 
 def test_judge_and_project_job() -> None:

@@ -35,10 +35,12 @@ def claim_run_dir(output_dir: str | Path, name: str | None, prefix: str) -> tupl
             cand.mkdir()  # atomic: of two simultaneous launches exactly one gets each name
         except FileExistsError:
             if i == 1 and name is not None and _unused(cand):
-                return (
-                    cand,
-                    f"run dir: reusing {cand} (an earlier start left no checkpoint and no summary there)",
+                why = (
+                    "it holds the profiler's trace, profile/, and no checkpoint: training writes beside it"
+                    if (cand / "profile").is_dir()  # --profile --profile_then_train: its own profiling pass
+                    else "an earlier start left no checkpoint and no summary there"
                 )
+                return cand, f"run dir: reusing {cand} ({why})"
             continue
         note = None
         if name is not None and i > 1:

@@ -43,7 +43,7 @@ class Task:
     batch_sampler_fn: BatchSamplerFn | None = None  # None: plainloop's shuffling (distributed) sampler
     collate_fn: Callable | None = None
     monitor_metric: str = "val_loss"  # metric that picks best.pt
-    console_metrics: tuple[str, ...] | None = None  # validation metrics printed on the console (None: all)
+    console_metrics: tuple[str, ...] | None = None  # metrics printed on the console (None: all)
     monitor_mode: str = "min"  # "min" or "max"
     step_metrics: StepMetricsFn | None = None  # extra device scalars read at NORM_EVERY (e.g. feature norm)
     flops_per_sample: float | None = None  # forward+backward FLOPs, for MFU in benchmarks

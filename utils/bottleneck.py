@@ -1,7 +1,8 @@
 """Turn a run's measurements into one bottleneck verdict, its evidence and the one change most likely to help.
 
 Input is a `TrainingMonitor.get_summary()` dict (see utils/performance_monitor.py) and, optionally,
-`step_stats` from a short profile (utils/profiling.py): kernels_per_step, syncs_per_step, ... .
+`step_stats` from a short profile (utils/profiling.py): kernels_per_step, syncs_per_step, ... ; and world_size
+(under DDP the monitor measures one rank, so its samples/s is quoted per rank).
 No dependency beyond the standard library.
 
 Verdicts, checked in this order (the first one that the evidence supports wins):
@@ -150,10 +151,12 @@ def diagnose(summary: dict[str, Any], *, device_type: str, step_stats: dict[str,
     it = summary.get("iter_time_s") or {}
     p50_ms = it.get("p50") * 1000 if it.get("p50") is not None else None
     sps = summary.get("samples_per_s")
+    ranks = int(st.get("world_size") or 1)  # the monitor measures one process: under DDP, say so
     if p50_ms is not None:
         evidence.append(
             f"median step {p50_ms:.1f} ms (p90 {1000 * it.get('p90', 0):.1f} ms)"
             + (f", {sps:.1f} samples/s" if sps else "")
+            + (f" per rank (measured on one of {ranks} ranks)" if sps and ranks > 1 else "")
         )
     if dw is None:
         notes.append("data loading not judged: no data-wait timing was logged (log_iteration(..., data_seconds=...))")

@@ -18,7 +18,11 @@ class VerdictCallback:
             summary["verdict"] = diagnose(
                 summary.get("monitor") or {},
                 device_type=trainer.rt.device.type,
-                step_stats={"num_workers": workers, "torch_threads": torch.get_num_threads()},
+                step_stats={
+                    "num_workers": workers,
+                    "torch_threads": torch.get_num_threads(),
+                    "world_size": trainer.rt.world_size,  # the monitor's samples/s are this rank's
+                },
             )
         except (KeyError, TypeError, ValueError) as e:  # advice only: a finished run is never lost over it
             summary["verdict"] = {"verdict": "unknown", "evidence": [f"diagnose failed: {e}"], "advice": ""}

@@ -129,3 +129,19 @@ def retrieval_metrics(
         if len(trials) > 1:
             out[f"{pre}trials"] = float(len(trials))
     return out
+
+
+def score_names(
+    protocols: dict[str, tuple[np.ndarray, np.ndarray | Sequence[np.ndarray]]],
+    ranks: Sequence[int] = (1, 5, 10),
+    prefix: str = "",
+) -> tuple[str, ...]:
+    """The scores `retrieval_metrics` returns for these protocols (mAP, rank-k and, over trials, their std),
+    without "<...>_trials", which counts gallery draws and is no score: what a console line shows."""
+    out: list[str] = []
+    for name, (_, gi) in protocols.items():
+        pre = prefix + (f"{name}_" if name else "")
+        multi = not isinstance(gi, np.ndarray) and len(gi) > 1
+        for key in [f"{pre}mAP"] + [f"{pre}rank{k}" for k in ranks]:
+            out += [key, f"{key}_std"] if multi else [key]
+    return tuple(out)

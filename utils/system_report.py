@@ -467,6 +467,15 @@ def _settings_str(d: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in d.items()) if d else "(as given)"
 
 
+def _row_label(t: dict[str, Any], base: dict[str, Any]) -> str:
+    """A trial's settings, once: "batch_size=64"; a named trial also by its name ("combined: a=1, b=2")."""
+    if t is base:
+        return str(t.get("name") or "your settings")
+    changed = _settings_str(t.get("overrides") or {})
+    name = str(t.get("name") or changed)
+    return changed if name == changed else f"{name}: {changed}"
+
+
 def _judged(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each row with "ratio" (median samples/s vs yours) and "judgement" against trials[0]."""
     base = trials[0]
@@ -597,20 +606,18 @@ def render_report(
         )
         out += ["", "## Before / after" + how, ""]
         out += [
-            "| settings | changed | samples/s | vs yours | judged | step (ms) | data wait | peak mem (MB) |",
-            "|---|---|---:|---:|---|---:|---:|---:|",
+            "| settings | samples/s | vs yours | judged | step (ms) | data wait | peak mem (MB) |",
+            "|---|---:|---:|---|---:|---:|---:|",
         ]
         for t in rows:
             if t.get("error"):
-                out.append(
-                    f"| {t.get('name')} | {_settings_str(t.get('overrides') or {})} | failed: {t['error']} | | | | | |"
-                )
+                out.append(f"| {_row_label(t, base)} | failed: {t['error']} | | | | | |")
                 continue
             sps = t.get("samples_per_s")
             dw = t.get("data_wait_frac")
             mine = t is base
             out.append(
-                f"| {t.get('name')} | {'—' if mine else _settings_str(t.get('overrides') or {})} | "
+                f"| {_row_label(t, base)} | "
                 f"{_f(sps)}{_spread(t.get('samples_per_s_reps'))} | {_f(t.get('ratio'), '.2f', '×')} | "
                 f"{'—' if mine else t.get('judgement', 'n/a')} | {_f(t.get('step_time_ms'))} | "
                 f"{_f(None if dw is None else 100 * dw, '.0f', '%')} | {_f(t.get('peak_mem_mb'), '.0f')} |"
