@@ -529,3 +529,11 @@ def test_cpu_precision_auto_is_fp32_and_bf16_is_honoured():
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
     fp16 = resolve_runtime("16-mixed", "cpu")
     assert fp16.precision == "32" and "16-mixed needs a CUDA GPU" in fp16.notes[0]
+
+
+def test_a_log_callable_gets_every_line_also_with_the_bar_on(tmp_path, capsys):
+    lines: list[str] = []
+    Trainer(toy_config(tmp_path, progress_bar=True), make_task(), log=lines.append).fit()
+    assert any(line.startswith("[epoch 2/2]") for line in lines)
+    out = capsys.readouterr()
+    assert "[epoch" not in out.out + out.err  # nothing went around the caller's log

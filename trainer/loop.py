@@ -70,8 +70,8 @@ class Trainer:
         build_run(self)  # runtime, data, model, optimizer, schedule, resume: trainer/build.py
 
     def log(self, msg: str) -> None:
-        if self.rt.is_main:
-            (self.bar.write if self.bar is not None else self._print)(msg)
+        if self.rt.is_main:  # printed above a live bar; a log= callable of the caller's gets every line itself
+            (self.bar.write if self.bar is not None and self._print is print else self._print)(msg)
 
     # ------------------------------------------------------------------ one step
     def forward_backward(self, batch: Any, window: int, sync_grads: bool = True) -> torch.Tensor:
