@@ -165,11 +165,9 @@ def single_query_protocol(ds: _MetaMixin, seed: int = 0) -> dict[str, tuple[np.n
     """Market-style protocol on one set of images: one random query per (identity, camera), the rest is
     the gallery (same-identity same-camera matches are excluded by the metric, so a query is matched
     only across cameras)."""
-    n = len(ds.pids)
-    order = np.random.default_rng([seed, 0x9E7]).permutation(n)
-    _, first = np.unique(ds.pids[order] * 1000 + ds.camids[order], return_index=True)
-    q = np.sort(order[first])
-    return {"": (q, np.setdiff1d(np.arange(n), q))}
+    everyone = np.arange(len(ds.pids))
+    q = _single_shot(ds, everyone, [seed, 0x9E7])
+    return {"": (q, np.setdiff1d(everyone, q))}
 
 
 def read_market1501(
@@ -290,7 +288,7 @@ def sysu_protocols(ds: _MetaMixin, trials: int = 10, seed: int = 0) -> dict[str,
     return out
 
 
-def _single_shot(ds: _MetaMixin, idx: np.ndarray, seed: int) -> np.ndarray:
+def _single_shot(ds: _MetaMixin, idx: np.ndarray, seed: int | Sequence[int]) -> np.ndarray:
     """One random sample of `idx` per (identity, camera)."""
     shuffled = idx[np.random.default_rng(seed).permutation(len(idx))]
     _, first = np.unique(ds.pids[shuffled] * 1000 + ds.camids[shuffled], return_index=True)
@@ -480,29 +478,17 @@ class SyntheticCrossModalReID(_MetaMixin, Dataset):
     # device residency protocol of trainer/data.py: the whole set is a few MB
     def maybe_to_device(self, device: torch.device) -> bool:
         self.images = self.images.to(device)
-        self._meta_t = {
-            k: torch.as_tensor(v, device=device)
-            for k, v in (
-                ("label", self.labels),
-                ("pid", self.pids),
-                ("camid", self.camids),
-                ("is_ir", self.is_ir),
-            )
-        }
+        self._meta_t = self._meta_tensors(device)
         return True
+
+    def _meta_tensors(self, device: torch.device | None = None) -> dict[str, torch.Tensor]:
+        meta = {"label": self.labels, "pid": self.pids, "camid": self.camids, "is_ir": self.is_ir}
+        return {k: torch.as_tensor(v, device=device) for k, v in meta.items()}
 
     def gather(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
         meta = getattr(self, "_meta_t", None)
         if meta is None:
-            meta = self._meta_t = {
-                k: torch.as_tensor(v)
-                for k, v in (
-                    ("label", self.labels),
-                    ("pid", self.pids),
-                    ("camid", self.camids),
-                    ("is_ir", self.is_ir),
-                )
-            }
+            meta = self._meta_t = self._meta_tensors()
         return {"image": self.images[idx], **{k: v[idx] for k, v in meta.items()}}
 
 

@@ -90,6 +90,17 @@ def cosine_distance(q: np.ndarray, g: np.ndarray) -> np.ndarray:
     return 1.0 - q @ g.T
 
 
+def _galleries(gi: np.ndarray | Sequence[np.ndarray]) -> list[np.ndarray]:
+    """A protocol's gallery as a list of trials: one index array, or one per random draw."""
+    return [np.asarray(gi)] if isinstance(gi, np.ndarray) else [np.asarray(g) for g in gi]
+
+
+def _score_keys(prefix: str, name: str, ranks: Sequence[int]) -> tuple[str, list[str]]:
+    """(key prefix, [mAP, rank-k keys]) of one protocol, as `retrieval_metrics` names them."""
+    pre = prefix + (f"{name}_" if name else "")
+    return pre, [f"{pre}mAP"] + [f"{pre}rank{k}" for k in ranks]
+
+
 def retrieval_metrics(
     features: np.ndarray,
     pids: np.ndarray,
@@ -107,7 +118,7 @@ def retrieval_metrics(
     out: dict[str, float] = {}
     for name, (qi, gi) in protocols.items():
         qi = np.asarray(qi)
-        trials = [np.asarray(gi)] if isinstance(gi, np.ndarray) else [np.asarray(g) for g in gi]
+        trials = _galleries(gi)
         if not trials:
             raise ValueError(f"retrieval_metrics: protocol {name!r} has no gallery")
         pool = np.unique(np.concatenate(trials))
@@ -120,8 +131,7 @@ def retrieval_metrics(
             )
             per_trial.append([mAP] + [float(cmc[min(k, len(cmc)) - 1]) for k in ranks])
         vals = np.asarray(per_trial)
-        pre = prefix + (f"{name}_" if name else "")
-        keys = [f"{pre}mAP"] + [f"{pre}rank{k}" for k in ranks]
+        pre, keys = _score_keys(prefix, name, ranks)
         for j, key in enumerate(keys):
             out[key] = float(vals[:, j].mean())
             if len(trials) > 1:
@@ -140,8 +150,7 @@ def score_names(
     without "<...>_trials", which counts gallery draws and is no score: what a console line shows."""
     out: list[str] = []
     for name, (_, gi) in protocols.items():
-        pre = prefix + (f"{name}_" if name else "")
-        multi = not isinstance(gi, np.ndarray) and len(gi) > 1
-        for key in [f"{pre}mAP"] + [f"{pre}rank{k}" for k in ranks]:
+        multi = len(_galleries(gi)) > 1
+        for key in _score_keys(prefix, name, ranks)[1]:
             out += [key, f"{key}_std"] if multi else [key]
     return tuple(out)
