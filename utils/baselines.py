@@ -142,6 +142,13 @@ def _fractional_power(g: np.ndarray, p: float) -> np.ndarray:
 BASELINE_NAMES = ("persistence", "climatology", "anomaly_persistence", "damped_persistence", "lim")
 
 
+def unfitted_forecasts(last_input_c: Any, clim_target_c: Any, clim_input_c: Any) -> dict[str, np.ndarray]:
+    """The three °C forecasts that need no fitting: persistence (last input month), climatology (calendar-month
+    mean of the target) and anomaly persistence (target climatology + the last input month's anomaly)."""
+    last, ct, ci = (np.asarray(v, dtype=np.float64) for v in (last_input_c, clim_target_c, clim_input_c))
+    return {"persistence": last, "climatology": ct, "anomaly_persistence": ct + (last - ci)}
+
+
 def fit_baselines(
     train_anom: np.ndarray, lats: np.ndarray, mask: np.ndarray, lead: int, **lim_kw: Any
 ) -> dict[str, Any]:
@@ -160,12 +167,8 @@ def baseline_forecasts(
     clim_input_c: np.ndarray,
 ) -> dict[str, np.ndarray]:
     """°C forecasts (N, H, W) of every baseline for targets `lead` months after the last input month."""
-    last, ct, ci = (np.asarray(v, dtype=np.float64) for v in (last_input_c, clim_target_c, clim_input_c))
-    anom = last - ci
-    return {
-        "persistence": last,
-        "climatology": ct,
-        "anomaly_persistence": ct + anom,
-        "damped_persistence": ct + fitted["damped_persistence"].predict(anom),
-        "lim": ct + fitted["lim"].predict(anom, lead),
-    }
+    out = unfitted_forecasts(last_input_c, clim_target_c, clim_input_c)
+    ct, anom = out["climatology"], out["persistence"] - np.asarray(clim_input_c, dtype=np.float64)
+    out["damped_persistence"] = ct + fitted["damped_persistence"].predict(anom)
+    out["lim"] = ct + fitted["lim"].predict(anom, lead)
+    return out

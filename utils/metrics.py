@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from utils.baselines import unfitted_forecasts
+
 
 def _np(a: Any) -> np.ndarray:
     if hasattr(a, "detach"):  # torch tensor: one deliberate host copy, at scoring time only
@@ -79,13 +81,8 @@ def score_forecasts(
     """RMSE and ACC of the model and of three baselines, all against the same truth and climatology:
     persistence (last input month), climatology (calendar-month mean of the target) and anomaly persistence
     (target climatology + the last input month's anomaly); then every °C forecast in `extra` by its name."""
-    last, ct, ci = _np(last_input_c), _np(clim_target_c), _np(clim_input_c)
-    forecasts = {
-        "model": _np(pred_c),
-        "persistence": last,
-        "climatology": ct,
-        "anomaly_persistence": ct + (last - ci),
-    }
+    forecasts = {"model": _np(pred_c), **unfitted_forecasts(_np(last_input_c), _np(clim_target_c), _np(clim_input_c))}
+    ct = forecasts["climatology"]
     for name, f in (extra or {}).items():
         if name in forecasts:
             raise ValueError(f"score_forecasts: extra forecast {name!r} clashes with a built-in one")
