@@ -210,8 +210,8 @@ class RecursiveAttentionTransformer(nn.Module):
             )
         self.use_gradient_checkpointing = use_gradient_checkpointing
         lon_range, lat_range = self._resolve_area(area, lon_range, lat_range)
-        self.lon_west, self.lon_east, self.lon_width = _check_lon(lon_range)
-        self.lon_range = (self.lon_west, self.lon_east)
+        west, east, self.lon_width = _check_lon(lon_range)
+        self.lon_range = (west, east)
         self.lat_range = _check_lat(lat_range)
 
         p = self.patch_size
@@ -264,29 +264,29 @@ class RecursiveAttentionTransformer(nn.Module):
 
     def cell_centres(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(lats (H,), lons (W,)) of the grid cells in degrees (float64), in the dataset's convention."""
-        dlat = (self.lat_range[1] - self.lat_range[0]) / self.height
-        lats = self.lat_range[0] + (torch.arange(self.height, dtype=torch.float64) + 0.5) * dlat
-        return lats, self._wrap_lon(self.lon_west + (torch.arange(self.width, dtype=torch.float64) + 0.5)
-                                    * (self.lon_width / self.width))  # fmt: skip
+        return self._centres(1)
+
+    def _centres(self, cells: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(lats, lons) in degrees (float64) of the centres of `cells` x `cells` blocks of grid cells, the last
+        ones reaching into the padding: block i spans cells i*cells .. i*cells+cells-1, its middle is at
+        (i*cells + cells/2) cells. Longitudes go eastward (across the dateline if the area crosses it)."""
+        dlat = (self.lat_range[1] - self.lat_range[0]) / self.height  # cell size in degrees
+        dlon = self.lon_width / self.width
+        steps_h = torch.arange(math.ceil(self.height / cells), dtype=torch.float64) * cells + cells / 2
+        steps_w = torch.arange(math.ceil(self.width / cells), dtype=torch.float64) * cells + cells / 2
+        return self.lat_range[0] + steps_h * dlat, self._wrap_lon(self.lon_range[0] + steps_w * dlon)
 
     def _wrap_lon(self, lon: torch.Tensor) -> torch.Tensor:
-        # the same wrap as datasets/era5.py make_plan: the area's own convention
-        if max(self.lon_west, self.lon_east) <= 180.0:
+        # the same wrap as datasets/era5_grid.py make_plan: the area's own convention
+        if max(self.lon_range) <= 180.0:
             return torch.remainder(lon + 180.0, 360.0) - 180.0
         return torch.remainder(lon, 360.0)
 
     def _patch_centre_harmonics(self) -> torch.Tensor:
         """(num_tokens, (L+1)^2) real Y_l^m at the patch centres, row-major over the patch grid."""
-        p = self.patch_size
-        dlat = (self.lat_range[1] - self.lat_range[0]) / self.height  # cell size in degrees
-        dlon = self.lon_width / self.width  # eastward, across the dateline if the area crosses it
-        # Centre of patch i spans cells i*p .. i*p+p-1, i.e. the middle is at (i*p + p/2) cells. Patches
-        # that reach into the padding get a centre past the area edge: clamp latitude onto the sphere.
-        steps_h = torch.arange(self.grid_h, dtype=torch.float64) * p + p / 2
-        steps_w = torch.arange(self.grid_w, dtype=torch.float64) * p + p / 2
-        lat_c = (self.lat_range[0] + steps_h * dlat).clamp(-90, 90)
-        lon_c = self._wrap_lon(self.lon_west + steps_w * dlon)
-        lat_g, lon_g = torch.meshgrid(lat_c, lon_c, indexing="ij")
+        lat_c, lon_c = self._centres(self.patch_size)
+        # patches that reach into the padding get a centre past the area edge: clamp latitude onto the sphere
+        lat_g, lon_g = torch.meshgrid(lat_c.clamp(-90, 90), lon_c, indexing="ij")
         return real_spherical_harmonics(lat_g.reshape(-1), lon_g.reshape(-1), self.sh_degree, torch.float32)
 
     def set_ocean_mask(self, mask: torch.Tensor) -> None:
