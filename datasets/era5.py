@@ -37,9 +37,14 @@ import torch
 from torch.utils.data import Dataset
 
 from datasets.area import Area
-from datasets.era5_cache import _cache_key, _load_cache, build_cache, remove_orphan_temp_files
-from datasets.era5_files import (  # noqa: F401 - re-exported: datasets.era5 is the public entry point
+from datasets.era5_cache import (  # noqa: F401 - CACHE_VERSION re-exported
     CACHE_VERSION,
+    _cache_key,
+    _load_cache,
+    build_cache,
+    remove_orphan_temp_files,
+)
+from datasets.era5_files import (  # noqa: F401 - re-exported: datasets.era5 is the public entry point
     FileEntry,
     _month_str,
     default_cache_dir,
@@ -152,13 +157,12 @@ class ERA5SSTMonthlyDataset(Dataset):
 
         # statistics from the months that training samples touch, identical for every split object
         self._train_months = n_train + span
+        self._cal = self.months % 12  # calendar month of every file month
         self._clim, self.anomaly_std = self._compute_stats(mm, self._train_months)
         self.climatology_c = self._clim  # (12, H, W) °C, NaN on land
-        cal = self.months % 12
-        self._cal = cal
-        self.target_months = cal[start + span : start + span + count].copy()
         # absolute month (year * 12 + month - 1) of each target, for labels and year/month bookkeeping
         self.target_abs_months = self.months[start + span : start + span + count].copy()
+        self.target_months = self.target_abs_months % 12  # calendar month of each target
         self._norm: torch.Tensor | None = None  # normalised months of this split, once materialised
         self._clim_t: dict[str, torch.Tensor] = {}
         self.info = {
@@ -193,7 +197,7 @@ class ERA5SSTMonthlyDataset(Dataset):
 
     def _compute_stats(self, mm: np.ndarray, n_months: int) -> tuple[np.ndarray, float]:
         H, W = mm.shape[1:]
-        cal = self.months % 12
+        cal = self._cal
         s = np.zeros((12, H, W))
         c = np.zeros(12)
         for t0 in range(0, n_months, 120):

@@ -18,10 +18,12 @@ from pathlib import Path
 import numpy as np
 
 from datasets.area import Area
-from datasets.era5_files import CACHE_VERSION, _open
+from datasets.era5_files import _open
 from datasets.era5_grid import NetCDFSource, coarsen
 
 log = logging.getLogger("datasets.era5")
+
+CACHE_VERSION = 1  # in the cache key: bump it when the cached array would come out different
 
 # Temp files of a cache or sample build: `.era5_<name>.<pid>.tmp` or `.era5_<name>.<pid>.tmp.npy`.
 _TEMP_RE = re.compile(r"^\.era5_.+\.(\d+)\.tmp(\.npy)?$")

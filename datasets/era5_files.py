@@ -16,7 +16,6 @@ from pathlib import Path
 import netCDF4
 import numpy as np
 
-CACHE_VERSION = 1
 SST_NAMES = ("sst", "SST", "analysed_sst", "tos", "sea_surface_temperature", "sst_mean")
 SST_STANDARD_NAMES = ("sea_surface_temperature", "sea_surface_foundation_temperature")
 TIME_NAMES = ("time", "valid_time", "t")
