@@ -229,8 +229,8 @@ def hardware_info() -> dict[str, Any]:
             )
         info["gpu_driver"] = _driver_version()
         clocks = nvml_clocks()
-        for g in info["gpus"]:  # NVML order can differ from CUDA's; equal counts make the pairing safe enough
-            if len(clocks) == len(info["gpus"]):
+        if len(clocks) == len(info["gpus"]):  # NVML order can differ from CUDA's; equal counts make it safe enough
+            for g in info["gpus"]:
                 g.update({k: v for k, v in clocks[g["index"]].items() if k != "index"})
     elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         info["gpus"].append({"index": 0, "name": "Apple MPS", "memory_gb": None, "capability": None})
