@@ -341,32 +341,43 @@ class Campaign:
 
     def _reference(self, key: str) -> tuple[dict[str, Any], float]:
         if key not in self._refs:
-            run_dir = self.out / key
             p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *self.train_args(key)], key)
-            t_start = self.wait_for(run_dir / "config.json", p)
-            res = self.finish(p, h)
-            if res.rc != 0 or t_start is None:
-                raise RuntimeError(f"the uninterrupted reference run failed (exit {res.rc}):\n{res.text[-3000:]}")
-            # the training part: config.json (written as training starts) to the final last.pt
-            window = (run_dir / "checkpoints" / "last.pt").stat().st_mtime - (run_dir / "config.json").stat().st_mtime
-            self._refs[key] = (self.final_state(run_dir), max(window, 0.2))
+            self._record_reference(key, p, h, "reference run")
         return self._refs[key]
+
+    def _record_reference(self, key: str, p: subprocess.Popen, h: Any, what: str) -> None:
+        """Wait for the uninterrupted run `p` (run name `key`); keep its final state and training window."""
+        run_dir = self.out / key
+        t_start = self.wait_for(run_dir / "config.json", p)
+        res = self.finish(p, h)
+        if res.rc != 0 or t_start is None:
+            raise RuntimeError(f"the uninterrupted {what} failed (exit {res.rc}):\n{res.text[-3000:]}")
+        # the training part: config.json (written as training starts) to the final last.pt
+        window = (run_dir / "checkpoints" / "last.pt").stat().st_mtime - (run_dir / "config.json").stat().st_mtime
+        self._refs[key] = (self.final_state(run_dir), max(window, 0.2))
+
+    def start_and_wait(self, name: str, delay: float | None, share: float) -> tuple[subprocess.Popen, Any, float]:
+        """Start `name`'s training run and return `delay` seconds after training started (config.json written);
+        delay None = drawn at random over the first `share` of the reference's training window."""
+        _, window = self.reference()
+        p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *self.train_args(name)], name)
+        started = self.wait_for(self.out / name / "config.json", p)
+        if delay is None:
+            delay = self.rng(name).uniform(0.0, share * window)
+        if started is not None:
+            time.sleep(max(0.0, started + delay - time.monotonic()))
+        return p, h, delay
 
     # --------------------------------------------------------------------------------- kill -9
     def kill_case(self, i: int, delay: float | None = None, mid_write: bool = False) -> Case:
         """delay: seconds after training starts (config.json written); None = drawn at random.
         mid_write: after the delay, wait for a checkpoint temp file to appear and kill while it is written."""
-        ref, window = self.reference()
+        ref, _ = self.reference()
         name = f"kill{i}"
         case = Case("kill", name)
         t0 = time.monotonic()
         run_dir = self.out / name
-        p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *self.train_args(name)], name)
-        started = self.wait_for(run_dir / "config.json", p)
-        if delay is None:
-            delay = self.rng(name).uniform(0.0, 0.9 * window)
-        if started is not None:
-            time.sleep(max(0.0, started + delay - time.monotonic()))
+        p, h, delay = self.start_and_wait(name, delay, 0.9)
         if mid_write:
             ckdir, t_end = run_dir / "checkpoints", time.monotonic() + 5.0
             while p.poll() is None and time.monotonic() < t_end and not list(ckdir.glob(".*.tmp")):
@@ -422,18 +433,13 @@ class Campaign:
     # --------------------------------------------------------------------------------- signals
     def signal_case(self, i: int, signame: str, twice: bool = False, delay: float | None = None) -> Case:
         """delay: seconds after training starts; None = drawn at random over the first 70 % of training."""
-        ref, window = self.reference()
+        ref, _ = self.reference()
         sig = SIGNALS[signame]
         name = f"sig{i}-{signame.lower()}{'-x2' if twice else ''}"
         case = Case("signal", name)
         t0 = time.monotonic()
         run_dir = self.out / name
-        p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *self.train_args(name)], name)
-        started = self.wait_for(run_dir / "config.json", p)
-        if delay is None:
-            delay = self.rng(name).uniform(0.0, 0.7 * window)
-        if started is not None:
-            time.sleep(max(0.0, started + delay - time.monotonic()))
+        p, h, delay = self.start_and_wait(name, delay, 0.7)
         sent = p.poll() is None
         t_sig = time.monotonic()
         if sent:
@@ -736,18 +742,12 @@ class Campaign:
         base = {"NPROC_PER_NODE": "2", "OUTPUT_DIR": str(self.out), "EPOCHS": str(self.epochs)}
         extra = ["--checkpoint_every", "2", *TINY, *extra_args]
         if "elastic-ref" not in self._refs:
-            ref_dir = self.out / "elastic-ref"
             p, h = self.start(
                 ["bash", str(ROOT / "optimize_training.sh"), *extra],
                 "elastic-ref",
                 {"SKIP_SETUP": "1", **base, "RUN_NAME": "elastic-ref"},
             )
-            t_start = self.wait_for(ref_dir / "config.json", p)
-            res = self.finish(p, h)
-            if res.rc != 0 or t_start is None:
-                raise RuntimeError(f"the uninterrupted two-process run failed (exit {res.rc}):\n{res.text[-3000:]}")
-            window = (ref_dir / "checkpoints" / "last.pt").stat().st_mtime - (ref_dir / "config.json").stat().st_mtime
-            self._refs["elastic-ref"] = (self.final_state(ref_dir), max(window, 0.2))
+            self._record_reference("elastic-ref", p, h, "two-process run")
         ref, window = self._refs["elastic-ref"]
         name = f"elastic{i}"
         run_dir = self.out / name

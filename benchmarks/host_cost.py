@@ -248,16 +248,6 @@ class _MarksMonitor:
         self.marks.mark(t.batches_done == t.batches_per_epoch)
 
 
-def _fused_adamw(model: torch.nn.Module, lr: float = 1e-3, wd: float = 0.01) -> torch.optim.Optimizer:
-    """plainloop's AdamW groups (trainer/optim.py) with its CUDA settings: fused kernel, tensor lr."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": wd},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=torch.tensor(lr), fused=True)
-
-
 def loop_plainloop(
     c: dict,
     cache_dir: Path,
@@ -268,10 +258,11 @@ def loop_plainloop(
     gpu_path: bool = False,
 ) -> None:
     from trainer import TrainConfig, Trainer
+    from trainer.optim import build_adamw
 
     task = _task(c, cache_dir, None, seed)
     if gpu_path:  # the model's own optimizer wins in trainer/build.py: the GPU's AdamW (tensor lr, device schedule)
-        task.model.configure_optimizers = lambda: _fused_adamw(task.model)
+        task.model.configure_optimizers = lambda: build_adamw(task.model, 1e-3, 0.01, device, tensor_lr=True)
     mon = _MarksMonitor(marks)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = TrainConfig(

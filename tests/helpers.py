@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -36,3 +37,8 @@ def toy_config(tmp_path: Path, **kw: Any) -> TrainConfig:
         warmup_steps=2,
     )
     return TrainConfig(**{**base, **kw})
+
+
+def metric_rows(run_dir: Path) -> list[dict]:
+    """The rows of a run directory's metrics.jsonl."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers import metric_rows
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
@@ -59,7 +61,7 @@ def test_trainer_folder_alone_trains_in_a_repo_with_its_own_utils(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["plainloop_root_on_path"] is False
-    rows = [json.loads(r) for r in (tmp_path / "runs" / "copied" / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(tmp_path / "runs" / "copied")
     losses = [r["loss"] for r in rows if r["kind"] == "train"]
     assert losses[-1] < 0.2 * losses[0]  # it trained
     assert out["summary"]["val_loss"] < 0.2 * losses[0]

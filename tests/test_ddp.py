@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers import metric_rows
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -46,7 +48,7 @@ def test_torchrun_two_processes_gloo(tmp_path):
     assert summary["ddp_max_weight_diff"] == 0.0  # DDP kept both replicas identical
     # 512 samples / 2 ranks / 16 per batch = 16 batches per rank, 2 per optimizer step
     assert summary["steps"] == 8
-    rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(run)
     train_steps = [r["step"] for r in rows if r["kind"] == "train"]
     assert train_steps == sorted(set(train_steps)) == [2, 4, 6, 8]  # one writer: no duplicated rows
     assert len([r for r in rows if r["kind"] == "val"]) == 1
@@ -63,7 +65,7 @@ def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     ck = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
     # rank 1's 5th batch is in step 3; the ranks agree at the next log point (log_every 2): step 4
     assert ck["step"] == 4 and ck["batches_done"] == 8
-    rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(run)
     assert [r["signal"] for r in rows if r["kind"] == "event"] == ["SIGTERM"]  # rank 0 wrote once
     assert "Resume with" in proc.stdout + proc.stderr
 

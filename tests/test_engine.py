@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import trainer.build as build_mod
-from tests.helpers import toy_config
+from tests.helpers import metric_rows, toy_config
 from trainer.checkpoint import CheckpointError, atomic_save, load_checkpoint
 from trainer.config import TrainConfig
 from trainer.data import ShardedBatchSampler, loader_settings, to_device
@@ -108,7 +108,7 @@ def test_lr_scaling_rules():
 def test_training_writes_run_directory(tmp_path):
     s = Trainer(toy_config(tmp_path, epochs=3, validation_interval=2), make_task()).fit()
     run = tmp_path / "run"
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(run)
     val_rows = [r for r in rows if r["kind"] == "val"]
     assert [r["epoch"] for r in val_rows] == [2, 3]  # every 2nd epoch, and the last one
     assert all(r["loss"] > 0 for r in rows if r["kind"] == "train")
@@ -123,7 +123,7 @@ def test_training_writes_run_directory(tmp_path):
 def test_max_steps_and_val_check_steps(tmp_path):
     s = Trainer(toy_config(tmp_path, epochs=100, max_steps=11, val_check_steps=5), make_task()).fit()
     assert s["steps"] == 11
-    rows = [json.loads(r) for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(tmp_path / "run")
     assert [r["step"] for r in rows if r["kind"] == "val"] == [5, 10, 11]  # the last step always validates
 
 
@@ -346,7 +346,7 @@ def test_resume_after_a_kill_keeps_one_row_per_step(tmp_path):
         fh.write('{"kind": "train", "step": 7, "lo')  # torn by the kill
     rest = Trainer(toy_config(tmp_path, epochs=1, log_every=2, resume=str(run)), make_task())
     rest.fit()
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(run)
     steps = [r["step"] for r in rows if r["kind"] == "train"]
     assert steps == [2, 4, 6, 8], steps
     moved = (run / "metrics.rolled_back.jsonl").read_text().splitlines()
@@ -386,7 +386,7 @@ def test_a_run_killed_during_validation_redoes_it_first_on_resume(tmp_path, kill
     summary = rest.fit()
 
     def vals(run):
-        rows = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        rows = metric_rows(tmp_path / run)
         return [(r["step"], r["val_loss"]) for r in rows if r["kind"] == "val"]
 
     assert vals("p") == vals("s") and [s for s, _ in vals("p")] == [8, 16, 24]  # one row per validation
@@ -420,7 +420,7 @@ def test_a_stop_signal_during_validation_finishes_it_and_rewrites_last_pt(tmp_pa
     assert ck["step"] == 16 and ck["val_pending"] is None
     rest = Trainer(toy_config(tmp_path, run_name="p", epochs=3, resume=str(tmp_path / "p")), make_task())
     rest.fit()
-    rows = [json.loads(line) for line in (tmp_path / "p" / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(tmp_path / "p")
     assert [r["step"] for r in rows if r["kind"] == "val"] == [8, 16, 24]
 
 

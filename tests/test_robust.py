@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
-from tests.helpers import toy_config
+from tests.helpers import metric_rows, toy_config
 from trainer import Task, Trainer
 from trainer.build import ResumeError
 from trainer.checkpoint import load_checkpoint
@@ -32,10 +32,6 @@ def data(n: int = N, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 def toy(seed: int = 0, dropout: float = 0.0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, 1))
-
-
-def rows(run: Path) -> list[dict]:
-    return [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def finite_state(path: Path) -> bool:
@@ -74,7 +70,7 @@ def test_a_nan_batch_is_skipped_counted_and_never_saved(tmp_path):
     t = Trainer(toy_config(tmp_path, epochs=1), Task("toy", toy(), NaNBatch(range(0, 1)), TensorDataset(*data(64))))
     s = t.fit()
     assert s["skipped_steps"] == 1 and s["steps"] == N // 32
-    train_rows = [r for r in rows(t.run_dir) if r["kind"] == "train"]
+    train_rows = [r for r in metric_rows(t.run_dir) if r["kind"] == "train"]
     assert train_rows[-1]["skipped_steps"] == 1
     assert all(torch.isfinite(p).all() for p in t.raw_model.parameters())
     assert finite_state(t.run_dir / "checkpoints" / "last.pt")
@@ -99,7 +95,7 @@ def test_a_model_that_always_gives_nan_stops_with_exit_code_3(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "non-finite" in out and "--lr" in out and f"step {t.step}" in out
     assert t.step <= 8  # noticed at the first log point after 5 skips
-    events = [r for r in rows(t.run_dir) if r["kind"] == "event"]
+    events = [r for r in metric_rows(t.run_dir) if r["kind"] == "event"]
     assert events and events[0]["event"] == "diverged"
     assert all(torch.isfinite(p).all() for p in t.raw_model.parameters())
 
@@ -322,7 +318,7 @@ def test_max_batches_counts_batches_and_the_last_step_validates_once(tmp_path):
     )
     s = t.fit()
     assert s["steps"] == 6  # 12 batches = 6 optimizer steps of 2 micro-batches
-    assert [r["step"] for r in rows(t.run_dir) if r["kind"] == "val"] == [3, 6]
+    assert [r["step"] for r in metric_rows(t.run_dir) if r["kind"] == "val"] == [3, 6]
 
 
 def test_optimizer_step_state_round_trips():

@@ -19,6 +19,7 @@ import torch
 
 import train_optimized as cli
 import trainer.base as base_mod
+from tests.helpers import metric_rows
 from trainer import TrainConfig, Trainer
 from trainer.base import BaseTrainer
 
@@ -162,7 +163,7 @@ def test_seed000_4_debug_mode_is_the_before_loop(quickstart):
     assert tr.config.baseline and "seed 000 §4" in logged(lines)
     assert (cfg.precision, cfg.num_workers, cfg.pin_memory, cfg.persistent_workers) == ("32", 0, False, False)
     assert not t.on_device and cfg.validation_interval == 1  # read through the loader; validated every epoch
-    rows = [json.loads(r) for r in (Path(tr.summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(Path(tr.summary["run_dir"]))
     assert sum(r["kind"] == "train" for r in rows) == tr.summary["steps"]  # the loss read every step
 
 
@@ -394,18 +395,12 @@ def test_seed001_command_line(tmp_path, era5_cache, monkeypatch, capsys):
         True,
     )
     assert calls == [{"mode": "default"}]
-    val_epochs = [
-        r["epoch"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "val"
-    ]
+    val_epochs = [r["epoch"] for r in metric_rows(run) if r["kind"] == "val"]
     assert val_epochs == [20, 21]  # every 20 epochs, and the last one
     assert "num_workers=16, prefetch_factor and persistent_workers are not used" in capsys.readouterr().out
 
 
 # ============================================================================ seed 002: batch size vs speed (mmseg)
-def read_rows(run: Path) -> list[dict]:
-    return [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_seed002_mmseg_config_knobs(tmp_path, era5_cache, capsys):
     """configs/seed002_mmseg.toml as written: samples_per_gpu, workers_per_gpu, IterBasedRunner max_iters (batches),
     evaluation.interval (batches), cumulative_iters and fp16 loss_scale are each understood, with one note each."""
@@ -438,7 +433,7 @@ def test_seed002_mmseg_config_knobs(tmp_path, era5_cache, capsys):
     assert (eff["batch_size"], eff["accumulate_grad_batches"], eff["loss_scale"]) == (16, 2, "512.0")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 400 // 2  # 400 mmseg iterations = 400 batches = 200 optimizer steps with accumulation 2
-    val_steps = [r["step"] for r in read_rows(run) if r["kind"] == "val"]
+    val_steps = [r["step"] for r in metric_rows(run) if r["kind"] == "val"]
     assert val_steps == [100, 200]  # every 200 batches, and the last step validated once, not twice
 
 
@@ -683,7 +678,7 @@ def test_seed004_log_every_norm_every_progress(tmp_path, monkeypatch):
     )
     summary = Trainer(cfg, task, log=lambda _s: None).fit()
     assert summary["steps"] == 256
-    rows = read_rows(tmp_path / "pk")
+    rows = metric_rows(tmp_path / "pk")
     assert [r["step"] for r in rows if r["kind"] == "train"] == [100, 200, 256]  # one loss read per 100 steps
     assert [r["step"] for r in rows if "grad_norm" in r] == [200]  # the clipped norm, read at NORM_EVERY
     assert len(updates) == 26 and sum(updates) == 256  # every 10 batches, and at the epoch end
