@@ -286,7 +286,11 @@ def open_run_dir(t: Any) -> RunFiles | None:
     if not rt.is_main:
         return None
     files = RunFiles(
-        Path(t.run_dir), t.callbacks, t, resumed_step=t.step if cfg.resume else None, val_pending=t.val_pending
+        Path(t.run_dir),
+        t.callbacks,
+        t,
+        resumed_step=t.step if cfg.resume else None,
+        val_pending=t.val_pending is not None,
     )
     if files.removed:
         t.notes.append(f"removed {len(files.removed)} temp file(s) left by an interrupted write")
