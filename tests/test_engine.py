@@ -424,6 +424,51 @@ def test_a_stop_signal_during_validation_finishes_it_and_rewrites_last_pt(tmp_pa
     assert [r["step"] for r in rows if r["kind"] == "val"] == [8, 16, 24]
 
 
+def test_a_stop_signal_at_an_epoch_end_leaves_that_validation_to_the_resume(tmp_path):
+    """SIGTERM during an epoch's last batch: the run stops before validating, last.pt says the validation is
+    pending, and the resume runs it first: no epoch goes without its val row."""
+    import signal
+
+    from trainer.finish import TrainingStopped
+
+    part = Trainer(toy_config(tmp_path, run_name="p", epochs=3), make_task())
+    real, batches = part.forward_backward, []
+
+    def signalled(*a, **k):
+        batches.append(1)
+        if len(batches) == 16:  # the last batch of epoch 2
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler only sets the flag
+        return real(*a, **k)
+
+    part.forward_backward = signalled
+    with pytest.raises(TrainingStopped):
+        part.fit()
+    ck = load_checkpoint(tmp_path / "p" / "checkpoints" / "last.pt")
+    assert ck["step"] == ck["val_pending"] == 16
+    Trainer(toy_config(tmp_path, run_name="p", epochs=3, resume=str(tmp_path / "p")), make_task()).fit()
+    rows = [json.loads(line) for line in (tmp_path / "p" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "val"] == [8, 16, 24]
+
+
+def test_a_run_killed_after_its_last_step_validation_does_not_validate_it_again(tmp_path, monkeypatch):
+    """val_check_steps divides the last step: its validation ran before last.pt, so a resume of a run killed
+    afterwards (e.g. while testing) goes straight to the test scores and summary, with one val row per step."""
+    import trainer.loop
+
+    part = Trainer(toy_config(tmp_path, run_name="p", epochs=3, val_check_steps=8), make_task())
+    with monkeypatch.context() as m:
+        m.setattr(trainer.loop, "test_split", lambda t: (_ for _ in ()).throw(Killed()))
+        with pytest.raises(Killed):
+            part.fit()
+    assert load_checkpoint(tmp_path / "p" / "checkpoints" / "last.pt")["last_val_step"] == 24
+    rest = Trainer(
+        toy_config(tmp_path, run_name="p", epochs=3, val_check_steps=8, resume=str(tmp_path / "p")), make_task()
+    )
+    rest.fit()
+    rows = [json.loads(line) for line in (tmp_path / "p" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "val"] == [8, 16, 24]
+
+
 class Evil:
     def __reduce__(self):
         return (os.system, ("echo pwned",))

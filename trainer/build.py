@@ -159,6 +159,7 @@ def state_of(t: Any) -> dict[str, Any]:
         "best": t.best.state_dict(),
         # a checkpoint written right before a validation: a resume runs that validation first (None: none due)
         "val_pending": t.val_pending,
+        "last_val_step": t._last_val_step,  # a resume at this step does not validate it again (val_check_steps)
         "rng": rng_state(),
         "config": t.cfg.to_dict(),
         "task": t.task.name,
@@ -218,6 +219,7 @@ def load_checkpoint_into(t: Any, path: Path, weights_only: bool = False) -> None
     t.best.load_state_dict(best if isinstance(best, dict) else {"best": best})
     set_rng_state(ckpt["rng"])
     t.val_pending = t.step if ckpt.get("val_pending") == t.step else None
+    t._last_val_step = int(ckpt.get("last_val_step", -1))
     run_dir = path if path.is_dir() else path.parent.parent
     if (run_dir / "checkpoints").is_dir():
         t.run_dir = run_dir
@@ -284,7 +286,11 @@ def open_run_dir(t: Any) -> RunFiles | None:
     if not rt.is_main:
         return None
     files = RunFiles(
-        Path(t.run_dir), t.callbacks, t, resumed_step=t.step if cfg.resume else None, val_pending=t.val_pending
+        Path(t.run_dir),
+        t.callbacks,
+        t,
+        resumed_step=t.step if cfg.resume else None,
+        val_pending=t.val_pending is not None,
     )
     if files.removed:
         t.notes.append(f"removed {len(files.removed)} temp file(s) left by an interrupted write")

@@ -126,26 +126,24 @@ class Trainer:
                 open_bar(self)
                 halted = False
                 if self.val_pending is not None:  # resumed from a checkpoint written right before a validation
-                    last_val = validate(self) or last_val
+                    last_val = self._validate_pending() or last_val
                     halted = early_stop(self)
                 while not halted and self.epoch < self.max_epochs and self.step < self.total_steps and not stop.signum:
                     self._train_epoch()
                     epoch_done, last = self.batches_done == 0, self.step >= self.total_steps
-                    val_now = cfg.val_check_steps is None and (last or self.epoch % cfg.validation_interval == 0)
+                    val_now = cfg.val_check_steps is None and (
+                        last or (epoch_done and self.epoch % cfg.validation_interval == 0)
+                    )
                     if epoch_done or last or stop.signum:
-                        # before validation: a stop during it loses nothing, and the resume redoes the validation
+                        # before validation: a stop during it (or before it) loses nothing, the resume runs it first
                         due = val_now or (last and cfg.val_check_steps is not None and self._last_val_step != self.step)
-                        self.val_pending = (
-                            self.step if due and not stop.signum and self.task.val_set is not None else None
-                        )
+                        self.val_pending = self.step if due and self.task.val_set is not None else None
                         self._save("last.pt")
                         epoch_line(self, t0)
                     if stop.signum:
                         break
                     if val_now:
-                        last_val = validate(self) or last_val
-                        if stop.signum:  # the stop came during validation: last.pt again, without the pending mark
-                            self._save("last.pt")
+                        last_val = self._validate_pending() or last_val
                     if early_stop(self):
                         break
                 stopped = stop.signum
@@ -166,6 +164,13 @@ class Trainer:
             self.files.write_json("summary.json", summary)
             self.files.close()
         return summary
+
+    def _validate_pending(self) -> dict[str, float]:
+        """The validation last.pt announced; a stop during it writes last.pt again, without the pending mark."""
+        metrics = validate(self)
+        if self.stop.signum:
+            self._save("last.pt")
+        return metrics
 
     def _train_epoch(self) -> None:
         cfg, model, accum = self.cfg, self.model, self.cfg.accumulate_grad_batches

@@ -171,15 +171,13 @@ class RunFiles:
         callbacks: list[Any],
         trainer: Any,
         resumed_step: int | None = None,
-        val_pending: int | None = None,
+        val_pending: bool = False,
     ) -> None:
         self.run_dir, self.callbacks, self.trainer = run_dir, callbacks, trainer
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         self.lock = RunLock(run_dir)
         self.removed = remove_orphan_temps(run_dir / "checkpoints") + remove_orphan_temps(run_dir)
-        self.rolled_back = (
-            0 if resumed_step is None else roll_back_metrics(run_dir, resumed_step, val_pending == resumed_step)
-        )
+        self.rolled_back = 0 if resumed_step is None else roll_back_metrics(run_dir, resumed_step, val_pending)
         self._metrics = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
 
     def write_json(self, name: str, obj: Any) -> None:
