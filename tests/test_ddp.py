@@ -11,31 +11,12 @@ from tests.helpers import metric_rows
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# torch's gloo backend sometimes aborts a finished process at interpreter exit ("terminate called without an
-# active exception", SIGABRT; seen here in 3 of 8 runs of this test before plainloop destroyed its process group at
-# exit, and about 1 in 10 after). Such an attempt is run once more; any other failure fails the test.
-GLOO_EXIT_ABORT = "terminate called without an active exception"
-
-
 def torchrun(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    for attempt in range(2):
-        out = tmp_path / f"try{attempt}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            str(ROOT / "tests" / "ddp_script.py"),
-            str(out),
-            *extra,
-        ]
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-        proc.out = out
-        if GLOO_EXIT_ABORT not in proc.stdout + proc.stderr:
-            return proc
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(ROOT / "tests" / "ddp_script.py"), str(tmp_path), *extra]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    proc.out = tmp_path
     return proc
 
 
@@ -54,6 +35,12 @@ def test_torchrun_two_processes_gloo(tmp_path):
     assert len([r for r in rows if r["kind"] == "val"]) == 1
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.pt", "last.pt"]
     assert proc.stdout.count("[plainloop] toy:") == 1  # only rank 0 prints the run line
+    # Ending the process group at exit ends gloo's worker threads. One left alive into interpreter shutdown aborted a
+    # finished run ("terminate called without an active exception", SIGABRT, exit 1 after summary.json was written):
+    # 4 of 30 runs of this script before, 0 of 79 after (fit() drops its DDP wrapper; torch._dynamo imported first).
+    if sys.platform == "linux":
+        for rank in (0, 1):
+            assert f"rank {rank}: gloo threads left after destroy_process_group: 0" in proc.stdout
 
 
 def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
@@ -76,11 +63,7 @@ def test_cli_under_torchrun_prints_its_start_up_lines_once(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(ROOT / "train_optimized.py"), "--task", "reid", "--num_identities", "24", "--max_steps", "2",
            "--output_dir", str(tmp_path), "--run_name", "r", "--no-plots", "--no-progress_bar"]  # fmt: skip
-    for _attempt in range(2):
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-        if GLOO_EXIT_ABORT not in proc.stdout + proc.stderr:
-            break
-        cmd[cmd.index("--run_name") + 1] += "x"
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("[plainloop] sampler: CachedModalAwarePKSampler") == 1, proc.stdout
     assert proc.stdout.count("  P x K = ") == 1 and proc.stdout.count("[plainloop] reid:") == 1

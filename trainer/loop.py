@@ -36,6 +36,7 @@ from .finish import (
 from .hooks import Monitor, call
 from .progress import epoch_line, open_bar
 from .runfiles import RunFiles
+from .setup import release_ddp
 from .signals import StopRequest
 from .step import shrink_micro_batch
 from .task import Task, read_step_metrics
@@ -105,6 +106,9 @@ class Trainer:
             if self.files is not None:  # a fit that failed releases its run dir: the same process may resume it
                 self.files.close()
             raise
+        finally:
+            if self.rt.distributed:
+                release_ddp(self)
 
     def _fit(self) -> dict[str, Any]:
         cfg, rt = self.cfg, self.rt

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
+import importlib
 import os
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -53,6 +56,9 @@ def init_distributed(backend: str | None = None) -> tuple[int, int, int]:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
+        # torch._dynamo imported after init_process_group keeps the group alive past destroy_process_group()
+        # (torch 2.13; DDP imports it), and with it gloo's threads; imported first, it does not.
+        importlib.import_module("torch._dynamo")
         dist.init_process_group(backend=backend)
         # a process group still alive at interpreter exit can abort the process (gloo's threads): end it first
         atexit.register(cleanup_distributed)
@@ -139,6 +145,17 @@ def set_rng_state(state: dict) -> None:
 def _to_tuple(x):
     # python's random state round-trips through a checkpoint as lists; setstate wants tuples
     return tuple(_to_tuple(v) for v in x) if isinstance(x, list | tuple) else x
+
+
+def release_ddp(trainer: Any) -> None:
+    """Drop a trainer's DDP wrapper when its fit() ends, so destroy_process_group() at exit can end gloo's threads.
+
+    The wrapper holds the process group: alive, its worker threads outlive destroy_process_group() into interpreter
+    shutdown, where one still freeing a finished all-reduce aborts the process ("terminate called without an active
+    exception", SIGABRT, after summary.json was written).
+    """
+    trainer.model = trainer.raw_model
+    gc.collect()
 
 
 def cleanup_distributed() -> None:
