@@ -1,4 +1,9 @@
-"""Run by tests/test_ddp.py under torchrun: one epoch of a toy task with DDP on CPU (gloo)."""
+"""Run by tests/test_ddp.py under torchrun: a toy task with DDP on CPU (gloo).
+
+argv: OUT [MODE]. MODE "signal": rank 1 alone gets a SIGTERM in its 5th batch; "signal_epoch_end": in the epoch's
+last batch, after the ranks' last agreement of that epoch; "early_stop": six epochs at a learning rate too small to
+improve, patience 1 (rank 0 scores the validation, every rank must stop with it).
+"""
 
 import os
 import signal
@@ -20,8 +25,9 @@ x = torch.randn(512, 8, generator=g)
 y = x.sum(1, keepdim=True)
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 1))
+mode = sys.argv[2] if len(sys.argv) > 2 else ""
 cfg = TrainConfig(
-    epochs=1,
+    epochs=6 if mode == "early_stop" else 1,
     batch_size=16,
     accumulate_grad_batches=2,
     num_workers=0,
@@ -30,11 +36,14 @@ cfg = TrainConfig(
     progress_bar=False,
     log_every=2,
     validation_interval=1,
+    early_stopping_patience=1 if mode == "early_stop" else None,
+    lr=1e-12 if mode == "early_stop" else 1e-3,
 )
+SIGNAL_AT = {"signal": 5, "signal_epoch_end": 16}.get(mode)  # rank 1's batch (16 per epoch) that gets the SIGTERM
 
 
 class SignalRank1:
-    """A monitor that sends rank 1 (only) a SIGTERM during its 5th batch: the ranks must agree to stop."""
+    """A monitor that sends rank 1 (only) a SIGTERM during batch SIGNAL_AT: the ranks must agree to stop."""
 
     def __init__(self) -> None:
         self.n = 0
@@ -48,11 +57,11 @@ class SignalRank1:
 
     def log_iteration(self, *a) -> None:
         self.n += 1
-        if self.n == 5 and os.environ.get("RANK") == "1":
+        if self.n == SIGNAL_AT and os.environ.get("RANK") == "1":
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-monitor = SignalRank1() if len(sys.argv) > 2 and sys.argv[2] == "signal" else None
+monitor = SignalRank1() if SIGNAL_AT else None
 trainer = Trainer(cfg, Task("toy", model, TensorDataset(x, y), TensorDataset(x[:64], y[:64])), monitor=monitor)
 trainer.fit()  # the trainer stays referenced, as in a user script
 # Linux: after the exit-time cleanup no gloo thread may be left to outlive the interpreter

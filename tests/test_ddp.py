@@ -11,11 +11,11 @@ from tests.helpers import metric_rows
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def torchrun(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+def torchrun(tmp_path: Path, *extra: str, timeout: int = 180) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(ROOT / "tests" / "ddp_script.py"), str(tmp_path), *extra]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     proc.out = tmp_path
     return proc
 
@@ -55,6 +55,41 @@ def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     rows = metric_rows(run)
     assert [r["signal"] for r in rows if r["kind"] == "event"] == ["SIGTERM"]  # rank 0 wrote once
     assert "Resume with" in proc.stdout + proc.stderr
+    assert_both_ranks_stopped_cleanly(proc)
+
+
+def assert_both_ranks_stopped_cleanly(proc: subprocess.CompletedProcess) -> None:
+    """No rank crashed on the way out (rank 0 used to all-reduce alone for summary.json and die), and the summary
+    says why the run stopped."""
+    out = proc.stdout + proc.stderr
+    assert "]: Traceback" not in out and "exitcode  : 1 " not in out, out[-3000:]  # "[rank0]: Traceback ..."
+    summary = json.loads((proc.out / "ddp" / "summary.json").read_text())
+    assert summary["stopped_by"] == "SIGTERM" and summary["ddp_max_weight_diff"] == 0.0
+
+
+def test_a_signal_after_the_epochs_last_agreement_stops_every_rank_at_the_epoch_end(tmp_path):
+    """Rank 1 alone is signalled in the epoch's last batch, after that epoch's last log-point agreement: without one
+    more agreement at the epoch's end, rank 1 stopped while rank 0 went on to validate and waited for it."""
+    proc = torchrun(tmp_path, "signal_epoch_end")
+    assert "exitcode  : 143" in proc.stdout + proc.stderr
+    assert_both_ranks_stopped_cleanly(proc)
+    run = proc.out / "ddp"
+    import torch
+
+    ck = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert ck["step"] == 8 and ck["val_pending"] == 8  # the epoch's end, its validation left for the resume
+    rows = metric_rows(run)
+    assert [r["signal"] for r in rows if r["kind"] == "event"] == ["SIGTERM"]
+    assert not [r for r in rows if r["kind"] == "val"]  # neither rank validated: both stopped first
+
+
+def test_early_stopping_stops_every_rank(tmp_path):
+    """Rank 0 scores the validation; every rank must take its early-stopping decision (rank 1 trained on alone)."""
+    proc = torchrun(tmp_path, "early_stop")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((proc.out / "ddp" / "summary.json").read_text())
+    assert summary["steps"] == 16 and summary["ddp_max_weight_diff"] == 0.0  # stopped after the 2nd validation
+    assert proc.stdout.count("early stopping: val_loss did not improve for 1 validations") == 1
 
 
 def test_cli_under_torchrun_prints_its_start_up_lines_once(tmp_path):

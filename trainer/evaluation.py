@@ -73,7 +73,11 @@ class BestTracker:
 
 
 def validate(self: Any) -> dict[str, float]:
-    """Score the val split on rank 0, log it, keep best.pt when it improved; every rank waits for it."""
+    """Score the val split on rank 0, log it, keep best.pt when it improved; every rank gets the scores.
+
+    Under DDP the scores are broadcast from rank 0, so every rank tracks the same best and takes the same
+    early-stopping decision (rank 1 used to train on alone after rank 0 stopped).
+    """
     self._last_val_step = self.step
     self.val_pending = None  # the validation a checkpoint announced is under way; checkpoints from now on say so
     if self.task.val_set is None:
@@ -81,9 +85,14 @@ def validate(self: Any) -> dict[str, float]:
     metrics: dict[str, float] = {}
     if self.rt.is_main:
         metrics = self.evaluate("val")
+    if self.rt.distributed:
+        box = [metrics]
+        dist.broadcast_object_list(box, src=0)  # also the barrier: no rank runs ahead while rank 0 scores
+        metrics = box[0]
+    improved = self.best.update(metrics)
+    if self.rt.is_main:
         epoch = self.epoch + (1 if self.batches_done else 0)  # 1-based, also mid-epoch
         self._row({"kind": "val", "step": self.step, "epoch": epoch, **metrics})
-        improved = self.best.update(metrics)
         shown = self.task.console_metrics or tuple(metrics)
         self.log(
             f"[val] step {self.step} epoch {epoch}: "
@@ -92,8 +101,6 @@ def validate(self: Any) -> dict[str, float]:
         )
         if improved and self.cfg.save_best:
             self._save("best.pt")
-    if self.rt.distributed:
-        dist.barrier()
     return metrics
 
 

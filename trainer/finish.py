@@ -68,11 +68,13 @@ def stopped_by_signal(self: Any, signum: int, train_time: float) -> None:
     )
     self._row({"kind": "event", "step": self.step, "event": "stopped", "signal": name})
     self.log(f"[plainloop] {msg}")
+    summary = summary_of(self, train_time, {}, {})  # on every rank: under DDP it holds a collective
     if self.rt.is_main:
-        summary = summary_of(self, train_time, {}, {})
         summary["stopped_by"] = name
         self.files.write_json("summary.json", summary)
         self.files.close()
+    if self.rt.distributed:
+        dist.barrier()  # no rank exits (and has torchrun end the others) before rank 0 has written
     raise TrainingStopped(128 + signum)
 
 

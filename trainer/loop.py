@@ -126,31 +126,36 @@ class Trainer:
         self._start_batches, self._start_step = self.batches_total_done(), self.step
         try:
             with StopRequest() as stop:
-                self.stop = stop
+                self.stop, self.stopping = stop, None
                 open_bar(self)
                 halted = False
                 if self.val_pending is not None:  # resumed from a checkpoint written right before a validation
                     last_val = self._validate_pending() or last_val
                     halted = early_stop(self)
-                while not halted and self.epoch < self.max_epochs and self.step < self.total_steps and not stop.signum:
+                while not halted and self.epoch < self.max_epochs and self.step < self.total_steps:
+                    if self._agree_stop():
+                        break
                     self._train_epoch()
+                    # DDP: agree once more, so a signal that reached one rank after the epoch's last log point
+                    # cannot send that rank out of the loop while the others validate
+                    stopping = self._agree_stop()
                     epoch_done, last = self.batches_done == 0, self.step >= self.total_steps
                     val_now = cfg.val_check_steps is None and (
                         last or (epoch_done and self.epoch % cfg.validation_interval == 0)
                     )
-                    if epoch_done or last or stop.signum:
+                    if epoch_done or last or stopping:
                         # before validation: a stop during it (or before it) loses nothing, the resume runs it first
                         due = val_now or (last and cfg.val_check_steps is not None and self._last_val_step != self.step)
                         self.val_pending = self.step if due and self.task.val_set is not None else None
                         self._save("last.pt")
                         epoch_line(self, t0)
-                    if stop.signum:
+                    if stopping:
                         break
                     if val_now:
                         last_val = self._validate_pending() or last_val
                     if early_stop(self):
                         break
-                stopped = stop.signum
+                stopped = self._agree_stop()
         finally:
             self.monitor.stop_monitoring()
             if self.bar is not None:
@@ -172,9 +177,21 @@ class Trainer:
     def _validate_pending(self) -> dict[str, float]:
         """The validation last.pt announced; a stop during it writes last.pt again, without the pending mark."""
         metrics = validate(self)
-        if self.stop.signum:
+        if self._agree_stop():
             self._save("last.pt")
         return metrics
+
+    def _agree_stop(self) -> int | None:
+        """The stop request every rank acts on, kept in self.stopping: the live flag (a signal handler may set it
+        at any moment) on one process; under DDP the ranks' flags all-reduced, so they all take the same branch."""
+        signum = self.stop.signum
+        if self.rt.distributed:
+            flag = torch.tensor(float(signum or 0), device=self.rt.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            signum = int(flag.item()) or None  # note: sync point (log points, epoch ends, validations)
+            self.stop.signum = self.stop.signum or signum  # a rank that was not signalled names the signal too
+        self.stopping = signum
+        return signum
 
     def _train_epoch(self) -> None:
         cfg, model, accum = self.cfg, self.model, self.cfg.accumulate_grad_batches
@@ -224,10 +241,7 @@ class Trainer:
                     i_t = self._log_point(pending, i_samples, i_data, i_t, norm if want_norm else None)
                     i_samples, i_data = 0, 0.0
                     if ddp:  # every rank must stop at the same step: agree at the log point (already a sync)
-                        flag = torch.tensor(float(stop.signum or 0), device=self.rt.device)
-                        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                        stop.signum = stop.signum or int(flag.item()) or None  # note: sync point (log point)
-                        agreed = stop.signum is not None
+                        agreed = self._agree_stop() is not None
                 elif want_norm:
                     self._log_norm(norm)
                 if val_steps is not None and self.step % val_steps == 0:
