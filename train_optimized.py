@@ -41,6 +41,7 @@ from trainer.options import (
     load_config_file,
 )
 from trainer.runfiles import RunDirError, find_resumable
+from trainer.setup import launch_prefix
 
 RUN = "task and run"
 TOOLS = "measurement tools"
@@ -293,7 +294,7 @@ def run(explicit: dict[str, Any]) -> int:
     except ResumeError as e:
         changed = [n for n in notes if n.startswith("resume:")]
         raise ResumeError(
-            f"{e}{' Settings changed from the saved run: ' + '; '.join(c[8:] for c in changed) if changed else ''}"
+            f"{e}{' (settings changed from the saved run: ' + '; '.join(c[8:] for c in changed) + ')' if changed else ''}"
         ) from None
     if trainer.rt.is_main:
         report_run(summary, trainer.run_dir, opts, task.console_metrics)
@@ -375,20 +376,8 @@ def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions, shown: 
 
 def rerun_command(config: Path, env: Any = os.environ) -> str:
     """The command that runs this job again: under torchrun (WORLD_SIZE > 1) with its torchrun prefix."""
-    world = int(env.get("WORLD_SIZE", "1") or 1)
-    if world <= 1:
-        return f"python train_optimized.py --config {config}"
-    per_node = int(env.get("LOCAL_WORLD_SIZE", "0") or 0) or world
-    nodes = max(1, world // per_node)
-    if nodes == 1:
-        launch = f"torchrun --standalone --nproc_per_node {per_node}"
-    else:  # the same line on each node, with that node's --node_rank
-        addr, port = env.get("MASTER_ADDR", "HOST0"), env.get("MASTER_PORT", "29500")
-        launch = (
-            f"torchrun --nnodes {nodes} --node_rank NODE_RANK --nproc_per_node {per_node} --master_addr {addr} "
-            f"--master_port {port}"
-        )
-    return f"{launch} train_optimized.py --config {config}" + (" (on each node)" if nodes > 1 else "")
+    launch = launch_prefix(env)
+    return f"{launch} train_optimized.py --config {config}" + (" (on each node)" if "--nnodes" in launch else "")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from datasets.cached_sampler import CachedModalAwarePKSampler, parse_epoch_lengt
 from datasets.reid import read_market1501, read_sysu_mm01, synthetic_reid
 from models.reid_net import ReIDLoss, ReIDNet
 from trainer import Task
+from trainer.signals import ignore_stop_signals
 from utils.reid_eval import retrieval_metrics, score_names
 
 logger = logging.getLogger(__name__)
@@ -88,7 +89,13 @@ def extract_features(
                 x = dataset.gather(idx.to(dataset.images.device))["image"].to(device, non_blocking=True)
                 feats.append(model(x)["bn_features"].float())
         else:
-            for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers):
+            for batch in DataLoader(
+                dataset,
+                batch_size=batch_size,
+                shuffle=False,
+                num_workers=num_workers,
+                worker_init_fn=ignore_stop_signals if num_workers else None,  # a stop is the trainer's
+            ):
                 feats.append(model(batch["image"].to(device, non_blocking=True))["bn_features"].float())
     model.train(was_training)
     return torch.cat(feats).cpu().numpy()  # one sync, at evaluation

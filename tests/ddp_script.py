@@ -2,12 +2,16 @@
 
 argv: OUT [MODE]. MODE "signal": rank 1 alone gets a SIGTERM in its 5th batch; "signal_epoch_end": in the epoch's
 last batch, after the ranks' last agreement of that epoch; "early_stop": six epochs at a learning rate too small to
-improve, patience 1 (rank 0 scores the validation, every rank must stop with it).
+improve, patience 1 (rank 0 scores the validation, every rank must stop with it); "test_with_best": two epochs, the
+first validation is the best, the test split is scored with best.pt; "agent_sigterm": a loader worker per rank,
+and rank 0 sends SIGTERM to the torchrun agent in its 5th batch (the agent passes it to each rank's process group);
+"resume": argv[3] is a run directory to resume.
 """
 
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -27,10 +31,12 @@ torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 1))
 mode = sys.argv[2] if len(sys.argv) > 2 else ""
 cfg = TrainConfig(
-    epochs=6 if mode == "early_stop" else 1,
+    epochs={"early_stop": 6, "test_with_best": 2, "resume": 2}.get(mode, 1),
     batch_size=16,
     accumulate_grad_batches=2,
-    num_workers=0,
+    # "agent_sigterm": a DataLoader with a worker process per rank, instead of batches gathered from memory
+    num_workers=1 if mode == "agent_sigterm" else 0,
+    device_cache=False if mode == "agent_sigterm" else None,
     output_dir=out,
     run_name="ddp",
     progress_bar=False,
@@ -38,8 +44,11 @@ cfg = TrainConfig(
     validation_interval=1,
     early_stopping_patience=1 if mode == "early_stop" else None,
     lr=1e-12 if mode == "early_stop" else 1e-3,
+    test_with_best=mode == "test_with_best",
+    resume=sys.argv[3] if mode == "resume" else None,
 )
-SIGNAL_AT = {"signal": 5, "signal_epoch_end": 16}.get(mode)  # rank 1's batch (16 per epoch) that gets the SIGTERM
+# the batch (16 per epoch and rank) in which rank 1 gets a SIGTERM (rank 0 signals the agent)
+SIGNAL_AT = {"signal": 5, "signal_epoch_end": 16, "agent_sigterm": 5}.get(mode)
 
 
 class SignalRank1:
@@ -57,16 +66,34 @@ class SignalRank1:
 
     def log_iteration(self, *a) -> None:
         self.n += 1
-        if self.n == SIGNAL_AT and os.environ.get("RANK") == "1":
+        if self.n == SIGNAL_AT and mode == "agent_sigterm" and os.environ.get("RANK") == "0":
+            os.kill(os.getppid(), signal.SIGTERM)  # the torchrun agent, as a user or SLURM would signal it
+            for _ in range(3000):  # until the agent's SIGTERM reaches this rank (and its loader worker)
+                if trainer.stop.signum:
+                    break
+                time.sleep(0.01)
+        elif self.n == SIGNAL_AT and mode != "agent_sigterm" and os.environ.get("RANK") == "1":
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+def evaluate(m: nn.Module, split: str, device: torch.device) -> dict[str, float]:
+    """Validation scores that only get worse (the first is the best); the test split's true loss."""
+    if split == "val":
+        calls.append(split)
+        return {"val_loss": float(len(calls))}
+    return {"test_loss": float(((m(x[64:128]) - y[64:128]) ** 2).mean())}
+
+
+calls: list[str] = []
 monitor = SignalRank1() if SIGNAL_AT else None
-trainer = Trainer(cfg, Task("toy", model, TensorDataset(x, y), TensorDataset(x[:64], y[:64])), monitor=monitor)
+task = Task("toy", model, TensorDataset(x, y), TensorDataset(x[:64], y[:64]))
+if mode == "test_with_best":
+    task.test_set, task.evaluate_fn = TensorDataset(x[64:128], y[64:128]), evaluate
+trainer = Trainer(cfg, task, monitor=monitor)
 trainer.fit()  # the trainer stays referenced, as in a user script
 # Linux: after the exit-time cleanup no gloo thread may be left to outlive the interpreter
 if os.path.isdir("/proc/self/task"):
     cleanup_distributed()
     names = [Path(f"/proc/self/task/{t}/comm").read_text() for t in os.listdir("/proc/self/task")]
     left = sum("gloo" in n for n in names)
-    print(f"rank {os.environ['RANK']}: gloo threads left after destroy_process_group: {left}")
+    print(f"rank {os.environ.get('RANK', '0')}: gloo threads left after destroy_process_group: {left}")

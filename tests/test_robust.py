@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -192,6 +193,42 @@ def test_default_names_are_unique(tmp_path):
     assert len({t.run_dir for t in runs}) == 3
 
 
+@pytest.mark.parametrize("persistent", [True, False])
+@pytest.mark.parametrize("how", ["finished", "raised"])
+def test_loader_workers_ignore_stop_signals_and_end_with_fit(tmp_path, persistent, how):
+    """Loader workers ignore stop signals (torchrun and SLURM signal them too, and one that died crashed its rank), so
+    fit() must end them itself: left to interpreter exit, multiprocessing's SIGTERM no longer did and exit hung."""
+    import multiprocessing
+
+    calls = []
+
+    def loss(model, batch):
+        calls.append(1)
+        if how == "raised" and len(calls) == 3:
+            raise KeyboardInterrupt  # a second Ctrl-C mid-epoch
+        return nn.functional.mse_loss(model(batch[0]), batch[1])
+
+    cfg = toy_config(tmp_path, epochs=1, num_workers=1, device_cache=False, persistent_workers=persistent)
+    t = Trainer(cfg, Task("toy", toy(), TensorDataset(*data()), loss_fn=loss))
+    assert t.loader.worker_init_fn is not None
+    with pytest.raises(KeyboardInterrupt) if how == "raised" else contextlib.nullcontext():
+        t.fit()
+    assert multiprocessing.active_children() == []
+
+
+def test_ignore_stop_signals_ignores_every_stop_signal():
+    from trainer.signals import STOP_SIGNALS, ignore_stop_signals
+
+    old = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    try:
+        ignore_stop_signals(0)
+        assert all(signal.getsignal(s) is signal.SIG_IGN for s in STOP_SIGNALS)
+        os.kill(os.getpid(), signal.SIGTERM)  # ignored: this test process goes on
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 # ---------------------------------------------------------------- resume checks
 def test_resume_with_other_model_sizes_is_a_clear_error(tmp_path):
     Trainer(toy_config(tmp_path, epochs=1), Task("toy", toy(), TensorDataset(*data()))).fit()
@@ -239,6 +276,17 @@ def test_a_run_stopped_while_scoring_the_test_split_finishes_on_resume(tmp_path)
     assert calls.count("test") == 3  # the reference, the interrupted one, the resumed one
     with pytest.raises(ResumeError, match="nothing left to train"):  # now it has finished
         Trainer(toy_config(tmp_path, resume=str(tmp_path / "cut")), make_task(False))
+
+
+def test_a_finished_run_with_a_validation_is_not_trained_or_scored_again(tmp_path):
+    """last.pt is written right before the final validation (val_pending): a resume of the finished run ran that
+    validation and the test split again and overwrote summary.json (its time, speed and verdict) with a 0-step one."""
+    ds = TensorDataset(*data())
+    Trainer(toy_config(tmp_path, epochs=1), Task("toy", toy(), ds, val_set=ds, test_set=ds)).fit()
+    summary = (tmp_path / "run" / "summary.json").read_bytes()
+    with pytest.raises(ResumeError, match="nothing left to train"):
+        Trainer(toy_config(tmp_path, epochs=1, resume=str(tmp_path / "run")), Task("toy", toy(), ds, val_set=ds))
+    assert (tmp_path / "run" / "summary.json").read_bytes() == summary
 
 
 # ---------------------------------------------------------------- out of memory, early stopping, batch counts

@@ -21,7 +21,7 @@ from .hooks import call
 from .optim import WarmupCosine, build_adamw, scaled_lr
 from .options import write_config_file
 from .runfiles import ROLLED_BACK, RunDirError, RunFiles, claim_run_dir, finished
-from .setup import resolve_runtime, rng_state, seed_everything, set_rng_state
+from .setup import launch_prefix, resolve_runtime, rng_state, seed_everything, set_rng_state
 from .step import OptimizerStep
 from .task import pick_default_loss
 
@@ -163,6 +163,9 @@ def state_of(t: Any) -> dict[str, Any]:
         "rng": rng_state(),
         "config": t.cfg.to_dict(),
         "task": t.task.name,
+        # steps and the position in the epoch count batches of this many processes: a resume needs as many
+        "world_size": t.rt.world_size,
+        "launch": launch_prefix(),
         "format": "plainloop-2",
     }
 
@@ -208,6 +211,7 @@ def load_checkpoint_into(t: Any, path: Path, weights_only: bool = False) -> None
         return
     if ckpt.get("task") not in (None, t.task.name):
         raise ResumeError(f"{path} is a checkpoint of task {ckpt['task']!r}, not {t.task.name!r}")
+    _check_world_size(t, path, ckpt)
     t.optimizer.load_state_dict(ckpt["optimizer"])
     t.scheduler.load_state_dict(ckpt["scheduler"])
     if "opt_step" in ckpt:
@@ -238,8 +242,10 @@ def load_checkpoint_into(t: Any, path: Path, weights_only: bool = False) -> None
             f"schedule: the run now has {t.total_steps} optimizer steps (was {old_total}); warm-up and "
             f"cosine are recomputed for the new length and continue from step {t.step}"
         )
-    if t.step >= t.total_steps and t.val_pending is None:
-        if not (run_dir / "checkpoints").is_dir() or finished(run_dir):
+    in_run_dir = (run_dir / "checkpoints").is_dir()
+    # a finished run's last.pt still announces its final validation (written right before it): finished wins
+    if t.step >= t.total_steps and (t.val_pending is None or (in_run_dir and finished(run_dir))):
+        if not in_run_dir or finished(run_dir):
             raise ResumeError(
                 f"{path} is already at step {t.step} of {t.total_steps}: nothing left to train. Give more "
                 f"--epochs or --max_steps to extend it"
@@ -249,6 +255,21 @@ def load_checkpoint_into(t: Any, path: Path, weights_only: bool = False) -> None
     t.notes.append(f"resume: {path} at step {t.step} ({position(t)})")
     if t.val_pending is not None:
         t.notes.append(f"resume: the validation at step {t.step} may not have finished before the stop; it runs first")
+
+
+def _check_world_size(t: Any, path: Path, ckpt: dict[str, Any]) -> None:
+    """Refuse a resume with another number of processes: the step count, the position inside the epoch and the
+    effective batch (batch_size x processes) were counted for the old number, and would silently mean other data
+    and another schedule (checkpoints written before plainloop recorded it are not checked)."""
+    old = ckpt.get("world_size")
+    if old is None or int(old) == t.rt.world_size:
+        return
+    launch = ckpt.get("launch") or ("python" if int(old) == 1 else f"torchrun --nproc_per_node {old}")
+    raise ResumeError(
+        f"{path} was written by a run of {old} process{'es' if int(old) > 1 else ''} and this one has "
+        f"{t.rt.world_size}: its steps, its position in the epoch and its effective batch (batch_size x processes) "
+        f"do not carry over to another number. Resume it with {old}: {launch} train_optimized.py --resume {path}"
+    )
 
 
 def position(t: Any) -> str:

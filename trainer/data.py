@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from .config import TrainConfig, default_num_workers, usable_cpus
+from .signals import ignore_stop_signals
 
 
 class ShardedBatchSampler:
@@ -131,6 +132,7 @@ def loader_settings(cfg: TrainConfig, device: torch.device, world_size: int = 1)
         notes.append("pin_memory: off (no CUDA device; pinning only helps host-to-GPU copies)")
     kw: dict[str, Any] = {"num_workers": workers, "pin_memory": pin}
     if workers > 0:
+        kw["worker_init_fn"] = ignore_stop_signals  # a stop signal is the training process's to handle
         kw["persistent_workers"] = cfg.persistent_workers
         kw["prefetch_factor"] = cfg.prefetch_factor
         ctx = cfg.multiprocessing_context
@@ -181,6 +183,18 @@ def build_loader(
     if gatherer is not None:
         return DeviceBatches(gatherer, batch_sampler, device)
     return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=collate_fn, **loader_kw)
+
+
+def close_loader(loader: Any) -> None:
+    """End a DataLoader's persistent workers now; they otherwise live in the loader until interpreter exit.
+
+    Its workers ignore stop signals (`ignore_stop_signals`), so the SIGTERM that multiprocessing sends them at
+    exit no longer ends them, and its join of them would wait for ever: none may be left for it.
+    """
+    it = getattr(loader, "_iterator", None)  # DataLoader keeps its persistent workers' iterator here
+    if it is not None and hasattr(it, "_shutdown_workers"):
+        loader._iterator = None
+        it._shutdown_workers()
 
 
 class TensorGather:

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from .build import load_checkpoint_into, position
+from .setup import launch_prefix
 
 
 class TrainingStopped(SystemExit):
@@ -63,7 +64,7 @@ def stopped_by_signal(self: Any, signum: int, train_time: float) -> None:
     name = self.stop.name
     msg = (
         f"{name}: stopped after step {self.step} ({position(self)}); "
-        f"{self.run_dir / 'checkpoints' / 'last.pt'} written. Resume with: python train_optimized.py "
+        f"{self.run_dir / 'checkpoints' / 'last.pt'} written. Resume with: {launch_prefix()} train_optimized.py "
         f"--resume {self.run_dir}"
     )
     self._row({"kind": "event", "step": self.step, "event": "stopped", "signal": name})
@@ -78,7 +79,10 @@ def stopped_by_signal(self: Any, signum: int, train_time: float) -> None:
     raise TrainingStopped(128 + signum)
 
 
-def summary_of(t: Any, train_time: float, val: dict[str, float], test: dict[str, float]) -> dict[str, Any]:
+def summary_of(
+    t: Any, train_time: float, val: dict[str, float], test: dict[str, float], weight_diff: float | None = None
+) -> dict[str, Any]:
+    """The run's summary; under DDP with `weight_diff` (ddp_weight_diff of the trained weights) or measured now."""
     st, mon = t.stats, t.monitor.get_summary()
     peak = torch.cuda.max_memory_allocated(t.rt.device) / 2**20 if t.rt.device.type == "cuda" else None
     skipped = t.opt.skip_counts()[0]
@@ -103,12 +107,12 @@ def summary_of(t: Any, train_time: float, val: dict[str, float], test: dict[str,
             if isinstance(arrays, dict) and arrays and all(hasattr(v, "shape") for v in arrays.values()):
                 np.savez(Path(t.run_dir) / f"{name}.npz", **arrays)
     if t.rt.distributed:
-        summary["ddp_max_weight_diff"] = _ddp_weight_diff(t.raw_model)
+        summary["ddp_max_weight_diff"] = weight_diff if weight_diff is not None else ddp_weight_diff(t.raw_model)
     return summary
 
 
-def _ddp_weight_diff(model: torch.nn.Module) -> float:
-    """Largest difference of any weight between ranks (0.0 when DDP kept them in step)."""
+def ddp_weight_diff(model: torch.nn.Module) -> float:
+    """Largest difference of any weight between ranks (0.0 when DDP kept them in step); a collective: every rank."""
     flat = torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])
     hi, lo = flat.clone(), flat.clone()
     dist.all_reduce(hi, op=dist.ReduceOp.MAX)

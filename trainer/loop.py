@@ -24,9 +24,10 @@ import torch.distributed as dist
 
 from .build import build_run, open_run_dir, save_checkpoint
 from .config import TrainConfig
-from .data import batch_size_of, split_batch, to_device
+from .data import batch_size_of, close_loader, split_batch, to_device
 from .evaluation import evaluate_split, validate
 from .finish import (
+    ddp_weight_diff,
     diverged,
     early_stop,
     stopped_by_signal,
@@ -107,6 +108,7 @@ class Trainer:
                 self.files.close()
             raise
         finally:
+            close_loader(self.loader)  # its workers ignore SIGTERM: none may be left for interpreter exit
             if self.rt.distributed:
                 release_ddp(self)
 
@@ -166,8 +168,10 @@ class Trainer:
             stopped_by_signal(self, stopped, train_time)
         if cfg.val_check_steps is not None and self.task.val_set is not None and self._last_val_step != self.step:
             last_val = validate(self)
+        # compared before rank 0 alone loads best.pt to score the test split (--test_with_best)
+        weight_diff = ddp_weight_diff(self.raw_model) if rt.distributed else None
         test = test_split(self)
-        summary = summary_of(self, train_time, last_val, test)
+        summary = summary_of(self, train_time, last_val, test, weight_diff)
         if rt.is_main:
             call(self.callbacks, "on_fit_end", self, summary)
             self.files.write_json("summary.json", summary)

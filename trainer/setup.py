@@ -65,6 +65,24 @@ def init_distributed(backend: str | None = None) -> tuple[int, int, int]:
     return rank, local_rank, world_size
 
 
+def launch_prefix(env: Any = os.environ) -> str:
+    """How this job was started, for the commands the run prints: "python", or under torchrun (WORLD_SIZE > 1) its
+    torchrun prefix, since a plain "python" would continue the run with one process. A multi-node prefix names
+    NODE_RANK, to be replaced on each node."""
+    world = int(env.get("WORLD_SIZE", "1") or 1)
+    if world <= 1:
+        return "python"
+    per_node = int(env.get("LOCAL_WORLD_SIZE", "0") or 0) or world
+    nodes = max(1, world // per_node)
+    if nodes == 1:
+        return f"torchrun --standalone --nproc_per_node {per_node}"
+    addr, port = env.get("MASTER_ADDR", "HOST0"), env.get("MASTER_PORT", "29500")
+    return (
+        f"torchrun --nnodes {nodes} --node_rank NODE_RANK --nproc_per_node {per_node} --master_addr {addr} "
+        f"--master_port {port}"
+    )
+
+
 def resolve_runtime(
     precision: str, device: str | None = None, tf32: bool = True, cudnn_benchmark: bool = True
 ) -> Runtime:

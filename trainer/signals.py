@@ -41,3 +41,14 @@ class StopRequest:
         for s, old in self._old.items():
             signal.signal(s, old)
         self._old.clear()
+
+
+def ignore_stop_signals(worker_id: int = 0) -> None:
+    """DataLoader `worker_init_fn`: loader workers ignore stop signals and leave them to the training process.
+
+    torchrun passes a SIGTERM/SIGINT to each rank's whole process group, and SLURM signals every process of a job
+    step: a worker killed by it crashed its rank ("DataLoader worker ... is killed by signal") before that rank could
+    write last.pt. The training process ends its workers itself; a worker whose parent dies exits on its own.
+    """
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
