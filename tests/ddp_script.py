@@ -5,7 +5,8 @@ last batch, after the ranks' last agreement of that epoch; "early_stop": six epo
 improve, patience 1 (rank 0 scores the validation, every rank must stop with it); "test_with_best": two epochs, the
 first validation is the best, the test split is scored with best.pt; "agent_sigterm": a loader worker per rank,
 and rank 0 sends SIGTERM to the torchrun agent in its 5th batch (the agent passes it to each rank's process group);
-"resume": argv[3] is a run directory to resume.
+"resume": argv[3] is a run directory to resume; "diverge": every training input is NaN, so every step is skipped
+and the run stops as diverged after 2 (max_consecutive_skips) on every rank.
 """
 
 import os
@@ -46,6 +47,7 @@ cfg = TrainConfig(
     lr=1e-12 if mode == "early_stop" else 1e-3,
     test_with_best=mode == "test_with_best",
     resume=sys.argv[3] if mode == "resume" else None,
+    **({"max_consecutive_skips": 2} if mode == "diverge" else {}),
 )
 # the batch (16 per epoch and rank) in which rank 1 gets a SIGTERM (rank 0 signals the agent)
 SIGNAL_AT = {"signal": 5, "signal_epoch_end": 16, "agent_sigterm": 5}.get(mode)
@@ -86,7 +88,8 @@ def evaluate(m: nn.Module, split: str, device: torch.device) -> dict[str, float]
 
 calls: list[str] = []
 monitor = SignalRank1() if SIGNAL_AT else None
-task = Task("toy", model, TensorDataset(x, y), TensorDataset(x[:64], y[:64]))
+train_x = torch.full_like(x, float("nan")) if mode == "diverge" else x
+task = Task("toy", model, TensorDataset(train_x, y), TensorDataset(x[:64], y[:64]))
 if mode == "test_with_best":
     task.test_set, task.evaluate_fn = TensorDataset(x[64:128], y[64:128]), evaluate
 trainer = Trainer(cfg, task, monitor=monitor)

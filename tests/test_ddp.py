@@ -68,6 +68,18 @@ def assert_both_ranks_stopped_cleanly(proc: subprocess.CompletedProcess) -> None
     assert summary["stopped_by"] == "SIGTERM" and summary["ddp_max_weight_diff"] == 0.0
 
 
+def test_a_diverged_run_stops_every_rank_with_exit_code_3(tmp_path):
+    """Non-finite steps are skipped on every rank alike (DDP averages the gradients), so every rank stops at the
+    same step with exit code 3; rank 0 says why once and no rank exits before it has."""
+    proc = torchrun(tmp_path, "diverge")
+    out = proc.stdout + proc.stderr
+    assert "]: Traceback" not in out and out.count("exitcode  : 3") >= 1 and "exitcode  : 1 " not in out, out[-3000:]
+    assert out.count("stopped at step 2: the last 2 optimizer steps had non-finite loss") == 1
+    rows = metric_rows(proc.out / "ddp")
+    assert [r["event"] for r in rows if r["kind"] == "event"] == ["diverged"]
+    assert not (proc.out / "ddp" / "checkpoints" / "last.pt").exists()  # no finite step: nothing to save
+
+
 def test_a_signal_after_the_epochs_last_agreement_stops_every_rank_at_the_epoch_end(tmp_path):
     """Rank 1 alone is signalled in the epoch's last batch, after that epoch's last log-point agreement: without one
     more agreement at the epoch's end, rank 1 stopped while rank 0 went on to validate and waited for it."""

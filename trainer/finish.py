@@ -57,6 +57,8 @@ def diverged(self: Any, run: int) -> None:
     self.log(f"[plainloop] {msg}")
     if self.files is not None:
         self.files.close()
+    if self.rt.distributed:
+        dist.barrier()  # every rank diverges at the same step (averaged gradients); none exits before rank 0 wrote
     raise TrainingDiverged(3)
 
 
