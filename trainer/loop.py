@@ -134,9 +134,12 @@ class Trainer:
                 if self.val_pending is not None:  # resumed from a checkpoint written right before a validation
                     last_val = self._validate_pending() or last_val
                     halted = early_stop(self)
-                while not halted and self.epoch < self.max_epochs and self.step < self.total_steps:
-                    if self._agree_stop():
-                        break
+                else:
+                    self._agree_stop()  # a stop during set-up: no epoch starts
+                # self.stopping: the last agreed stop (after the epoch's end or its validation)
+                while (
+                    not halted and not self.stopping and self.epoch < self.max_epochs and self.step < self.total_steps
+                ):
                     self._train_epoch()
                     # DDP: agree once more, so a signal that reached one rank after the epoch's last log point
                     # cannot send that rank out of the loop while the others validate
