@@ -18,6 +18,7 @@ from .checkpoint import atomic_save, load_checkpoint
 from .data import ShardedBatchSampler, build_loader, loader_settings, place_on_device
 from .evaluation import BestTracker
 from .hooks import call
+from .model_protocol import model_parts
 from .optim import WarmupCosine, build_adamw, scaled_lr
 from .options import write_config_file
 from .runfiles import ROLLED_BACK, RunDirError, RunFiles, claim_run_dir, finished
@@ -84,22 +85,26 @@ def build_run(t: Any) -> None:
 
     # model, loss, optimizer, schedule, scaler
     t.model = t.raw_model = task.model.to(rt.device)
+    fp16 = rt.amp_dtype == torch.float16
+    t.global_batch = cfg.batch_size * cfg.accumulate_grad_batches * rt.world_size
+    base_lr = getattr(t.raw_model, "learning_rate", None) or cfg.lr
+    t.parts = parts = model_parts(t.raw_model, cfg, rt.device, base_lr)
+    if parts is not None:
+        t.notes += parts.notes
+        t.callbacks.append(parts.hooks)
     t.loss_fn = task.loss_fn
+    if t.loss_fn is None and parts is not None and parts.loss_fn is not None:
+        t.loss_fn = parts.loss_fn
     if t.loss_fn is None:
         t.loss_fn, note = pick_default_loss(t.raw_model, _first_sample(task.train_set))
         if note:
             t.notes.append(note)
-    fp16 = rt.amp_dtype == torch.float16
-    t.global_batch = cfg.batch_size * cfg.accumulate_grad_batches * rt.world_size
-    if hasattr(t.raw_model, "configure_optimizers"):
-        optimizer = t.raw_model.configure_optimizers()
-        tensor_lr = isinstance(optimizer.param_groups[0]["lr"], torch.Tensor)
-        if rt.device.type == "cuda" and not tensor_lr:
-            t.notes.append(
-                "schedule: the model's own optimizer has a float lr, so a skipped step still advances the schedule"
-            )
+    if parts is not None and parts.choice is not None:
+        optimizer = parts.choice.optimizer
+        t.scheduler = parts.choice.schedule
+        t.optim_hparams = parts.choice.hparams
+        t.warmup_steps = 0
     else:
-        base_lr = getattr(t.raw_model, "learning_rate", None) or cfg.lr
         lr = scaled_lr(base_lr, t.global_batch, cfg.ref_batch_size, cfg.lr_scaling)
         if lr != base_lr:
             t.notes.append(
@@ -109,8 +114,9 @@ def build_run(t: Any) -> None:
         # a device-side schedule never needs to ask whether a step was skipped (CUDA, and fp16 anywhere)
         tensor_lr = rt.device.type == "cuda" or fp16
         optimizer = build_adamw(t.raw_model, lr, cfg.weight_decay, rt.device, tensor_lr)
-    t.warmup_steps = cfg.warmup_steps if cfg.warmup_steps is not None else min(500, int(0.05 * t.total_steps))
-    t.scheduler = WarmupCosine(optimizer, t.total_steps, t.warmup_steps, cfg.min_lr_ratio, on_device=tensor_lr)
+        t.warmup_steps = cfg.warmup_steps if cfg.warmup_steps is not None else min(500, int(0.05 * t.total_steps))
+        t.scheduler = WarmupCosine(optimizer, t.total_steps, t.warmup_steps, cfg.min_lr_ratio, on_device=tensor_lr)
+        t.optim_hparams = {"source": "plainloop AdamW + warm-up/cosine", "lr": lr, "weight_decay": cfg.weight_decay}
     t.optimizer = optimizer
     t.opt = OptimizerStep(
         optimizer,
@@ -121,6 +127,8 @@ def build_run(t: Any) -> None:
         cfg.gradient_clip_val,
         cfg.gradient_clip_algorithm,
     )
+    if parts is not None:
+        t.opt.before_step = lambda o: call(t.callbacks, "on_before_optimizer_step", t, o)
     if fp16 and cfg.scale_value():
         t.notes.append(f"loss scale: static {cfg.scale_value():g}")
     t.best = BestTracker(task.monitor_metric, task.monitor_mode)
@@ -167,6 +175,11 @@ def state_of(t: Any) -> dict[str, Any]:
         "world_size": t.rt.world_size,
         "launch": launch_prefix(),
         "format": "plainloop-2",
+        "callbacks": {
+            getattr(cb, "state_key", type(cb).__qualname__): cb.state_dict()
+            for cb in t.callbacks
+            if hasattr(cb, "state_dict")
+        },
     }
 
 
@@ -180,7 +193,9 @@ def save_checkpoint(t: Any, name: str) -> None:
             f"refusing to write {name}: parameter(s) {bad[:5]} are not finite; the previous "
             f"checkpoint in {t.run_dir / 'checkpoints'} is kept"
         )
-    path = atomic_save(state_of(t), t.run_dir / "checkpoints" / name)
+    state = state_of(t)
+    call(t.callbacks, "on_save_checkpoint", t, state)
+    path = atomic_save(state, t.run_dir / "checkpoints" / name)
     if name == "best.pt":
         t.files.write_json(
             "best.json", {"metric": t.best.metric, "value": t.best.best, "step": t.step, "epoch": t.epoch}
@@ -219,6 +234,11 @@ def load_checkpoint_into(t: Any, path: Path, weights_only: bool = False) -> None
     else:  # plainloop-1 checkpoints kept the scaler at the top level
         t.opt.scaler.load_state_dict(ckpt["scaler"])
     t.epoch, t.step, t.batches_done = int(ckpt["epoch"]), int(ckpt["step"]), int(ckpt["batches_done"])
+    for cb in t.callbacks:
+        key = getattr(cb, "state_key", type(cb).__qualname__)
+        if hasattr(cb, "load_state_dict") and key in ckpt.get("callbacks", {}):
+            cb.load_state_dict(ckpt["callbacks"][key])
+    call(t.callbacks, "on_load_checkpoint", t, ckpt)
     best = ckpt.get("best")
     t.best.load_state_dict(best if isinstance(best, dict) else {"best": best})
     set_rng_state(ckpt["rng"])
@@ -342,6 +362,7 @@ def open_run_dir(t: Any) -> RunFiles | None:
                 "notes": t.notes,
             },
             "task": {"name": t.task.name, **t.task.info},
+            "optimizer": t.optim_hparams,
         },
     )
     write_config_file(

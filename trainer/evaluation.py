@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .data import ShardedBatchSampler, batch_size_of, build_loader, to_device
+from .hooks import call
 from .setup import Runtime
 
 
@@ -39,6 +40,21 @@ def mean_loss(
         total += loss_fn(model, batch).float() * n
         count += n
     return (total / max(count, 1)).item()  # note: sync point (validation)
+
+
+def split_batches(self: Any, ds: Any) -> Any:
+    """(index, batch on the device) over a split in order, at most cfg.limit_val_batches of them."""
+    rt, gatherer = self.rt, self.resident.get(id(ds))
+    sampler = ShardedBatchSampler(len(ds), min(self.cfg.batch_size, len(ds)), shuffle=False, drop_last=False)
+    kw = {k: v for k, v in self.loader_kw.items() if k != "persistent_workers"}
+    if kw:
+        kw["generator"] = torch.Generator().manual_seed(self.cfg.seed)
+    loader = build_loader(ds, sampler, rt.device, kw, self.task.collate_fn, gatherer)
+    cap = self.cfg.limit_val_batches
+    for i, batch in enumerate(loader):
+        if cap is not None and i >= cap:
+            break
+        yield i, (to_device(batch, rt.device) if gatherer is None else batch)
 
 
 class BestTracker:
@@ -85,6 +101,7 @@ def validate(self: Any) -> dict[str, float]:
     metrics: dict[str, float] = {}
     if self.rt.is_main:
         metrics = self.evaluate("val")
+        call(self.callbacks, "on_validation_end", self, metrics)
     if self.rt.distributed:
         box = [metrics]
         dist.broadcast_object_list(box, src=0)  # also the barrier: no rank runs ahead while rank 0 scores
@@ -116,6 +133,8 @@ def evaluate_split(self: Any, split: str) -> dict[str, float]:
         with torch.no_grad(), rt.autocast():
             if task.evaluate_fn is not None:
                 out = task.evaluate_fn(model, split, rt.device)
+            elif self.parts is not None and self.parts.evaluates:
+                out = self.parts.adapter.evaluate(model, split, split_batches(self, ds))
             else:
                 loss = mean_loss(
                     ds,

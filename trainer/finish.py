@@ -22,7 +22,9 @@ class TrainingDiverged(SystemExit):
 
 
 def test_split(self: Any) -> dict[str, float]:
-    if self.task.test_set is None or self.task.evaluate_fn is None:
+    parts = getattr(self, "parts", None)
+    own_test = parts is not None and parts.adapter.test_step is not None
+    if self.task.test_set is None or (self.task.evaluate_fn is None and not own_test):
         return {}
     if not self.rt.is_main:  # rank 0 scores the test split
         return {}

@@ -125,6 +125,7 @@ class Trainer:
         self.monitor.start_monitoring()
         t0, stopped, last_val = time.perf_counter(), None, {}
         self.stats = {"samples": 0, "data_s": 0.0, "iters": 0, "iter_s": 0.0}
+        call(self.callbacks, "on_train_start", self)
         self._start_batches, self._start_step = self.batches_total_done(), self.step
         try:
             with StopRequest() as stop:
@@ -167,6 +168,7 @@ class Trainer:
                 self.bar.close()
                 self.bar = None
         train_time = time.perf_counter() - t0
+        call(self.callbacks, "on_train_end", self)
         if stopped:
             stopped_by_signal(self, stopped, train_time)
         if cfg.val_check_steps is not None and self.task.val_set is not None and self._last_val_step != self.step:
@@ -204,6 +206,8 @@ class Trainer:
         cfg, model, accum = self.cfg, self.model, self.cfg.accumulate_grad_batches
         model.train()
         start, nb = self.batches_done, self.batches_per_epoch
+        cbs = self.callbacks
+        call(cbs, "on_train_epoch_start", self, self.epoch)
         if start == 0:
             self.sampler.set_epoch(self.epoch)
         else:  # resuming mid-epoch: the sampler regenerates this epoch's order and skips what was consumed
@@ -233,6 +237,7 @@ class Trainer:
             if move is not None:
                 batch = to_device(batch, move)
             t_data = perf() - t0
+            call(cbs, "on_train_batch_start", self, batch, i)
             window = min(accum, nb - window_start)  # a short last window still averages correctly
             boundary = i + 1 - window_start == window
             pending.append(fb(batch, window, boundary))
@@ -256,6 +261,7 @@ class Trainer:
                     model.train()
                 if ckpt_steps is not None and self.step % ckpt_steps == 0 and i + 1 < nb:
                     self._save("last.pt")
+            call(cbs, "on_train_batch_end", self, pending[-1], batch, i)
             t1 = perf()
             log_iter(t1 - t0, t_data, bs)
             n_samples += bs
@@ -270,6 +276,7 @@ class Trainer:
         for k, v in (("samples", n_samples), ("iters", n_iters), ("data_s", data_s), ("iter_s", iter_s)):
             self.stats[k] += v
         if self.batches_done >= nb:  # the epoch ran to its end (not stopped by max_steps or a signal)
+            call(cbs, "on_train_epoch_end", self, self.epoch)
             self.epoch += 1
             self.batches_done = 0
         del it
@@ -299,6 +306,8 @@ class Trainer:
             "data_wait_frac": data_s / elapsed,
             "skipped_steps": skipped,
         }
+        if self.parts is not None:
+            row.update(self.parts.hooks.train_logs())
         if norm is not None:
             row["grad_norm"] = norm.item()  # note: sync point (NORM_EVERY)
             row.update(read_step_metrics(self.task))

@@ -66,6 +66,7 @@ class OptimizerStep:
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.fp16, self.static_scale, self.guard = fp16, static_scale, guard
         self.clip_val, self.clip_algorithm = clip_val, clip_algorithm
+        self.before_step: Any = None  # on_before_optimizer_step hooks (after unscale/clip, before the step)
         self.scaler = torch.amp.GradScaler(device.type, enabled=fp16, init_scale=static_scale or 2.0**16)
         self.found_inf = torch.zeros((), device=device)
         self._one = torch.ones((), device=device)
@@ -98,6 +99,8 @@ class OptimizerStep:
             norm = torch.nn.utils.clip_grad_norm_(params, self.clip_val)
         elif want_norm:
             norm = torch.nn.utils.get_total_norm(grads)
+        if self.before_step is not None:
+            self.before_step(self.optimizer)
         skipped: bool | None = False
         if self.fp16:
             self.scaler.step(self.optimizer)  # skips optimizer.step() on inf/NaN gradients
