@@ -71,6 +71,7 @@ def build_run(t: Any) -> None:
         t.sampler = ShardedBatchSampler(
             len(task.train_set),
             cfg.batch_size,
+            shuffle=cfg.shuffle,
             seed=cfg.seed,
             rank=rt.rank,
             world_size=rt.world_size,

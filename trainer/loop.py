@@ -240,7 +240,8 @@ class Trainer:
             call(cbs, "on_train_batch_start", self, batch, i)
             window = min(accum, nb - window_start)  # a short last window still averages correctly
             boundary = i + 1 - window_start == window
-            pending.append(fb(batch, window, boundary))
+            last_loss = fb(batch, window, boundary)
+            pending.append(last_loss)
             bs = batch_size_of(batch)
             i_samples += bs
             i_data += t_data
@@ -261,7 +262,7 @@ class Trainer:
                     model.train()
                 if ckpt_steps is not None and self.step % ckpt_steps == 0 and i + 1 < nb:
                     self._save("last.pt")
-            call(cbs, "on_train_batch_end", self, pending[-1], batch, i)
+            call(cbs, "on_train_batch_end", self, last_loss, batch, i)
             t1 = perf()
             log_iter(t1 - t0, t_data, bs)
             n_samples += bs

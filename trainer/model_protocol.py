@@ -103,8 +103,8 @@ class SchedulerConfig:
         what = f"{type(self.scheduler).__name__}"
         if self.plateau:
             return f"{what} on {self.monitor!r} (after each validation)"
-        every = "" if self.frequency == 1 else f" every {self.frequency}"
-        return f"{what}, stepped{every} {'optimizer step' if self.interval == 'step' else 'epoch'}"
+        unit = "optimizer step" if self.interval == "step" else "epoch"
+        return f"{what}, stepped every {unit if self.frequency == 1 else f'{self.frequency} {unit}s'}"
 
     def hparams(self) -> dict[str, Any]:
         return {"type": type(self.scheduler).__name__, "interval": self.interval, "frequency": self.frequency,
@@ -264,12 +264,16 @@ class ModelStepSchedule:
     def __init__(self, optimizer: Any, configs: list[SchedulerConfig]) -> None:
         self.optimizer = optimizer
         self.configs = [c for c in configs if c.interval == "step" and not c.plateau]
-        self.steps = 0  # optimizer steps taken (frequency counts them)
+        self.steps = 0  # optimizer steps taken
+        # Lightning's `frequency` for a step interval counts the batches of the epoch (batch_idx + 1 of the batch
+        # that closed the accumulation window), not optimizer steps: the adapter tells which batch that was
+        self.batch_index: Callable[[], int] | None = None
 
     def step(self, found_inf: torch.Tensor | None = None) -> None:
         self.steps += 1
+        n = self.batch_index() + 1 if self.batch_index is not None else self.steps
         for c in self.configs:
-            if self.steps % c.frequency == 0:
+            if n % c.frequency == 0:
                 c.scheduler.step()
 
     def current_lr(self) -> float:
@@ -851,6 +855,8 @@ def model_parts(model: nn.Module, cfg: Any, device: torch.device, lr: float) -> 
         return None
     adapter = ModelAdapter(model)
     adapter.choice = choice = model_optimizer(model, cfg, device, lr)
+    if choice is not None:
+        choice.schedule.batch_index = lambda: adapter.batch_idx
     parts = ModelParts(adapter, choice, ModelHooks(adapter, choice.configs if choice is not None else []))
     if choice is None and _own(model, "configure_optimizers") is not None:
         parts.notes.append(
