@@ -313,3 +313,17 @@ def test_scaling_quick(tmp_path):
     have = importlib.util.find_spec("xarray") is not None
     assert bool(res["config"]["peers"]) == have
     assert (tmp_path / "s.md").read_text().count("| legacy |") == 2
+
+
+def test_lightning_model_benchmark_quick(tmp_path):
+    """benchmarks/lightning_model.py: a LightningModule under lightning.Trainer and plainloop, side by side."""
+    pytest.importorskip("lightning")
+    from benchmarks.lightning_model import main
+
+    out = tmp_path / "lm.json"
+    result = main(["--quick", "--out", str(out)])
+    assert out.is_file() and out.with_suffix(".md").is_file()
+    assert {r["trainer"] for r in result["runs"]} == {"lightning", "plainloop"}
+    # the same model, data and schedule: the two trainers end close (not bit-equal: different shuffles)
+    v = result["val_loss"]
+    assert abs(v["plainloop"]["median"] - v["lightning"]["median"]) < 0.2 * v["lightning"]["median"]
