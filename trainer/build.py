@@ -6,6 +6,7 @@ model and optimizer, schedule, precision, resume.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,14 @@ from .checkpoint import atomic_save, load_checkpoint
 from .data import ShardedBatchSampler, build_loader, loader_settings, place_on_device
 from .evaluation import BestTracker
 from .hooks import call
-from .model_protocol import model_parts
+from .model_protocol import model_parts, optimizer_hparams
 from .optim import WarmupCosine, build_adamw, scaled_lr
 from .options import write_config_file
 from .runfiles import ROLLED_BACK, RunDirError, RunFiles, claim_run_dir, finished
 from .setup import launch_prefix, resolve_runtime, rng_state, seed_everything, set_rng_state
 from .step import OptimizerStep
 from .task import pick_default_loss
+from .usercode import auto_workers_for
 
 
 class ResumeError(ValueError):
@@ -61,7 +63,13 @@ def build_run(t: Any) -> None:
                 f"the data is held on {rt.device.type}; device_cache off (--device_cache off) brings the loader back"
             )
     else:
-        t.loader_kw, notes = loader_settings(cfg, rt.device, rt.world_size)
+        lcfg = cfg
+        if cfg.num_workers is None:  # an in-memory dataset cheap to index is faster without workers (measured)
+            workers, note = auto_workers_for(task.train_set)
+            if workers == 0:
+                lcfg = dataclasses.replace(cfg, num_workers=0, persistent_workers=False)
+                t.notes.append(note)
+        t.loader_kw, notes = loader_settings(lcfg, rt.device, rt.world_size)
         t.notes += notes
     if task.batch_sampler_fn is not None:
         t.sampler = task.batch_sampler_fn(
@@ -113,11 +121,18 @@ def build_run(t: Any) -> None:
                 f"-> {t.global_batch})"
             )
         # a device-side schedule never needs to ask whether a step was skipped (CUDA, and fp16 anywhere)
-        tensor_lr = rt.device.type == "cuda" or fp16
-        optimizer = build_adamw(t.raw_model, lr, cfg.weight_decay, rt.device, tensor_lr)
-        t.warmup_steps = cfg.warmup_steps if cfg.warmup_steps is not None else min(500, int(0.05 * t.total_steps))
-        t.scheduler = WarmupCosine(optimizer, t.total_steps, t.warmup_steps, cfg.min_lr_ratio, on_device=tensor_lr)
-        t.optim_hparams = {"source": "plainloop AdamW + warm-up/cosine", "lr": lr, "weight_decay": cfg.weight_decay}
+        tensor_lr = (rt.device.type == "cuda" or fp16) and cfg.fused is not False
+        optimizer = build_adamw(
+            t.raw_model, lr, cfg.weight_decay, rt.device, tensor_lr, cfg.adam_betas, cfg.adam_eps, cfg.fused
+        )
+        horizon = cfg.lr_decay_steps or t.total_steps
+        t.warmup_steps = cfg.warmup_steps if cfg.warmup_steps is not None else min(500, int(0.05 * horizon))
+        t.scheduler = WarmupCosine(optimizer, horizon, t.warmup_steps, cfg.min_lr_ratio, on_device=tensor_lr)
+        t.optim_hparams = {
+            "source": "plainloop AdamW + warm-up/cosine",
+            **optimizer_hparams(optimizer),
+            "schedule": {"warmup_steps": t.warmup_steps, "decay_steps": horizon, "min_lr_ratio": cfg.min_lr_ratio},
+        }
     t.optimizer = optimizer
     t.opt = OptimizerStep(
         optimizer,
@@ -258,7 +273,7 @@ def load_checkpoint_into(t: Any, path: Path, weights_only: bool = False) -> None
                 f"match an uninterrupted one"
             )
     old_total = ckpt["scheduler"].get("total_steps")
-    if old_total is not None and int(old_total) != t.total_steps:
+    if old_total is not None and int(old_total) != getattr(t.scheduler, "total_steps", old_total):
         t.notes.append(
             f"schedule: the run now has {t.total_steps} optimizer steps (was {old_total}); warm-up and "
             f"cosine are recomputed for the new length and continue from step {t.step}"

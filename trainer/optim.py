@@ -17,7 +17,14 @@ def scaled_lr(lr: float, batch_size: int, ref_batch_size: int | None, rule: str)
 
 
 def build_adamw(
-    model: nn.Module, lr: float, weight_decay: float, device: torch.device, tensor_lr: bool
+    model: nn.Module,
+    lr: float,
+    weight_decay: float,
+    device: torch.device,
+    tensor_lr: bool,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    fused: bool | None = None,
 ) -> torch.optim.Optimizer:
     """AdamW with decay on matrices only (not on biases/norms); the fused kernel (CUDA and CPU)."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -28,7 +35,9 @@ def build_adamw(
     # A tensor lr lets the schedule skip steps without a host sync (fused AdamW accepts it). Fused on a CPU too:
     # one kernel per group instead of a Python loop over parameters (benchmarks/loop_overhead.py).
     lr_arg: float | torch.Tensor = torch.tensor(lr, device=device) if tensor_lr else lr
-    return torch.optim.AdamW(groups, lr=lr_arg, fused=True)
+    if fused is False and tensor_lr:
+        lr_arg = lr  # the for-each kernel wants a float lr unless capturable
+    return torch.optim.AdamW(groups, lr=lr_arg, betas=tuple(betas), eps=eps, fused=fused is not False)
 
 
 class WarmupCosine:
