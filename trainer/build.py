@@ -26,7 +26,15 @@ from .runfiles import ROLLED_BACK, RunDirError, RunFiles, claim_run_dir, finishe
 from .setup import launch_prefix, resolve_runtime, rng_state, seed_everything, set_rng_state
 from .step import OptimizerStep
 from .task import pick_default_loss
-from .usercode import auto_workers_for
+from .usercode import (
+    StreamBatches,
+    auto_workers_for,
+    batch_sampler_state_note,
+    is_stream,
+    rerun_hint,
+    resume_hint,
+    stream_steps_error,
+)
 
 
 class ResumeError(ValueError):
@@ -64,14 +72,31 @@ def build_run(t: Any) -> None:
             )
     else:
         lcfg = cfg
-        if cfg.num_workers is None:  # an in-memory dataset cheap to index is faster without workers (measured)
+        if cfg.num_workers is None and is_stream(task.train_set):
+            lcfg = dataclasses.replace(cfg, num_workers=0, persistent_workers=False)
+            t.notes.append(
+                "num_workers: auto -> 0 for a stream (IterableDataset); give num_workers to read it in workers"
+            )
+        elif cfg.num_workers is None:  # an in-memory dataset cheap to index is faster without workers (measured)
             workers, note = auto_workers_for(task.train_set)
             if workers == 0:
                 lcfg = dataclasses.replace(cfg, num_workers=0, persistent_workers=False)
                 t.notes.append(note)
         t.loader_kw, notes = loader_settings(lcfg, rt.device, rt.world_size)
         t.notes += notes
-    if task.batch_sampler_fn is not None:
+    if is_stream(task.train_set):
+        if cfg.max_steps is None:
+            raise ValueError(stream_steps_error(f"Task {task.name!r} train_set"))
+        nb = cfg.max_steps * cfg.accumulate_grad_batches
+        t.sampler = t.loader = StreamBatches(
+            task.train_set, cfg.batch_size, nb, t.loader_kw, task.collate_fn, cfg.drop_last, cfg.seed + rt.rank
+        )
+        if t.loader_kw.get("num_workers"):
+            t.notes.append(
+                f"data: {type(task.train_set).__name__} is a stream read by {t.loader_kw['num_workers']} worker(s): "
+                f"each worker runs the whole stream unless it splits itself with torch.utils.data.get_worker_info()"
+            )
+    elif task.batch_sampler_fn is not None:
         t.sampler = task.batch_sampler_fn(
             task.train_set, cfg.batch_size, cfg.seed, rt.rank, rt.world_size, cfg.drop_last
         )
@@ -85,8 +110,12 @@ def build_run(t: Any) -> None:
             world_size=rt.world_size,
             drop_last=cfg.drop_last,
         )
-    kw = {} if t.on_device else dict(t.loader_kw, generator=torch.Generator().manual_seed(cfg.seed + rt.rank))
-    t.loader = build_loader(task.train_set, t.sampler, rt.device, kw, task.collate_fn, gatherer)
+    note = batch_sampler_state_note(t.sampler)
+    if note:
+        t.notes.append(note)
+    if not is_stream(task.train_set):
+        kw = {} if t.on_device else dict(t.loader_kw, generator=torch.Generator().manual_seed(cfg.seed + rt.rank))
+        t.loader = build_loader(task.train_set, t.sampler, rt.device, kw, task.collate_fn, gatherer)
     t.batches_per_epoch = len(t.sampler)
     t.steps_per_epoch = math.ceil(t.batches_per_epoch / cfg.accumulate_grad_batches)
     t.total_steps = cfg.max_steps or cfg.epochs * t.steps_per_epoch
@@ -179,7 +208,7 @@ def state_of(t: Any) -> dict[str, Any]:
         "epoch": t.epoch,
         "step": t.step,
         "batches_done": t.batches_done,
-        "sampler": {**t.sampler.state_dict(), "epoch": t.epoch, "batches_done": t.batches_done},
+        "sampler": {**_sampler_state(t), "epoch": t.epoch, "batches_done": t.batches_done},
         "best": t.best.state_dict(),
         # a checkpoint written right before a validation: a resume runs that validation first (None: none due)
         "val_pending": t.val_pending,
@@ -197,6 +226,13 @@ def state_of(t: Any) -> dict[str, Any]:
             if hasattr(cb, "state_dict")
         },
     }
+
+
+def _sampler_state(t: Any) -> dict[str, Any]:
+    """Mid-epoch: the sampler's state from the epoch's start (its order is drawn again on resume); else its own."""
+    if t.batches_done and t.sampler_epoch_state is not None:
+        return dict(t.sampler_epoch_state)
+    return t.sampler.state_dict() if hasattr(t.sampler, "state_dict") else {}
 
 
 def save_checkpoint(t: Any, name: str) -> None:
@@ -250,6 +286,10 @@ def load_checkpoint_into(t: Any, path: Path, weights_only: bool = False) -> None
     else:  # plainloop-1 checkpoints kept the scaler at the top level
         t.opt.scaler.load_state_dict(ckpt["scaler"])
     t.epoch, t.step, t.batches_done = int(ckpt["epoch"]), int(ckpt["step"]), int(ckpt["batches_done"])
+    if is_stream(t.task.train_set):  # a stream is one long epoch, of this run's length: count its batches
+        t.epoch, t.batches_done = 0, t.step * t.cfg.accumulate_grad_batches
+    if hasattr(t.sampler, "load_state_dict") and "sampler" in ckpt:
+        t.sampler.load_state_dict(ckpt["sampler"])  # its own state (an RNG, a stream's position) and where it was
     for cb in t.callbacks:
         key = getattr(cb, "state_key", type(cb).__qualname__)
         if hasattr(cb, "load_state_dict") and key in ckpt.get("callbacks", {}):
@@ -304,7 +344,7 @@ def _check_world_size(t: Any, path: Path, ckpt: dict[str, Any]) -> None:
     raise ResumeError(
         f"{path} was written by a run of {old} process{'es' if int(old) > 1 else ''} and this one has "
         f"{t.rt.world_size}: its steps, its position in the epoch and its effective batch (batch_size x processes) "
-        f"do not carry over to another number. Resume it with {old}: {launch} train_optimized.py --resume {path}"
+        f"do not carry over to another number. Resume it with {old}: {resume_hint(path, launch)}"
     )
 
 
@@ -384,8 +424,7 @@ def open_run_dir(t: Any) -> RunFiles | None:
     write_config_file(
         Path(t.run_dir) / "config.toml",
         {**t.config_sections, "train": resolved},
-        f"Resolved configuration of this run: re-run it with\n"
-        f"python train_optimized.py --config {Path(t.run_dir) / 'config.toml'}",
+        rerun_hint(Path(t.run_dir) / "config.toml"),
     )
     call(t.callbacks, "on_fit_start", t)
     return files

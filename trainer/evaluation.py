@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import torch
@@ -12,6 +13,7 @@ from torch import nn
 from .data import ShardedBatchSampler, batch_size_of, build_loader, to_device
 from .hooks import call
 from .setup import Runtime
+from .usercode import eval_batches, is_stream
 
 
 def mean_loss(
@@ -42,13 +44,36 @@ def mean_loss(
     return (total / max(count, 1)).item()  # note: sync point (validation)
 
 
+def warn_slow_validation(self: Any, t_start: float, t_end: float) -> None:
+    """Once per run: a validation that took longer than the training since the previous one, with the fixes."""
+    prev = getattr(self, "_t_val_end", None)
+    self._t_val_end = t_end
+    if prev is None or getattr(self, "_warned_slow_val", False):
+        return
+    val_s, train_s = t_end - t_start, t_start - prev
+    if val_s > train_s > 0:
+        self._warned_slow_val = True
+        msg = (
+            f"validation took {val_s:.1f} s, longer than the {train_s:.1f} s of training since the previous one: "
+            f"validate less often (validation_interval, val_check_steps) or score fewer batches (limit_val_batches)"
+        )
+        self.notes.append(msg)
+        self.log(f"[plainloop] {msg}")
+
+
 def split_batches(self: Any, ds: Any) -> Any:
     """(index, batch on the device) over a split in order, at most cfg.limit_val_batches of them."""
+    if is_stream(ds):
+        batches = eval_batches(
+            ds, self.cfg.batch_size, self.loader_kw, self.task.collate_fn, self.cfg.limit_val_batches
+        )
+        for i, batch in enumerate(batches):
+            yield i, to_device(batch, self.rt.device)
+        return
     rt, gatherer = self.rt, self.resident.get(id(ds))
     sampler = ShardedBatchSampler(len(ds), min(self.cfg.batch_size, len(ds)), shuffle=False, drop_last=False)
     kw = {k: v for k, v in self.loader_kw.items() if k != "persistent_workers"}
-    if kw:
-        kw["generator"] = torch.Generator().manual_seed(self.cfg.seed)
+    kw["generator"] = torch.Generator().manual_seed(self.cfg.seed)  # evaluation must not draw from the global RNG
     loader = build_loader(ds, sampler, rt.device, kw, self.task.collate_fn, gatherer)
     cap = self.cfg.limit_val_batches
     for i, batch in enumerate(loader):
@@ -95,6 +120,7 @@ def validate(self: Any) -> dict[str, float]:
     early-stopping decision (rank 1 used to train on alone after rank 0 stopped).
     """
     self._last_val_step = self.step
+    t_start = time.perf_counter()
     self.val_pending = None  # the validation a checkpoint announced is under way; checkpoints from now on say so
     if self.task.val_set is None:
         return {}
@@ -107,6 +133,8 @@ def validate(self: Any) -> dict[str, float]:
         dist.broadcast_object_list(box, src=0)  # also the barrier: no rank runs ahead while rank 0 scores
         metrics = box[0]
     improved = self.best.update(metrics)
+    self.last_val_metrics = metrics
+    warn_slow_validation(self, t_start, time.perf_counter())
     if self.rt.is_main:
         epoch = self.epoch + (1 if self.batches_done else 0)  # 1-based, also mid-epoch
         self._row({"kind": "val", "step": self.step, "epoch": epoch, **metrics})
@@ -136,18 +164,12 @@ def evaluate_split(self: Any, split: str) -> dict[str, float]:
             elif self.parts is not None and self.parts.evaluates:
                 out = self.parts.adapter.evaluate(model, split, split_batches(self, ds))
             else:
-                loss = mean_loss(
-                    ds,
-                    model,
-                    rt,
-                    self.loss_fn,
-                    self.cfg.batch_size,
-                    self.loader_kw,
-                    self.resident,
-                    self.cfg.seed,
-                    task.collate_fn,
-                )
-                out = {f"{split}_loss": loss}
+                total, count = torch.zeros((), device=rt.device), 0
+                for _, batch in split_batches(self, ds):
+                    n = batch_size_of(batch)
+                    total += self.loss_fn(model, batch).float() * n
+                    count += n
+                out = {f"{split}_loss": (total / max(count, 1)).item()}  # note: sync point (validation)
     finally:
         model.train(was_training)
     return {k: float(v) for k, v in out.items()}

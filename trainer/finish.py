@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from .build import load_checkpoint_into, position
 from .setup import launch_prefix
+from .usercode import resume_hint
 
 
 class TrainingStopped(SystemExit):
@@ -68,8 +69,8 @@ def stopped_by_signal(self: Any, signum: int, train_time: float) -> None:
     name = self.stop.name
     msg = (
         f"{name}: stopped after step {self.step} ({position(self)}); "
-        f"{self.run_dir / 'checkpoints' / 'last.pt'} written. Resume with: {launch_prefix()} train_optimized.py "
-        f"--resume {self.run_dir}"
+        f"{self.run_dir / 'checkpoints' / 'last.pt'} written. Resume with: "
+        f"{resume_hint(self.run_dir, launch_prefix())}"
     )
     self._row({"kind": "event", "step": self.step, "event": "stopped", "signal": name})
     self.log(f"[plainloop] {msg}")

@@ -68,6 +68,8 @@ class Trainer:
         self.chunks = 1  # micro-batches each batch is cut into after a CUDA out-of-memory error
         self.files: RunFiles | None = None
         self.bar = None
+        self.sampler_epoch_state: dict[str, Any] | None = None  # the sampler's state at this epoch's start
+        self.last_val_metrics: dict[str, float] = {}  # the latest validation's scores (final_metrics)
         self.val_pending: int | None = None  # step whose validation the next checkpoint must announce (resume)
         build_run(self)  # runtime, data, model, optimizer, schedule, resume: trainer/build.py
 
@@ -118,7 +120,7 @@ class Trainer:
         for n in self.notes:
             self.log(f"[plainloop] {n}")
         self.log(
-            f"[plainloop] {self.task.name}: {len(self.task.train_set)} train samples, {self.batches_per_epoch} "
+            f"[plainloop] {self.task.name}: {_n(self.task.train_set)} train samples, {self.batches_per_epoch} "
             f"batches/epoch, {self.total_steps} optimizer steps, device {rt.device}, precision {rt.precision}, "
             f"run dir {self.run_dir}"
         )
@@ -176,7 +178,7 @@ class Trainer:
         # compared before rank 0 alone loads best.pt to score the test split (--test_with_best)
         weight_diff = ddp_weight_diff(self.raw_model) if rt.distributed else None
         test = test_split(self)
-        summary = summary_of(self, train_time, last_val, test, weight_diff)
+        summary = summary_of(self, train_time, last_val or self.last_val_metrics, test, weight_diff)
         if rt.is_main:
             call(self.callbacks, "on_fit_end", self, summary)
             self.files.write_json("summary.json", summary)
@@ -208,10 +210,15 @@ class Trainer:
         start, nb = self.batches_done, self.batches_per_epoch
         cbs = self.callbacks
         call(cbs, "on_train_epoch_start", self, self.epoch)
+        replay = 0
         if start == 0:
             self.sampler.set_epoch(self.epoch)
-        else:  # resuming mid-epoch: the sampler regenerates this epoch's order and skips what was consumed
+        elif hasattr(self.sampler, "load_state_dict"):
+            # resuming mid-epoch: the sampler regenerates this epoch's order and skips what was consumed
             self.sampler.load_state_dict({**self.sampler.state_dict(), "epoch": self.epoch, "batches_done": start})
+        else:  # a sampler without state: replay its epoch and drop the batches already trained
+            self.sampler.set_epoch(self.epoch)
+            replay = start
         pending: list[torch.Tensor] = []  # per-batch losses, kept on the device until the next log point
         # locals: this loop runs once per batch, and on small models its Python cost is measurable
         perf, fb, opt_step, log_iter = (
@@ -230,7 +237,12 @@ class Trainer:
         move, stop, ddp = (None if self.on_device else self.rt.device), self.stop, self.rt.distributed
         n_samples = n_iters = 0  # this epoch's totals, and since the last log point (i_*)
         data_s = iter_s = i_data = 0.0
+        # the sampler's state before this epoch's order is drawn: a checkpoint mid-epoch saves it, so that a resume
+        # draws the same order again (a sampler with its own RNG) and skips the batches already trained
+        self.sampler_epoch_state = self.sampler.state_dict() if hasattr(self.sampler, "state_dict") else {}
         it, window_start, t0, agreed = iter(self.loader), start, perf(), False
+        for _ in range(replay):
+            next(it)
         i_samples, i_t = 0, t0
         for i in range(start, nb):
             batch = next(it)
@@ -346,3 +358,10 @@ class Trainer:
     def _save(self, name: str) -> None:
         if self.rt.is_main:
             save_checkpoint(self, name)
+
+
+def _n(ds: Any) -> str:
+    try:
+        return str(len(ds))
+    except TypeError:  # a stream
+        return "streamed"

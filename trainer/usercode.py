@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 
@@ -51,10 +52,12 @@ class StreamBatches:
     """
 
     def __init__(self, dataset: IterableDataset, batch_size: int, num_batches: int, loader_kw: dict[str, Any],
-                 collate_fn: Any = None, drop_last: bool = True) -> None:  # fmt: skip
+                 collate_fn: Any = None, drop_last: bool = True, seed: int = 0) -> None:  # fmt: skip
         self.dataset, self.num_batches = dataset, num_batches
         kw = {k: v for k, v in loader_kw.items() if k not in ("generator",)}
-        self.loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, drop_last=drop_last, **kw)
+        # a private generator: starting the loader must not draw from the global RNG (dropout after a resume)
+        self.loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, drop_last=drop_last,
+                                 generator=torch.Generator().manual_seed(seed), **kw)  # fmt: skip
         self.epoch, self._skip = 0, 0
         self.stateful = hasattr(dataset, "state_dict") and hasattr(dataset, "load_state_dict")
 
@@ -98,7 +101,8 @@ def eval_batches(dataset: Any, batch_size: int, loader_kw: dict[str, Any], colla
                  cap: int | None) -> Iterator[Any]:  # fmt: skip
     """Batches of an evaluation split that is a stream, at most `cap` of them."""
     kw = {k: v for k, v in loader_kw.items() if k not in ("persistent_workers", "generator")}
-    for i, batch in enumerate(DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, **kw)):
+    loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, generator=torch.Generator(), **kw)
+    for i, batch in enumerate(loader):
         if cap is not None and i >= cap:
             break
         yield batch
