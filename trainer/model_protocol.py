@@ -198,12 +198,13 @@ def run_values(cfg: Any, device: torch.device, lr: float) -> dict[str, Any]:
 
 def call_configure_optimizers(model: nn.Module, values: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """Call configure_optimizers, giving its required parameters the run's values by name."""
-    fn = model.configure_optimizers
+    fn: Callable[..., Any] = getattr(model, "configure_optimizers")  # noqa: B009 (a Module attribute to mypy)
     try:
-        params = inspect.signature(fn).parameters
+        params = dict(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
         params = {}
-    given, missing = {}, []
+    given: dict[str, Any] = {}
+    missing: list[str] = []
     for name, p in params.items():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.default is not p.empty:
             continue
@@ -508,7 +509,7 @@ def forward_takes_targets(model: nn.Module) -> bool:
 def forward_output_loss(out: Any, pred_target: Any = None) -> torch.Tensor:
     """The loss a forward(x, targets) returned: (logits, loss), a dict with "loss", or a 0-dim tensor."""
     if isinstance(out, tuple | list):
-        for v in out[1:] + out[:1] if len(out) > 1 else out:  # nanoGPT: (logits, loss)
+        for v in [*out[1:], *out[:1]]:  # nanoGPT: (logits, loss)
             if isinstance(v, torch.Tensor) and v.dim() == 0:
                 return v
         raise ModelProtocolError(
@@ -613,12 +614,18 @@ class ModelAdapter:
         idx = kwargs.pop(_SENTINEL, None)
         if idx is None:
             return type(self.model).forward(self.model, *args, **kwargs)
-        return self.training_step(*args, idx) if self._step_takes_idx else self.training_step(*args)
+        return self._train_step(args[0], idx)
+
+    def _train_step(self, batch: Any, idx: int) -> Any:
+        step = self.training_step
+        if step is None:
+            raise ModelProtocolError(f"{type(self.model).__name__} has no training_step")
+        return step(batch, idx) if self._step_takes_idx else step(batch)
 
     def loss_fn(self, model: nn.Module, batch: Any) -> torch.Tensor:
         """training_step(batch, batch_idx) as the loss; through the wrapper when DDP or compile wrap the model."""
         if model is self.model:
-            out = self.training_step(batch, self.batch_idx) if self._step_takes_idx else self.training_step(batch)
+            out = self._train_step(batch, self.batch_idx)
         else:
             if not self._routed:  # DDP must see the call to sync gradients: its forward leads to training_step
                 self.model.__dict__["forward"] = self._route
@@ -654,13 +661,14 @@ class ModelAdapter:
         try:
             if hooks:
                 self.call("on_validation_epoch_start")
+            takes_idx = self._takes_idx(step)
             for i, batch in batches:
                 n = _batch_size(batch)
                 self.logger.batch_size = n
                 if step is not None:
-                    out = step(batch, i) if self._takes_idx(step) else step(batch)
+                    out = step(batch, i) if takes_idx else step(batch)
                 else:
-                    out = self.training_step(batch, i) if self._step_takes_idx else self.training_step(batch)
+                    out = self._train_step(batch, i)
                 loss = out.get("loss") if isinstance(out, dict) else out
                 if isinstance(loss, torch.Tensor) and loss.numel() == 1:
                     returned.add(f"{split}_loss", loss, n)

