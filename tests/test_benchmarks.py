@@ -327,3 +327,13 @@ def test_lightning_model_benchmark_quick(tmp_path):
     # the same model, data and schedule: the two trainers end close (not bit-equal: different shuffles)
     v = result["val_loss"]
     assert abs(v["plainloop"]["median"] - v["lightning"]["median"]) < 0.2 * v["lightning"]["median"]
+
+
+def test_user_loop_benchmark_quick(tmp_path):
+    """benchmarks/user_loop.py: plainloop vs a hand loop on an in-memory dataset; auto picks 0 workers for it."""
+    from benchmarks.user_loop import main
+
+    result = main(["--quick", "--out", str(tmp_path / "ul.json")])
+    assert result["auto_num_workers"] == 0
+    assert result["index_cost_s_per_sample"] < result["cheap_threshold_s_per_sample"]
+    assert set(result["crossover_s"]) == {"0.0", "30.0"}

@@ -388,7 +388,7 @@ class BaseTrainer:
         model = self.model_class(**kw)
         mask = getattr(train, "ocean_mask", None)
         if mask is not None and hasattr(model, "set_ocean_mask"):
-            model.set_ocean_mask(mask)
+            model.set_ocean_mask(mask)  # type: ignore[operator]
         if self.init_weights is not None:
             load_weights_into(model, self.init_weights)
             self.notes.append(
@@ -462,9 +462,9 @@ class BaseTrainer:
             self.notes.append(note)
         callbacks = list(self.callbacks)
         if self.use_wandb:
-            wb, note = wandb_callback(self)
-            if note:
-                self.notes.append(note)
+            wb, wnote = wandb_callback(self)
+            if wnote:
+                self.notes.append(wnote)
             if wb is not None:
                 callbacks.append(wb)
         self.trainer = t = Trainer(self.config, task, log=self.log, callbacks=callbacks, monitor=self.monitor)
@@ -733,7 +733,8 @@ class WandbLogger:
     """Every metrics row to Weights & Biases (project PLAINLOOP_WANDB_PROJECT or "plainloop", run id = uid)."""
 
     def __init__(self, bt: BaseTrainer) -> None:
-        self.bt, self.run = bt, None
+        self.bt = bt
+        self.run: Any = None
 
     def on_fit_start(self, trainer: Any) -> None:
         import wandb
@@ -753,7 +754,7 @@ class WandbLogger:
                 id=str(bt.uid),
                 resume="allow",
                 dir=str(trainer.run_dir),
-                mode=mode,
+                mode=mode,  # type: ignore[arg-type]
                 config={
                     "train": trainer.cfg.to_dict(),
                     "model_params": {k: v for k, v in bt.model_params.items() if _plain(v)},
