@@ -23,8 +23,9 @@ def resume_hint(target: Any, prefix: str = "python") -> str:
     """How to continue a run: the CLI line when the CLI runs, else the Python call (a repo with `trainer/` only)."""
     if uses_cli():
         return f"{prefix} train_optimized.py --resume {target}"
-    script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] not in ("", "-c") else None
-    again = f", then run {prefix} {script} again" if script and script.endswith(".py") else ""
+    script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] not in ("", "-c") else ""
+    # a plain script of the user's names itself; `python -m pkg` and tools (pytest) run a __main__.py
+    again = f", then run {prefix} {script} again" if script.endswith(".py") and script != "__main__.py" else ""
     return f"TrainConfig(..., resume={str(target)!r}) (BaseTrainer: checkpoint_path={str(target)!r}){again}"
 
 
