@@ -55,7 +55,12 @@ def tables() -> str:
     """One Markdown section per argparse group: a heading and a flag / default / what-it-does table."""
     parts = []
     for title, rows in groups():
-        lines = [f"### {HEADINGS.get(title, title[:1].upper() + title[1:])}", "", "| flag | default | what it does |", "|---|---|---|"]
+        lines = [
+            f"### {HEADINGS.get(title, title[:1].upper() + title[1:])}",
+            "",
+            "| flag | default | what it does |",
+            "|---|---|---|",
+        ]
         for flag, default, what in rows:
             default = default.replace("|", "/") or " "
             lines.append(f"| `{flag}` | {default} | {what.replace('|', '/')} |")
