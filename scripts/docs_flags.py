@@ -30,16 +30,32 @@ def _default(action: argparse.Action) -> str:
 
 def _flag(action: argparse.Action) -> str:
     if isinstance(action, argparse.BooleanOptionalAction):
-        return ", ".join(action.option_strings)
+        return "`, `".join(action.option_strings)  # one code span each, so a narrow column breaks between them
     return max(action.option_strings, key=len)
 
 
 def groups() -> list[tuple[str, list[tuple[str, str, str]]]]:
     """[(group title, [(flag, default, help)])] in the order of train_optimized.py's argparse groups."""
+    import dataclasses
+
     import train_optimized as cli
+    from trainer.config import TrainConfig
+
+    training = {f.name for f in dataclasses.fields(TrainConfig)}
+
+    def rank(group: argparse._ArgumentGroup) -> int:
+        """The run's own options, then the training knobs, then each task's, then the measurement tools."""
+        dests = {a.dest for a in group._group_actions}
+        if dests & training:
+            return 1
+        if (group.title or "").endswith("task"):
+            return 2
+        if any("tool" in (group.title or "") or a.dest in ("profile", "system_report") for a in group._group_actions):
+            return 3
+        return 0
 
     out = []
-    for group in cli.build_parser()._action_groups:
+    for group in sorted(cli.build_parser()._action_groups, key=rank):
         rows = []
         for a in group._group_actions:
             if not a.option_strings or a.help == argparse.SUPPRESS or a.dest in ("help", "help_all"):
