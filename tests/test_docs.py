@@ -309,3 +309,9 @@ def test_readme_lightning_module_example(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = list((tmp_path / "runs").glob("lit-*/summary.json"))
     assert len(runs) == 1, "the LightningModule run wrote no summary.json"
+
+
+def test_the_layout_page_names_every_engine_module():
+    page = (DOCS / "reference" / "layout.md").read_text(encoding="utf-8")
+    missing = [p.name for p in sorted((ROOT / "trainer").glob("*.py")) if f"`{p.name}`" not in page]
+    assert not missing, f"docs/reference/layout.md does not list trainer/ modules {missing}"
