@@ -36,7 +36,7 @@ def test_every_setting_has_a_flag():
                 assert p in have, f"{name} task parameter {p} has no --flag"
 
 
-# flags of other programs that the README quotes (pytest, pip, torchrun, benchmarks, the sample maker)
+# flags of other programs that the README and the manual quote (pytest, pip, torchrun, benchmarks, the sample maker)
 OTHER_PROGRAMS = {
     "help",
     "elastic_args",

@@ -1,5 +1,5 @@
 """Every recipe of the seed guides 000-004, run as written (imports aside, sizes shrunk to seconds on a CPU),
-each checked against what its seed promises. And the README's "From the seed guides" table, kept true.
+each checked against what its seed promises. And the manual's seed-guide table (docs/guides/from-seed-guides.md).
 
 A recipe is a code block a seed's reader would run. Shrinking replaces numbers only (epochs, d_model,
 resolution, batch counts); the knobs under test keep the seed's values.
@@ -684,7 +684,7 @@ def test_seed004_log_every_norm_every_progress(tmp_path, monkeypatch):
     assert len(updates) == 26 and sum(updates) == 256  # every 10 batches, and at the epoch end
 
 
-# ============================================================================ README: "From the seed guides"
+# ============================================================================ docs: "Coming from the seed guides"
 SEED_KNOBS = {
     "000": [
         "epochs",
