@@ -452,3 +452,31 @@ def test_your_model_guide_examples_run(tmp_path):
                               timeout=600)  # fmt: skip
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         assert "optimizer: the model's own AdamW" in proc.stdout  # the note says where the optimizer came from
+
+
+def test_a_wrapped_model_reaches_training_step_through_its_forward():
+    """Under DDP (or torch.compile) the wrapper's forward must run, or gradients are not synchronised: the loss goes
+    model(batch) -> the module's forward -> training_step, and the module's own forward is untouched otherwise."""
+    from trainer.model_protocol import model_parts
+
+    class Wrap(nn.Module):  # what DDP does with a call: forward to self.module
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+            self.calls = 0
+
+        def forward(self, *args, **kwargs):
+            self.calls += 1
+            return self.module(*args, **kwargs)
+
+    m = Base()
+    parts = model_parts(m, TrainConfig(), torch.device("cpu"), 1e-3)
+    parts.adapter.attach()
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    wrapped = Wrap(m)
+    direct = parts.loss_fn(m, (x, y))
+    through = parts.loss_fn(wrapped, (x, y))
+    assert wrapped.calls == 1 and torch.equal(direct, through)
+    assert torch.equal(m(x), m.net(x))  # a plain call still runs the module's forward
+    parts.adapter.detach()
+    assert "forward" not in m.__dict__ and m._trainer is None
