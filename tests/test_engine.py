@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-import trainer.build as build_mod
+import trainer.loop as loop_mod
 from tests.helpers import metric_rows, toy_config
 from trainer.checkpoint import CheckpointError, atomic_save, load_checkpoint
 from trainer.config import TrainConfig
@@ -162,7 +162,7 @@ def test_clipping_bounds_the_update(tmp_path, algo):
 def test_fp16_scaler_skips_step_and_schedule_on_inf(tmp_path, monkeypatch):
     """fp16 with a GradScaler: an inf gradient skips optimizer.step() and the schedule does not advance."""
     monkeypatch.setattr(
-        build_mod, "resolve_runtime", lambda *a, **k: Runtime(torch.device("cpu"), "16-mixed", torch.float16)
+        loop_mod, "resolve_runtime", lambda *a, **k: Runtime(torch.device("cpu"), "16-mixed", torch.float16)
     )
     t = Trainer(toy_config(tmp_path, warmup_steps=10, gradient_clip_val=1.0), make_task(val=False))
     assert t.opt.fp16
@@ -188,7 +188,7 @@ def test_fp16_scaler_skips_step_and_schedule_on_inf(tmp_path, monkeypatch):
 
 def test_static_loss_scale_is_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(
-        build_mod, "resolve_runtime", lambda *a, **k: Runtime(torch.device("cpu"), "16-mixed", torch.float16)
+        loop_mod, "resolve_runtime", lambda *a, **k: Runtime(torch.device("cpu"), "16-mixed", torch.float16)
     )
     t = Trainer(toy_config(tmp_path, loss_scale=256.0, max_steps=3), make_task(val=False))
     batch = next(iter(t.loader))
@@ -217,7 +217,10 @@ class SyncCounter:
         def wrapper(t, *a, **k):
             f = sys._getframe(1)
             fn = f.f_code.co_filename
-            if fn.startswith(counter.ROOT) and "/tests/" not in fn and "/.venv/" not in fn:
+            # the checkpoint digest hashes host tensors through numpy(): no device read (trainer/checkpoint.py
+            # copies device tensors to the host first, its marked sync point)
+            host_hash = name == "numpy" and fn.endswith("trainer/checkpoint.py") and t.device.type == "cpu"
+            if fn.startswith(counter.ROOT) and "/tests/" not in fn and "/.venv/" not in fn and not host_hash:
                 counter.calls.append(f"{name} {os.path.relpath(fn, counter.ROOT)}:{f.f_lineno}")
             return orig(t, *a, **k)
 
@@ -457,7 +460,7 @@ def test_a_run_killed_after_its_last_step_validation_does_not_validate_it_again(
 
     part = Trainer(toy_config(tmp_path, run_name="p", epochs=3, val_check_steps=8), make_task())
     with monkeypatch.context() as m:
-        m.setattr(trainer.loop, "test_split", lambda t: (_ for _ in ()).throw(Killed()))
+        m.setattr(trainer.loop.Trainer, "_test", lambda t: (_ for _ in ()).throw(Killed()))
         with pytest.raises(Killed):
             part.fit()
     assert load_checkpoint(tmp_path / "p" / "checkpoints" / "last.pt")["last_val_step"] == 24
