@@ -17,6 +17,7 @@ from tests.helpers import metric_rows, toy_config
 from trainer.checkpoint import CheckpointError, atomic_save, load_checkpoint
 from trainer.config import TrainConfig
 from trainer.data import ShardedBatchSampler, loader_settings, to_device
+from trainer.hooks import HOOK_NAMES, Callback
 from trainer.loop import Trainer
 from trainer.optim import scaled_lr
 from trainer.setup import Runtime
@@ -227,11 +228,13 @@ class SyncCounter:
         return wrapper
 
 
-def test_sync_rule_only_at_log_points(tmp_path, monkeypatch):
+@pytest.mark.parametrize("hooks", [False, True])
+def test_sync_rule_only_at_log_points(tmp_path, monkeypatch, hooks):
     """200 steps with log_every 50: at most a handful of host syncs per log point, none in between.
 
     plainloop's AdamW is fused, so the non-finite guard decides on the device (trainer/step.py step_unless);
-    host_reads=False walks the GPU path, where nobody reads the flag back."""
+    host_reads=False walks the GPU path, where nobody reads the flag back. With every hook installed (the
+    do-nothing `Callback`), the engine's hook calls add no sync either."""
     x, y = make_data(200 * 8)
     torch.manual_seed(0)
     task = Task("toy", nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)), TensorDataset(x, y))
@@ -246,11 +249,14 @@ def test_sync_rule_only_at_log_points(tmp_path, monkeypatch):
             validation_interval=100,
         ),
         task,
+        callbacks=[Callback()] if hooks else None,
     )
     t.opt.host_reads = False  # walk the GPU path: the flag stays on the device
     counter = SyncCounter(monkeypatch)
     t.fit()
     assert t.step == 200
+    if hooks:  # every hook was resolved and called (the per-batch ones per batch)
+        assert all(len(t.hooks.bound[n]) == 1 for n in HOOK_NAMES) and t.opt.before_step is not None
     log_points = 200 // 50
     # the counter sees the loss read-backs (one tolist per log point, the skip counters riding along)
     assert sum(c.startswith("tolist trainer/loop.py") for c in counter.calls) == log_points

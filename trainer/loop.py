@@ -351,10 +351,10 @@ class Trainer:
             i_samples += bs
             i_data += t_data
             if boundary:
-                p.step += 1
-                window_start = p.batches_done = i + 1
-                want_norm = p.step % cfg.norm_every == 0
+                want_norm = (p.step + 1) % cfg.norm_every == 0
                 norm, _ = self.opt.step(want_norm)
+                p.step += 1  # after the step: a callback's on_before_optimizer_step sees the steps done before it
+                window_start = p.batches_done = i + 1
             if hooks.batch_end:
                 hooks("on_train_batch_end", loss, batch, i)
             if boundary:
