@@ -5,7 +5,8 @@ Self-contained: torch, numpy and the standard library (tqdm optional); nothing f
 
 from .base import BaseTrainer
 from .config import TrainConfig
+from .hooks import Callback
 from .loop import Trainer
 from .task import Task
 
-__all__ = ["BaseTrainer", "TrainConfig", "Task", "Trainer"]
+__all__ = ["BaseTrainer", "Callback", "TrainConfig", "Task", "Trainer"]
