@@ -240,3 +240,19 @@ def test_the_guides_example_callback(tmp_path):
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["callbacks"] == {
         "RootMeanSquare": {"validations": 1}
     }
+
+
+def test_schedules_follow_the_schedule_protocol(tmp_path):
+    """WarmupCosine and ConstantSchedule are both `Schedule`s; OptimizerStep drives either."""
+    from trainer.optim import ConstantSchedule, Schedule, WarmupCosine
+    from trainer.step import OptimizerStep
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    assert isinstance(WarmupCosine(torch.optim.SGD(model.parameters(), lr=0.5), 10, 2), Schedule)
+    const = ConstantSchedule(opt)
+    assert isinstance(const, Schedule)
+    step = OptimizerStep(opt, const, torch.device("cpu"), fp16=False)
+    step.backward(model(torch.ones(4, 2)).sum())
+    step.step()
+    assert const.current_lr() == 0.5 and const.state_dict() == {}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -17,6 +17,7 @@ from .config import TrainConfig
 from .setup import Runtime
 
 
+@runtime_checkable
 class Schedule(Protocol):
     """What OptimizerStep drives after every optimizer step that was not skipped.
 
@@ -34,6 +35,28 @@ class Schedule(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class ConstantSchedule:
+    """The per-step Schedule when the lr is left alone per step: constant, or stepped by a callback (per epoch,
+    on a plateau) that owns that schedule's state."""
+
+    on_device = False
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+
+    def step(self, found_inf: torch.Tensor | None = None) -> None:
+        pass
+
+    def current_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])  # note: a sync when lr is a device tensor (log points)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
 
 
 @dataclass
