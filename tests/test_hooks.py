@@ -161,6 +161,8 @@ def test_callback_state_is_saved_and_restored_on_resume(tmp_path):
     rest = Trainer(toy_config(tmp_path, epochs=3, resume=str(tmp_path / "run")), make_task(), callbacks=[again])
     # restored before on_load_checkpoint, which sees the engine's state already in place
     assert again.loaded == {"batches_then": 16, "step": 16}
+    without = Trainer(toy_config(tmp_path, epochs=3, resume=str(tmp_path / "run")), make_task())
+    assert "resume: no callback of this run takes the saved state of counter" in without.notes
     rest.fit()
     assert again.batches == 24
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["callbacks"]["counter"] == {"batches": 24}

@@ -168,10 +168,6 @@ class Checkpointer:
         set_rng_state(ckpt["rng"])
         p.val_pending = p.step if ckpt.get("val_pending") == p.step else None
         p.last_val_step = int(ckpt.get("last_val_step", -1))
-        unused = self.hooks.load_state_dict(ckpt.get("callbacks") or {})
-        if unused:
-            notes.append(f"resume: no callback of this run takes the saved state of {', '.join(unused)}")
-        self.hooks("on_load_checkpoint", ckpt)
         run_dir: Path | None = path if path.is_dir() else path.parent.parent
         assert run_dir is not None
         in_run_dir = (run_dir / "checkpoints").is_dir()
@@ -204,6 +200,11 @@ class Checkpointer:
             notes.append(
                 f"resume: the validation at step {p.step} may not have finished before the stop; it runs first"
             )
+        # the callbacks last: on_load_checkpoint sees the engine's state complete
+        unused = self.hooks.load_state_dict(ckpt.get("callbacks") or {})
+        if unused:
+            notes.append(f"resume: no callback of this run takes the saved state of {', '.join(unused)}")
+        self.hooks("on_load_checkpoint", ckpt)
         return run_dir if in_run_dir else None
 
     def _check_world_size(self, path: Path, ckpt: dict[str, Any]) -> None:
