@@ -555,21 +555,30 @@ def test_progress_bar_turns_itself_off_when_stderr_is_not_a_terminal(tmp_path, c
 
 
 def test_trainer_seeds_the_loop_not_a_model_built_before_it(tmp_path):
-    """What README's "Seeding your own model" says: the Trainer leaves a given model's weights as they are, and
-    every code block that hands its own model to Task seeds torch before building it."""
+    """What the manual's getting-started page says: the Trainer leaves a given model's weights as they are, and
+    every code block of the README and docs/ that hands its own model to Task seeds torch before building it."""
     import re
 
     task = make_task(seed=123)
     before = weights(task.model)
     t = Trainer(toy_config(tmp_path, run_name="s", seed=7, max_steps=1), task)
     assert all(torch.equal(w, v) for w, v in zip(weights(t.model), before))  # taken as built, not re-initialised
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if re.search(r"Task\([^)]*MyNet\(\)", b)]
-    assert blocks, "README shows no own model through Task"
+    root = Path(__file__).resolve().parents[1]
+    pages = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    blocks = [b for p in pages for b in re.findall(r"```python\n(.*?)```", p.read_text(encoding="utf-8"), re.S)]
+    built = 0
     for b in blocks:
+        m = re.search(r"Task\(\"[^\"]*\", (\w+)(\(\))?", b)
+        assigned = m and re.search(rf"^{m.group(1)} = ", b, re.M)
+        if not m or not (m.group(2) or assigned):
+            continue  # no model handed to Task here, or one built outside this block
+        made = m.start() if m.group(2) else assigned.start()
         seeded = re.search(r"manual_seed\(|seed_everything\(", b)
-        assert seeded and seeded.start() < b.index("MyNet()"), b
-    assert "Trainer` seeds the loop only" in readme and "torch.manual_seed(seed)" in readme
+        assert seeded and seeded.start() < made, b
+        built += 1
+    assert built >= 2, "the docs show no own model through Task"
+    guide = (root / "docs" / "tutorials" / "getting-started.md").read_text(encoding="utf-8")
+    assert "Trainer` seeds the loop only" in guide and "torch.manual_seed(seed)" in guide
 
 
 def test_cpu_precision_auto_is_fp32_and_bf16_is_honoured():
