@@ -1,32 +1,31 @@
-"""Evaluation and the best checkpoint: the task's own scores, or the mean loss over a split."""
+"""Evaluation: the task's own scores, or the mean loss over a split, and the best value seen so far."""
 
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from .config import TrainConfig
 from .data import ShardedBatchSampler, batch_size_of, build_loader, to_device
-from .hooks import call
 from .setup import Runtime
-from .usercode import eval_batches, is_stream
+from .task import LossFn, Task
 
 
 def mean_loss(
     ds: Any,
     model: nn.Module,
     rt: Runtime,
-    loss_fn: Any,
+    loss_fn: LossFn,
     batch_size: int,
     loader_kw: dict[str, Any],
     resident: dict[int, Any],
     seed: int,
     collate_fn: Any = None,
 ) -> float:
+    """The loss averaged over every sample of `ds` (rank 0's view; a private generator, the global RNG untouched)."""
     gatherer = resident.get(id(ds))
     sampler = ShardedBatchSampler(len(ds), min(batch_size, len(ds)), shuffle=False, drop_last=False)
     # a private generator: evaluation must not advance the global RNG (exact resume)
@@ -42,44 +41,6 @@ def mean_loss(
         total += loss_fn(model, batch).float() * n
         count += n
     return (total / max(count, 1)).item()  # note: sync point (validation)
-
-
-def warn_slow_validation(self: Any, t_start: float, t_end: float) -> None:
-    """Once per run: a validation that took longer than the training since the previous one, with the fixes."""
-    prev = getattr(self, "_t_val_end", None)
-    self._t_val_end = t_end
-    if prev is None or getattr(self, "_warned_slow_val", False):
-        return
-    val_s, train_s = t_end - t_start, t_start - prev
-    if val_s > train_s > 0:
-        self._warned_slow_val = True
-        msg = (
-            f"validation took {val_s:.1f} s, longer than the {train_s:.1f} s of training since the previous one: "
-            f"validate less often (validation_interval, val_check_steps) or score fewer batches (limit_val_batches)"
-        )
-        self.notes.append(msg)
-        self.log(f"[plainloop] {msg}")
-
-
-def split_batches(self: Any, ds: Any) -> Any:
-    """(index, batch on the device) over a split in order, at most cfg.limit_val_batches of them."""
-    if is_stream(ds):
-        batches = eval_batches(
-            ds, self.cfg.batch_size, self.loader_kw, self.task.collate_fn, self.cfg.limit_val_batches
-        )
-        for i, batch in enumerate(batches):
-            yield i, to_device(batch, self.rt.device)
-        return
-    rt, gatherer = self.rt, self.resident.get(id(ds))
-    sampler = ShardedBatchSampler(len(ds), min(self.cfg.batch_size, len(ds)), shuffle=False, drop_last=False)
-    kw = {k: v for k, v in self.loader_kw.items() if k != "persistent_workers"}
-    kw["generator"] = torch.Generator().manual_seed(self.cfg.seed)  # evaluation must not draw from the global RNG
-    loader = build_loader(ds, sampler, rt.device, kw, self.task.collate_fn, gatherer)
-    cap = self.cfg.limit_val_batches
-    for i, batch in enumerate(loader):
-        if cap is not None and i >= cap:
-            break
-        yield i, (to_device(batch, rt.device) if gatherer is None else batch)
 
 
 class BestTracker:
@@ -113,63 +74,44 @@ class BestTracker:
         self.best, self.stale = state.get("best"), int(state.get("stale", 0))
 
 
-def validate(self: Any) -> dict[str, float]:
-    """Score the val split on rank 0, log it, keep best.pt when it improved; every rank gets the scores.
+class Evaluator:
+    """The task's scores on a split with the weights the model holds now: eval mode, no gradients, no files written.
 
-    Under DDP the scores are broadcast from rank 0, so every rank tracks the same best and takes the same
-    early-stopping decision (rank 1 used to train on alone after rank 0 stopped).
+    The task's own `evaluate_fn`, else the mean of the training loss over the split.
     """
-    self._last_val_step = self.step
-    t_start = time.perf_counter()
-    self.val_pending = None  # the validation a checkpoint announced is under way; checkpoints from now on say so
-    if self.task.val_set is None:
-        return {}
-    metrics: dict[str, float] = {}
-    if self.rt.is_main:
-        metrics = self.evaluate("val")
-        call(self.callbacks, "on_validation_end", self, metrics)
-    if self.rt.distributed:
-        box = [metrics]
-        dist.broadcast_object_list(box, src=0)  # also the barrier: no rank runs ahead while rank 0 scores
-        metrics = box[0]
-    improved = self.best.update(metrics)
-    self.last_val_metrics = metrics
-    warn_slow_validation(self, t_start, time.perf_counter())
-    if self.rt.is_main:
-        epoch = self.epoch + (1 if self.batches_done else 0)  # 1-based, also mid-epoch
-        self._row({"kind": "val", "step": self.step, "epoch": epoch, **metrics})
-        shown = self.task.console_metrics or tuple(metrics)
-        self.log(
-            f"[val] step {self.step} epoch {epoch}: "
-            + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k in shown)
-            + (" (best so far; best.pt saved)" if improved and self.cfg.save_best else "")
-        )
-        if improved and self.cfg.save_best:
-            self._save("best.pt")
-    return metrics
 
+    def __init__(
+        self,
+        task: Task,
+        model: nn.Module,
+        rt: Runtime,
+        loss_fn: LossFn,
+        cfg: TrainConfig,
+        loader_kw: dict[str, Any],
+        resident: dict[int, Any],
+    ) -> None:
+        self.task, self.model, self.rt, self.loss_fn = task, model, rt, loss_fn
+        self.cfg, self.loader_kw, self.resident = cfg, loader_kw, resident
 
-def evaluate_split(self: Any, split: str) -> dict[str, float]:
-    """The task's scores on `split` ("val" or "test") in eval mode, without gradients; {} without that split."""
-    task, model, rt = self.task, self.raw_model, self.rt
-    ds = task.val_set if split == "val" else task.test_set
-    if ds is None:
-        return {}
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), rt.autocast():
-            if task.evaluate_fn is not None:
-                out = task.evaluate_fn(model, split, rt.device)
-            elif self.parts is not None and self.parts.evaluates:
-                out = self.parts.adapter.evaluate(model, split, split_batches(self, ds))
-            else:
-                total, count = torch.zeros((), device=rt.device), 0
-                for _, batch in split_batches(self, ds):
-                    n = batch_size_of(batch)
-                    total += self.loss_fn(model, batch).float() * n
-                    count += n
-                out = {f"{split}_loss": (total / max(count, 1)).item()}  # note: sync point (validation)
-    finally:
-        model.train(was_training)
-    return {k: float(v) for k, v in out.items()}
+    def __call__(self, split: str) -> dict[str, float]:
+        """Scores on `split` ("val" or "test"); {} when the task has no such split."""
+        task, model, rt = self.task, self.model, self.rt
+        ds = task.val_set if split == "val" else task.test_set
+        if ds is None:
+            return {}
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), rt.autocast():
+                if task.evaluate_fn is not None:
+                    out = task.evaluate_fn(model, split, rt.device)
+                else:
+                    cfg = self.cfg
+                    loss = mean_loss(
+                        ds, model, rt, self.loss_fn, cfg.batch_size, self.loader_kw, self.resident, cfg.seed,
+                        task.collate_fn,
+                    )  # fmt: skip
+                    out = {f"{split}_loss": loss}
+        finally:
+            model.train(was_training)
+        return {k: float(v) for k, v in out.items()}
