@@ -470,7 +470,7 @@ def test_a_wrapped_model_reaches_training_step_through_its_forward():
             return self.module(*args, **kwargs)
 
     m = Base()
-    parts = model_parts(m, TrainConfig(), torch.device("cpu"), 1e-3)
+    parts = model_parts(m)
     parts.adapter.attach()
     x, y = torch.randn(8, 4), torch.randn(8, 1)
     wrapped = Wrap(m)

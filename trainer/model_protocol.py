@@ -20,7 +20,6 @@ Anything else Lightning would do for the model fails with one line naming it (`U
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -337,6 +336,12 @@ def model_optimizer(model: nn.Module, cfg: Any, device: torch.device, lr: float)
     return OptimizerChoice(optimizer, ModelStepSchedule(optimizer, configs), configs, notes, hparams)
 
 
+def epoch_callbacks(choice: OptimizerChoice) -> list[Any]:
+    """The callback that steps the model's epoch-interval and plateau schedulers, when it has any."""
+    cb = EpochSchedulers(choice.optimizer, choice.configs)
+    return [cb] if cb.configs else []
+
+
 # ------------------------------------------------------------------ self.log
 class LogStore:
     """`self.log` values of one phase, kept on the device: sums and weights per name, read back in one go."""
@@ -547,6 +552,7 @@ class ModelAdapter:
         self.batch_idx = 0
         self.last_output: Any = None  # the last training_step output, for on_train_batch_end
         self.choice: OptimizerChoice | None = None
+        self.epoch_logs: dict[str, float] = {}  # what the model logged with on_epoch=True in the last epoch
         self.training_step = _own(model, "training_step")
         self.validation_step = _own(model, "validation_step")
         self.test_step = _own(model, "test_step")
@@ -705,23 +711,70 @@ def _batch_size(batch: Any) -> int:
     return 1
 
 
-class ModelHooks:
-    """The one callback that calls the model's own hooks at Lightning's points, on every rank.
-
-    It also steps the model's epoch-interval and plateau schedulers, reads `self.log` values back at log points
-    (into the metrics row) and keeps their state for an exact resume.
-    """
+class EpochSchedulers:
+    """The model's epoch-interval and plateau schedulers, stepped where Lightning steps them: after each epoch
+    (every `frequency` epochs), a plateau one after each validation with its `monitor` metric (or at the epoch's
+    end with a value the model logged with on_epoch=True). Their state rides in every checkpoint."""
 
     all_ranks = True
-    state_key = "model_hooks"
+    state_key = "model_schedulers"
 
-    def __init__(self, adapter: ModelAdapter, configs: list[SchedulerConfig] | None = None) -> None:
-        self.a = adapter
-        self.configs = [c for c in (configs or []) if c.interval == "epoch" or c.plateau]
+    def __init__(self, optimizer: Any, configs: list[SchedulerConfig]) -> None:
+        self.optimizer = optimizer
+        self.configs = [c for c in configs if c.interval == "epoch" or c.plateau]
         self.epochs_done = 0  # epochs finished (epoch-interval frequency counts them)
         self.plateau_steps = 0
-        self.lr_history: list[float] = []  # lr at each epoch end, for tests and the summary
+        self.lr_history: list[float] = []  # lr after each epoch's scheduler step
+        self.epoch_values: Callable[[], dict[str, float]] | None = None  # the model's on_epoch logs (ModelHooks)
         self._warned = False
+
+    def on_train_epoch_end(self, trainer: Any, epoch: int) -> None:
+        vals = self.epoch_values() if self.epoch_values is not None else {}
+        self.epochs_done = epoch + 1
+        for c in self.configs:
+            if self.epochs_done % c.frequency:
+                continue
+            if not c.plateau:
+                c.scheduler.step()
+            elif c.monitor in vals:
+                c.scheduler.step(vals[c.monitor])
+                self.plateau_steps += 1
+        self.lr_history.append(_lr(self.optimizer))
+
+    def on_validation_end(self, trainer: Any, metrics: dict[str, float]) -> None:
+        missing = []
+        for c in self.configs:
+            if c.plateau and c.monitor in metrics:
+                c.scheduler.step(metrics[c.monitor])
+                self.plateau_steps += 1
+            elif c.plateau and metrics:
+                missing.append(c.monitor)
+        if missing and not self._warned:
+            self._warned = True
+            trainer.log(
+                f"[plainloop] schedule: the model's plateau scheduler watches {missing[0]!r}, which the validation "
+                f"did not report (it reported {sorted(metrics)}); the scheduler does not step"
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epochs_done": self.epochs_done, "plateau_steps": self.plateau_steps,
+                "schedulers": [c.scheduler.state_dict() for c in self.configs]}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epochs_done = int(state.get("epochs_done", 0))
+        self.plateau_steps = int(state.get("plateau_steps", 0))
+        for c, st in zip(self.configs, state.get("schedulers", [])):
+            c.scheduler.load_state_dict(st)
+
+
+class ModelHooks:
+    """The one callback that calls the model's own hooks at Lightning's points, on every rank, and hands the
+    model's `self.log` values to the metrics rows (`train_logs`, read at log points)."""
+
+    all_ranks = True
+
+    def __init__(self, adapter: ModelAdapter) -> None:
+        self.a = adapter
 
     # -- fit
     def on_fit_start(self, trainer: Any) -> None:
@@ -734,10 +787,11 @@ class ModelHooks:
         s.num_training_batches = getattr(trainer, "batches_per_epoch", 0)
         s.estimated_stepping_batches = getattr(trainer, "total_steps", 0)
         s.accumulate_grad_batches = cfg.accumulate_grad_batches
-        s.global_rank = getattr(trainer, "rank", getattr(getattr(trainer, "rt", None), "rank", 0))
-        s.world_size = getattr(trainer, "world_size", getattr(getattr(trainer, "rt", None), "world_size", 1))
-        s.precision = getattr(getattr(trainer, "rt", None), "precision", "32")
-        s.device = trainer.device if hasattr(trainer, "device") else trainer.rt.device
+        rt = trainer.rt
+        s.global_rank, s.local_rank, s.world_size = rt.rank, getattr(rt, "local_rank", 0), rt.world_size
+        s.num_devices = rt.world_size
+        s.precision = rt.precision
+        s.device = rt.device
         if a.choice is not None:
             s.optimizers = [a.choice.optimizer]
             s.lr_scheduler_configs = list(a.choice.configs)
@@ -775,34 +829,11 @@ class ModelHooks:
             a.call("on_train_batch_end", a.outputs(), batch, batch_idx)
 
     def on_train_epoch_end(self, trainer: Any, epoch: int) -> None:
-        a = self.a
-        a.call("on_train_epoch_end")
-        epoch_vals = a.logger.read("train_epoch")
-        self.epochs_done = epoch + 1
-        for c in self.configs:
-            if c.plateau:
-                if c.monitor in epoch_vals and self.epochs_done % c.frequency == 0:
-                    c.scheduler.step(epoch_vals[c.monitor])
-            elif self.epochs_done % c.frequency == 0:
-                c.scheduler.step()
-        self.lr_history.append(_lr(a.choice.optimizer) if a.choice else math.nan)
-        if epoch_vals and hasattr(trainer, "_row"):
-            trainer._row({"kind": "train_epoch", "step": trainer.step, "epoch": epoch + 1, **epoch_vals})
-
-    def on_validation_end(self, trainer: Any, metrics: dict[str, float]) -> None:
-        missing = []
-        for c in self.configs:
-            if c.plateau and c.monitor in metrics:
-                c.scheduler.step(metrics[c.monitor])
-                self.plateau_steps += 1
-            elif c.plateau and metrics:
-                missing.append(c.monitor)
-        if missing and not self._warned:
-            self._warned = True
-            trainer.log(
-                f"[plainloop] schedule: the model's plateau scheduler watches {missing[0]!r}, which the validation "
-                f"did not report (it reported {sorted(metrics)}); the scheduler does not step"
-            )
+        self.a.call("on_train_epoch_end")
+        vals = self.a.logger.read("train_epoch")  # note: sync point (epoch end)
+        self.a.epoch_logs = vals
+        if vals:
+            trainer._row({"kind": "train_epoch", "step": trainer.step, "epoch": epoch + 1, **vals})
 
     def train_logs(self) -> dict[str, float]:
         """The model's `self.log` values in training since the last log point, averaged (a log point's read)."""
@@ -823,16 +854,6 @@ class ModelHooks:
         self.a.shim.current_epoch = trainer.epoch
         self.a.call("on_load_checkpoint", checkpoint)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"epochs_done": self.epochs_done, "plateau_steps": self.plateau_steps,
-                "schedulers": [c.scheduler.state_dict() for c in self.configs]}  # fmt: skip
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epochs_done = int(state.get("epochs_done", 0))
-        self.plateau_steps = int(state.get("plateau_steps", 0))
-        for c, s in zip(self.configs, state.get("schedulers", [])):
-            c.scheduler.load_state_dict(s)
-
 
 def _lr(optimizer: Any) -> float:
     lr = optimizer.param_groups[0]["lr"]
@@ -840,11 +861,14 @@ def _lr(optimizer: Any) -> float:
 
 
 class ModelParts:
-    """What a Lightning-style model brings, ready for the engine: adapter, optimizer choice, loss, hooks."""
+    """What a Lightning-style model brings, ready for the engine: the adapter, its loss, its hooks callback.
 
-    def __init__(self, adapter: ModelAdapter, choice: OptimizerChoice | None, hooks: ModelHooks) -> None:
-        self.adapter, self.choice, self.hooks = adapter, choice, hooks
-        self.notes: list[str] = list(choice.notes) if choice is not None else []
+    The optimizer comes from `build_optimizer` (trainer/optim.py, which calls `model_optimizer`); `bind` then
+    tells the adapter which optimizer and schedulers run (self.optimizers(), self.trainer.optimizers ...).
+    """
+
+    def __init__(self, adapter: ModelAdapter, hooks: ModelHooks) -> None:
+        self.adapter, self.hooks = adapter, hooks
         self.loss_fn = adapter.loss_fn if adapter.training_step is not None else None
 
     @property
@@ -853,21 +877,24 @@ class ModelParts:
         a = self.adapter
         return a.validation_step is not None or a.test_step is not None or a.training_step is not None
 
+    def bind(self, optimizer: Any, schedule: Any, callbacks: list[Any]) -> None:
+        """The optimizer and schedulers build_optimizer chose; a model's own ones are known to the adapter."""
+        a = self.adapter
+        configs: list[SchedulerConfig] = []
+        if isinstance(schedule, ModelStepSchedule):
+            configs += schedule.configs
+            schedule.batch_index = lambda: a.batch_idx  # Lightning's step frequency counts batches of the epoch
+        for cb in callbacks:
+            if isinstance(cb, EpochSchedulers):
+                configs += cb.configs
+                cb.epoch_values = lambda: a.epoch_logs
+        if isinstance(schedule, ModelStepSchedule) or configs:
+            a.choice = OptimizerChoice(optimizer, schedule, configs, [], {})
 
-def model_parts(model: nn.Module, cfg: Any, device: torch.device, lr: float) -> ModelParts | None:
-    """The model's own optimizer, schedule, training step and hooks; None for a plain nn.Module.
 
-    Call it once the model is on its device (Lightning builds the optimizer there too).
-    """
+def model_parts(model: nn.Module) -> ModelParts | None:
+    """The adapter, loss and hooks of a Lightning-style model; None for a plain nn.Module."""
     if not is_lightning_style(model):
         return None
     adapter = ModelAdapter(model)
-    adapter.choice = choice = model_optimizer(model, cfg, device, lr)
-    if choice is not None:
-        choice.schedule.batch_index = lambda: adapter.batch_idx
-    parts = ModelParts(adapter, choice, ModelHooks(adapter, choice.configs if choice is not None else []))
-    if choice is None and _own(model, "configure_optimizers") is not None:
-        parts.notes.append(
-            f"optimizer: {type(model).__name__}.configure_optimizers() returned None; plainloop's AdamW and schedule run"
-        )
-    return parts
+    return ModelParts(adapter, ModelHooks(adapter))
