@@ -149,7 +149,8 @@ def build_adamw(
     lr_arg: float | torch.Tensor = torch.tensor(lr, device=device) if tensor_lr else lr
     if fused is False and tensor_lr:
         lr_arg = lr  # the for-each kernel wants a float lr unless capturable
-    return torch.optim.AdamW(groups, lr=lr_arg, betas=tuple(betas), eps=eps, fused=fused is not False)
+    b1, b2 = betas
+    return torch.optim.AdamW(groups, lr=lr_arg, betas=(b1, b2), eps=eps, fused=fused is not False)
 
 
 class WarmupCosine:
