@@ -216,6 +216,7 @@ def test_the_run_records_the_models_real_optimizer_and_notes_where_it_came_from(
     note = [ln for ln in lines if "optimizer:" in ln]
     assert len(note) == 1 and "AdamW" in note[0] and "weight_decay=0.05" in note[0] and "LambdaLR" in note[0]
     assert "warm-up/cosine" in note[0]
+    assert any(ln.startswith("[epoch") and "train_mse" in ln for ln in lines)  # the model's logs on the console
     import json
 
     conf = json.loads((tmp_path / "run" / "config.json").read_text())

@@ -750,6 +750,7 @@ class Trainer:
             total_steps=self.total_steps,
             row=self.last_row,
             eta_s=eta,
+            extra=self.parts.adapter.logger.train_names if self.parts is not None else (),
         )
 
     # ------------------------------------------------------------------ the summary

@@ -392,6 +392,7 @@ class ModelLogger:
         self.phase = "train"
         self.stores = {"train": LogStore(), "train_epoch": LogStore(), "val": LogStore(), "test": LogStore()}
         self.last: dict[str, float] = {}  # everything read back so far (self.trainer.callback_metrics)
+        self.train_names: tuple[str, ...] = ()  # what training_step logs (shown on the epoch lines)
         self.batch_size = 1
 
     def log(self, name: str, value: Any, prog_bar: bool = False, logger: Any = None, on_step: bool | None = None,
@@ -405,6 +406,8 @@ class ModelLogger:
             )
         w = float(batch_size if batch_size is not None else self.batch_size)
         if self.phase == "train":
+            if name not in self.train_names:
+                self.train_names += (name,)
             self.stores["train"].add(name, value, w)
             if on_epoch:
                 self.stores["train_epoch"].add(name, value, w)
