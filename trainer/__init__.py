@@ -6,7 +6,8 @@ SPDX-License-Identifier: MIT. Copyright (c) 2026 The plainloop authors; keep thi
 
 from .base import BaseTrainer
 from .config import TrainConfig
+from .hooks import Callback
 from .loop import Trainer
 from .task import Task
 
-__all__ = ["BaseTrainer", "TrainConfig", "Task", "Trainer"]
+__all__ = ["BaseTrainer", "Callback", "TrainConfig", "Task", "Trainer"]
