@@ -224,7 +224,8 @@ def test_rank_filter_and_all_ranks():
 def guide_example() -> dict[str, Any]:
     """The example callback of docs/guides/callbacks.md, executed as written there."""
     text = (ROOT / "docs" / "guides" / "callbacks.md").read_text(encoding="utf-8")
-    code = re.search(r"<!-- example: callback -->\s*```python\n(.*?)```", text, re.S)
+    marker = "<!-- example: tested-by tests/test_hooks.py::test_the_guides_example_callback -->"
+    code = re.search(re.escape(marker) + r"\s*```python\n(.*?)```", text, re.S)
     assert code, "docs/guides/callbacks.md lost its example block"
     scope: dict[str, Any] = {}
     exec(compile(code.group(1), "docs/guides/callbacks.md", "exec"), scope)
