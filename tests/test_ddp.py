@@ -189,3 +189,14 @@ def test_a_two_process_run_resumed_by_one_process_is_a_one_line_error(tmp_path, 
     fix = f"Resume it with 2: torchrun --standalone --nproc_per_node 2 train_optimized.py --resume {run} ("
     assert fix in err[0] and err[0].endswith("(settings changed from the saved run: max_steps 2 -> 4 (given now))")
     assert all(p.read_bytes() == b for p, b in files.items())
+
+
+def test_a_lightning_style_model_trains_under_ddp_with_its_gradients_synchronised(tmp_path):
+    """training_step reached through DDP's forward: the replicas stay equal (different data on each rank)."""
+    proc = torchrun(tmp_path, "lightning")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((proc.out / "ddp" / "summary.json").read_text())
+    assert summary["ddp_max_weight_diff"] == 0.0
+    rows = [r for r in metric_rows(proc.out / "ddp") if r["kind"] == "train"]
+    assert all("train_mse" in r for r in rows) and rows[-1]["lr"] < 0.05  # its logs and its own schedule
+    assert "val_loss" in summary["final_metrics"]

@@ -80,7 +80,7 @@ def _hook(name):
         if name == "on_train_batch_start":
             self.step_lrs.append(float(self.trainer.optimizers[0].param_groups[0]["lr"]))
         if name == "on_train_epoch_start":
-            self.seen.append((self.current_epoch, self.global_step))
+            self.seen.append((self.current_epoch, self.global_step, str(self.device)))
         if name == "on_train_batch_end":
             outputs = args[0]
             assert set(outputs) >= {"loss"} and not outputs["loss"].requires_grad
