@@ -3,6 +3,7 @@ that fit a repo where plainloop is only the copied `trainer/` folder (no train_o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -13,10 +14,22 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+_CLI = [False]  # set while train_optimized.main runs (also when a test calls it in-process)
+
+
+@contextlib.contextmanager
+def cli_session() -> Iterator[None]:
+    """Messages inside name plainloop's command line (train_optimized.py --resume ...), not the Python call."""
+    before, _CLI[0] = _CLI[0], True
+    try:
+        yield
+    finally:
+        _CLI[0] = before
+
 
 def uses_cli() -> bool:
     """This process runs plainloop's own CLI script (train_optimized.py), so its flags mean something."""
-    return Path(sys.argv[0] if sys.argv else "").name == "train_optimized.py"
+    return _CLI[0] or Path(sys.argv[0] if sys.argv else "").name == "train_optimized.py"
 
 
 def resume_hint(target: Any, prefix: str = "python") -> str:
