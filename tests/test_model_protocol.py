@@ -481,3 +481,29 @@ def test_a_wrapped_model_reaches_training_step_through_its_forward():
     assert torch.equal(m(x), m.net(x))  # a plain call still runs the module's forward
     parts.adapter.detach()
     assert "forward" not in m.__dict__ and m._trainer is None
+
+
+def test_the_models_optimizer_under_the_fp16_scaler_and_the_non_finite_guard():
+    """GradScaler (fp16) and the guard drive the model's own optimizer: a non-finite step leaves the weights alone;
+    the model's step scheduler advances as under Lightning (only the device knows about the skip there)."""
+    from trainer.model_protocol import model_optimizer
+    from trainer.step import OptimizerStep
+
+    class Model(Base):
+        def configure_optimizers(self):
+            return FORMS["dict_step_interval"](self)
+
+    m = Model()
+    own = model_optimizer(m, TrainConfig(), torch.device("cpu"), 1e-3)
+    for fp16 in (True, False):
+        opt = OptimizerStep(own.optimizer, own.schedule, torch.device("cpu"), fp16=fp16, clip_val=1.0)
+        x, y = torch.randn(8, 4), torch.randn(8, 1)
+        opt.backward(nn.functional.mse_loss(m(x), y))
+        before = [p.detach().clone() for p in m.parameters()]
+        opt.step()
+        assert any(not torch.equal(a, p) for a, p in zip(before, m.parameters()))  # a finite step updates
+        opt.backward(m(x).sum() * float("inf"))
+        before = [p.detach().clone() for p in m.parameters()]
+        opt.step()
+        assert all(torch.equal(a, p) for a, p in zip(before, m.parameters()))  # the non-finite step is skipped
+    assert own.schedule.steps == 3  # fp16: 2 (advanced on the device-only skip too); guard on a CPU: 1
