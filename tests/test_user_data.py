@@ -217,3 +217,31 @@ def test_trainer_works_copied_under_another_package_name(tmp_path):
     assert "TrainConfig(..., resume=" in hint and "python train.py again" in hint
     toml = (repo / "runs" / "copied" / "config.toml").read_text(encoding="utf-8")
     assert "train_optimized.py" not in toml
+
+
+def test_auto_workers_pick_0_for_data_held_in_memory_and_cheap_to_index_only():
+    from torch.utils.data import Dataset, Subset
+
+    from trainer.usercode import auto_workers_for
+
+    class Windows(Dataset):
+        def __init__(self):
+            self.tokens = torch.arange(10_000)
+
+        def __len__(self):
+            return 9_000
+
+        def __getitem__(self, i):
+            return self.tokens[i : i + 8], self.tokens[i + 1 : i + 9]
+
+    class Files(Windows):  # reads "files": nothing held in memory, never probed
+        def __init__(self):
+            self.paths = [f"/data/{i}.nc" for i in range(9_000)]
+
+        def __getitem__(self, i):
+            raise AssertionError("probed a file-backed dataset in the main process")
+
+    workers, note = auto_workers_for(Windows())
+    assert workers == 0 and "us per sample (measured)" in note
+    assert auto_workers_for(Subset(Windows(), range(100)))[0] == 0
+    assert auto_workers_for(Files()) == (None, None)

@@ -152,9 +152,23 @@ def in_memory_cost(dataset: Any, probes: int = 64, budget_s: float = 0.05) -> fl
 CHEAP_S_PER_SAMPLE = 2e-5
 
 
+def holds_arrays(dataset: Any) -> bool:
+    """The dataset (or the one a Subset cuts) keeps its data as tensors or arrays in memory (not memory-mapped
+    files): indexing it in the main process opens no file a forked worker would inherit."""
+    import numpy as np
+
+    base = getattr(dataset, "dataset", dataset) if hasattr(dataset, "indices") else dataset
+    values = list(vars(base).values()) if hasattr(base, "__dict__") else []
+    values += [x for v in values if isinstance(v, list | tuple) for x in v]
+    return any(
+        isinstance(v, torch.Tensor) or (isinstance(v, np.ndarray) and not isinstance(v, np.memmap)) for v in values
+    )
+
+
 def auto_workers_for(dataset: Any) -> tuple[int | None, str | None]:
-    """0 workers for a dataset that indexes in memory cheaply (measured once at start-up), else None (no view)."""
-    if os.environ.get("PLAINLOOP_NO_WORKER_PROBE"):
+    """0 workers for a dataset held in memory (its tensors/arrays) that indexes cheaply (measured once at start-up),
+    else None (no view: the usual worker count)."""
+    if os.environ.get("PLAINLOOP_NO_WORKER_PROBE") or not holds_arrays(dataset):
         return None, None
     cost = in_memory_cost(dataset)
     if cost is None or cost > CHEAP_S_PER_SAMPLE:
