@@ -42,6 +42,7 @@ from trainer.options import (
 )
 from trainer.runfiles import RunDirError, find_resumable
 from trainer.setup import launch_prefix
+from trainer.usercode import cli_session
 
 RUN = "task and run"
 TOOLS = "measurement tools"
@@ -236,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     explicit = vars(parser.parse_args(argv))
     debug = explicit.get("debug") or os.environ.get("PLAINLOOP_DEBUG", "") not in ("", "0")
     try:
-        return run(explicit)
+        with cli_session():  # the engine's messages name this script's flags (not the Python call)
+            return run(explicit)
     except KNOWN_ERRORS as e:
         if debug:
             raise

@@ -140,6 +140,23 @@ class TrainConfig:
         SAFE,
         min=1,
     )
+    # your model as it is: training order, AdamW knobs, decay horizon, validation cap
+    shuffle: bool = knob(True, "shuffle the training samples each epoch; off trains in time order", DATA)
+    adam_betas: tuple[float, float] = knob(
+        (0.9, 0.999), "AdamW betas of the built-in optimizer (nanoGPT: 0.9 0.95)", OPTIM
+    )
+    adam_eps: float = knob(1e-8, "AdamW eps of the built-in optimizer", OPTIM, gt=0)
+    fused: bool | None = knob(None, "fused AdamW kernel of the built-in optimizer: auto (on), on or off", OPTIM)
+    lr_decay_steps: int | None = knob(
+        None,
+        "optimizer steps the cosine decay spans, counted from step 0 (nanoGPT's lr_decay_iters); later steps stay "
+        "at lr x min_lr_ratio (default: the whole run)",
+        OPTIM,
+        min=1,
+    )
+    limit_val_batches: int | None = knob(
+        None, "score at most N batches per validation (Lightning's limit_val_batches as a count)", LOG, min=1
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -172,6 +189,8 @@ class TrainConfig:
             raise ValueError("TrainConfig: give max_steps (optimizer steps) or max_batches (batches), not both")
         if self.val_check_steps is not None and self.val_check_batches is not None:
             raise ValueError("TrainConfig: give val_check_steps or val_check_batches, not both")
+        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
+            raise ValueError(f"TrainConfig: adam_betas={tuple(self.adam_betas)}; give two numbers in [0, 1)")
 
     # ---- what the loop runs -------------------------------------------------------------------------------
     def effective(self) -> TrainConfig:

@@ -176,8 +176,8 @@ def check_keys(d: dict[str, Any], known: Iterable[str], where: str) -> None:
             near = difflib.get_close_matches(k, known, n=3, cutoff=0.6)
             hints.append(f"{k!r}" + (f" (did you mean {', '.join(near)}?)" if near else ""))
         raise ConfigError(
-            f"{where}: unknown setting(s) {'; '.join(hints)}. Valid settings are the --flags of "
-            f"train_optimized.py --help"
+            f"{where}: unknown setting(s) {'; '.join(hints)}. Valid settings are the TrainConfig "
+            f"fields (the --flags of train_optimized.py --help)"
         )
 
 

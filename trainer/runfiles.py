@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from .checkpoint import remove_orphan_temps
 from .setup import Runtime
+from .usercode import resume_hint
 
 
 class RunDirError(ValueError):
@@ -49,7 +50,7 @@ def claim_run_dir(output_dir: str | Path, name: str | None, prefix: str) -> tupl
         if name is not None and i > 1:
             note = (
                 f"run dir: {root / base} already holds a run; writing to {cand} instead (to continue that run, "
-                f"resume from it: --resume {root / base}, or BaseTrainer(checkpoint_path=...))"
+                f"resume from it: {resume_hint(root / base)})"
             )
         return cand, note
     raise RunDirError(f"no free run directory name under {root} for {base!r}")
