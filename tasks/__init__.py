@@ -70,7 +70,17 @@ def build_task(name: str, cfg: TrainConfig | None = None, **kwargs: Any) -> Task
     """A built-in task by name (its builder's keywords), or a user task by `module:function` (also given `cfg`)."""
     if is_user_task(name):
         return build_user_task(name, cfg or TrainConfig(), kwargs)
+    check_task_name(name)
     return TASK_BUILDERS[name]()(**kwargs)
+
+
+def check_task_name(name: str) -> None:
+    """A built-in name or a module:function spec; anything else is a TaskSpecError naming both forms."""
+    if name not in MODULES and not is_user_task(name):
+        raise TaskSpecError(
+            f"--task {name}: unknown task; use {', '.join(MODULES)} or your own builder as package.module:function "
+            f"(or path/to/file.py:function)"
+        )
 
 
 def _count(n: int, noun: str) -> str:
