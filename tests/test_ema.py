@@ -185,3 +185,12 @@ def test_a_checkpoint_of_another_model_is_a_clear_error():
     other.attach(nn.Linear(2, 2))
     with pytest.raises(ValueError, match="another model"):
         ema.load_state_dict(other.state_dict())
+
+
+def test_config_errors_name_the_config_field():
+    from trainer.config import TrainConfig
+
+    with pytest.raises(ValueError, match=r"TrainConfig: ema_decay=1\.5; use a number in \[0, 1\)"):
+        EMA.from_config(TrainConfig(ema_decay=1.5))
+    ema = EMA.from_config(TrainConfig(ema_decay=0.99, ema_every=4, ema_warmup_power=0.5))
+    assert (ema.decay, ema.every, ema.warmup_power) == (0.99, 4, 0.5)

@@ -114,6 +114,31 @@ class EMA:
         self._pending: dict[str, Any] | None = None  # a checkpoint's state loaded before the model was seen
         self._trainer: Any = None
 
+    @classmethod
+    def from_config(cls, cfg: Any) -> EMA:
+        """The EMA a TrainConfig asks for (ema_decay, ema_every, ema_warmup, ema_warmup_power); errors name the
+        TrainConfig field."""
+        try:
+            return cls(
+                decay=cfg.ema_decay, every=cfg.ema_every, warmup=cfg.ema_warmup, warmup_power=cfg.ema_warmup_power
+            )
+        except ValueError as e:
+            field = {"decay": "ema_decay", "every": "ema_every", "warmup_power": "ema_warmup_power"}
+            name = str(e).split("(", 1)[1].split("=", 1)[0] if "(" in str(e) else "decay"
+            value = getattr(cfg, field.get(name, "ema_decay"))
+            raise ValueError(
+                f"TrainConfig: {field.get(name, 'ema_decay')}={value!r}; {str(e).split(': ', 1)[-1]}"
+            ) from None
+
+    def describe(self) -> str:
+        """One line for the start-up report."""
+        warm = f"timm warm-up, power {self.warmup_power:g}" if self.warmup else "no warm-up"
+        every = f", every {self.every} steps" if self.every > 1 else ""
+        return (
+            f"ema: weights averaged with decay {self.decay:g} ({warm}{every}); validation and test score the "
+            f"average, raw_<metric> the trained weights"
+        )
+
     # ------------------------------------------------------------------ the moving average itself
     def decay_at(self, step: int) -> float:
         return ema_decay_at(
