@@ -54,8 +54,14 @@ ERA5_MODEL_KEYS = (
 
 
 def task_module(name: str) -> ModuleType:
+    """The module of a built-in task; for a registered user task, a stand-in with its ARGS_HELP (the docstring's
+    lines) and TRAIN_DEFAULTS."""
+    if name in USER_MODULES:
+        return USER_MODULES[name]
     if name not in MODULES:
-        raise ValueError(f"unknown task {name!r}; use one of {', '.join(MODULES)}")
+        raise ValueError(
+            f"unknown task {name!r}; use one of {', '.join(MODULES)} or your own builder as package.module:function"
+        )
     return importlib.import_module(MODULES[name][0])
 
 
@@ -64,6 +70,7 @@ def _builder(name: str) -> Callable[[], Callable[..., Task]]:
 
 
 TASK_BUILDERS: dict[str, Callable[[], Callable[..., Task]]] = {name: _builder(name) for name in MODULES}
+USER_MODULES: dict[str, ModuleType] = {}  # user tasks registered in this process (register_user_task)
 
 
 def build_task(name: str, cfg: TrainConfig | None = None, **kwargs: Any) -> Task:
@@ -151,6 +158,8 @@ def _check_pk_batch(kw: dict[str, Any], batch_size: int | None) -> None:
 
 def train_defaults(task: str, on_gpu: bool, kw: dict[str, Any], n_train: int) -> dict[str, Any]:
     """TrainConfig values the task recommends for settings the user did not give."""
+    if is_user_task(task):
+        return user_train_defaults(task)
     if task == "reid":  # test with the weights val chose
         # a P x K batch: batch_size must be a multiple of K (the engine's 150 is not, for K = 4). The synthetic set
         # on a CPU: P = 8 (32 steps of 8 x 4 per epoch, 60 epochs); image folders and GPUs: P = 16 (64 at K = 4)
@@ -448,3 +457,20 @@ def find_resumable_user_task(output_dir: str | Path, spec: str) -> Path | None:
         except (ValueError, OSError):
             continue
     return max(runs, key=lambda p: (p / "checkpoints" / "last.pt").stat().st_mtime, default=None)
+
+
+def register_user_task(spec: str, taken: dict[str, str] | None = None) -> list[FlagSpec]:
+    """Make `spec` a task of this process's CLI, beside the built-in ones: TASK_BUILDERS[spec] gives a stand-in
+    whose signature holds the builder's flags with their resolved types (what trainer/options.py reads), and
+    task_module(spec) its help lines. `taken`: the CLI's own flag names -> what they are (a parameter may not reuse
+    one; TrainConfig's fields are always checked). Building the task is `build_user_task` (it needs the run's cfg)."""
+    flags = builder_flags(spec)
+    names = {f.name: "the training flag" for f in dataclasses.fields(TrainConfig)}
+    check_flag_names(spec, flags, {**names, **(taken or {})})
+    stand_in = typed_signature(spec, flags)
+    module = types.ModuleType(f"plainloop_user_task:{spec}")
+    module.ARGS_HELP = {f.name: f.help + (" (default: none; required)" if f.required else "") for f in flags}  # type: ignore[attr-defined]
+    module.ARGS_RULES = {}  # type: ignore[attr-defined]
+    USER_MODULES[spec] = module
+    TASK_BUILDERS[spec] = lambda: stand_in
+    return flags
