@@ -211,8 +211,11 @@ def load_builder(spec: str) -> Callable[..., Any]:
     mod_name, _, fn_name = spec.rpartition(":")
     if not mod_name or not fn_name.isidentifier():
         raise TaskSpecError(f"--task {spec}: not a module:function pair; {HOW}")
+    caller = os.environ.get("PLAINLOOP_CALLER_DIR")  # the launcher runs from the repository; the user was here
     if mod_name.endswith(".py"):
         path = Path(mod_name)
+        if not path.is_file() and caller and not path.is_absolute() and (Path(caller) / path).is_file():
+            path = Path(caller) / path
         if not path.is_file():
             raise TaskSpecError(f"--task {spec}: no such file {path}; {HOW}")
         name = f"plainloop_task_{task_label(str(path.resolve())).replace('.', '_').replace('-', '_')}"
@@ -228,8 +231,9 @@ def load_builder(spec: str) -> Callable[..., Any]:
                 sys.modules.pop(name, None)
                 raise TaskSpecError(f"--task {spec}: running {path} failed: {type(e).__name__}: {e}") from e
     else:
-        if os.getcwd() not in sys.path and "" not in sys.path:
-            sys.path.append(os.getcwd())  # `python train_optimized.py` puts the script's folder first, not the cwd
+        for folder in (os.getcwd(), caller):  # `python train_optimized.py` puts the script's folder first, not these
+            if folder and folder not in sys.path:
+                sys.path.append(folder)
         try:
             module = importlib.import_module(mod_name)
         except ModuleNotFoundError as e:
@@ -472,5 +476,8 @@ def register_user_task(spec: str, taken: dict[str, str] | None = None) -> list[F
     module.ARGS_HELP = {f.name: f.help + (" (default: none; required)" if f.required else "") for f in flags}  # type: ignore[attr-defined]
     module.ARGS_RULES = {}  # type: ignore[attr-defined]
     USER_MODULES[spec] = module
-    TASK_BUILDERS[spec] = lambda: stand_in
+    # first: a parameter named like a built-in task's (data_path) makes the one shared flag carry its type and help
+    others = [(k, v) for k, v in TASK_BUILDERS.items() if k != spec]
+    TASK_BUILDERS.clear()
+    TASK_BUILDERS.update([(spec, lambda: stand_in), *others])
     return flags

@@ -172,3 +172,100 @@ def test_find_resumable_user_task_matches_the_recorded_builder(user_pkg):
 def test_task_label_is_a_safe_folder_name():
     assert tasks.task_label("userpkg.regress:build") == "userpkg.regress-build"
     assert tasks.task_label("a/b.py:fn") == "a-b.py-fn"
+
+
+# ------------------------------------------------------------------------------------------- every door of the CLI
+@pytest.fixture
+def cli(user_pkg):
+    """train_optimized with the user task registry restored afterwards (registration is per process)."""
+    import train_optimized
+
+    builders, modules = dict(tasks.TASK_BUILDERS), dict(tasks.USER_MODULES)
+    yield train_optimized
+    tasks.TASK_BUILDERS.clear()
+    tasks.TASK_BUILDERS.update(builders)
+    tasks.USER_MODULES.clear()
+    tasks.USER_MODULES.update(modules)
+
+
+QUIET = ["--no-progress_bar", "--no-plots", "--output_dir", "runs"]
+SPEC = "userpkg.regress:build"
+
+
+def only_run(prefix: str = "regress-") -> Path:
+    (run,) = [p for p in Path("runs").iterdir() if p.name.startswith(prefix)]
+    return run
+
+
+def test_every_door_of_the_cli(cli, capsys, monkeypatch):
+    import json
+    import os
+    import subprocess
+
+    from trainer.options import load_config_file
+
+    # --help --task: the builder's parameters with their help and defaults
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--task", SPEC, "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "--hidden" in out and "width of the hidden layer (default: 8)" in out
+    assert "--tag" in out and "required" in out
+
+    # the flags: a required one missing is one line
+    assert cli.main(["--task", SPEC, *QUIET]) == 2
+    assert "needs --tag" in capsys.readouterr().err
+
+    # a run: flags, TRAIN_DEFAULTS (epochs 2, batch 16), the recorded task spec and arguments
+    assert cli.main(["--task", SPEC, "--tag", "a", "--hidden", "4", "--max_steps", "4", *QUIET]) == 0
+    run = only_run()
+    saved = load_config_file(run / "config.toml")
+    assert saved["task"] == SPEC and saved["hidden"] == 4 and saved["tag"] == "a" and saved["batch_size"] == 16
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["task"] == "regress"
+
+    # --resume RUN_DIR alone rebuilds the same task (hidden 4: the weights fit) and extends it
+    assert cli.main(["--resume", str(run), "--max_steps", "8", *QUIET]) == 0
+    assert json.loads((run / "summary.json").read_text())["steps"] == 8
+    capsys.readouterr()
+
+    # --resume auto finds the unfinished run of this task (a killed one: no summary.json)
+    (run / "summary.json").unlink()
+    assert cli.main(["--task", SPEC, "--resume", "auto", "--max_steps", "12", *QUIET]) == 0
+    assert "resume" in capsys.readouterr().out and json.loads((run / "summary.json").read_text())["steps"] == 12
+
+    # a config file naming the task; keys of its builder are config keys, a stray key is named
+    Path("c.toml").write_text(f'[run]\ntask = "{SPEC}"\n[task]\ntag = "c"\nact = "tanh"\n[train]\nmax_steps = 2\n')
+    assert cli.main(["--config", "c.toml", "--run_name", "fromfile", *QUIET]) == 0
+    assert load_config_file(Path("runs/fromfile/config.toml"))["act"] == "tanh"
+    Path("bad.toml").write_text(f'[run]\ntask = "{SPEC}"\n[task]\ntag = "c"\nhiden = 3\n')
+    assert cli.main(["--config", "bad.toml", *QUIET]) == 2
+    assert "hiden" in capsys.readouterr().err
+
+    # the system report measures the user's task
+    assert cli.main(["--task", SPEC, "--tag", "r", "--system_report", "--report_steps", "2", "--report_repeats", "1",
+                     "--max_steps", "2", *QUIET]) == 0  # fmt: skip
+    assert (only_run("userpkg.regress-build-report") / "report.md").is_file()
+    capsys.readouterr()
+
+    # the launcher, run from the folder that holds the package (it runs the CLI from the repository)
+    root = Path(cli.__file__).resolve().parent
+    env = {**os.environ, "SKIP_SETUP": "1", "TASK": SPEC, "OUTPUT_DIR": str(Path("runs").resolve()),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # fmt: skip
+    proc = subprocess.run(
+        ["bash", str(root / "optimize_training.sh"), "--tag", "l", "--run_name", "launched", "--max_steps", "2",
+         "--no-progress_bar", "--no-plots"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert load_config_file(Path("runs/launched/config.toml"))["task"] == SPEC
+
+
+def test_a_bad_spec_on_the_cli_is_one_line(cli, capsys):
+    assert cli.main(["--task", "userpkg.regress:nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --task userpkg.regress:nope: userpkg.regress has no 'nope'; its functions: build, not_a_task, "
+                   "positional_only, bad_annotation, clash"]  # fmt: skip
+    assert cli.main(["--task", "userpkg.regress:clash"]) == 2
+    assert "the training flag --lr" in capsys.readouterr().err
+    assert cli.main(["--task", "nonsense"]) == 2
+    assert "unknown task" in capsys.readouterr().err
