@@ -86,7 +86,7 @@ class RunOptions:
     debug: bool = knob(False, "show the traceback of known errors too (also PLAINLOOP_DEBUG=1)", RUN)
     logger: str = knob(
         "jsonl",
-        "extra loggers, a comma list of csv (RUN_DIR/metrics.csv), tensorboard (event files in RUN_DIR: "
+        "extra loggers, a comma list of csv (RUN_DIR/metrics.csv), tensorboard (events in RUN_DIR: "
         "tensorboard --logdir OUTPUT_DIR) and wandb (Weights & Biases; WANDB_MODE=offline needs no network); "
         "metrics.jsonl is always written",
         RUN,

@@ -194,3 +194,113 @@ def test_config_errors_name_the_config_field():
         EMA.from_config(TrainConfig(ema_decay=1.5))
     ema = EMA.from_config(TrainConfig(ema_decay=0.99, ema_every=4, ema_warmup_power=0.5))
     assert (ema.decay, ema.every, ema.warmup_power) == (0.99, 4, 0.5)
+
+
+# ------------------------------------------------------------------------------------------- in the Trainer
+def ema_task(seed: int = 0):
+    """A toy regression with its own evaluate_fn (val_mse, higher noise so the average matters)."""
+    from torch.utils.data import TensorDataset
+
+    from trainer import Task
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(192, 8, generator=g)
+    y = x @ torch.randn(8, 1, generator=g) + 0.5 * torch.randn(192, 1, generator=g)
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1))
+
+    def evaluate(m, split, device):
+        xs, ys = (x[:64], y[:64]) if split == "val" else (x[64:128], y[64:128])
+        return {f"{split}_mse": float((m(xs.to(device)) - ys.to(device)).pow(2).mean())}
+
+    held = TensorDataset(x[:64], y[:64])
+    return Task("toy", model, TensorDataset(x, y), held, held, evaluate_fn=evaluate, monitor_metric="val_mse")
+
+
+def scores_with(weights: dict, split: str, seed: int = 0) -> float:
+    task = ema_task(seed)
+    task.model.load_state_dict(weights)
+    task.model.eval()
+    with torch.no_grad():
+        return task.evaluate_fn(task.model, split, torch.device("cpu"))[f"{split}_mse"]
+
+
+def test_best_pt_holds_the_ema_and_the_trained_weights(tmp_path):
+    from tests.helpers import metric_rows, toy_config
+    from trainer.checkpoint import load_checkpoint
+    from trainer.loop import Trainer
+
+    t = Trainer(toy_config(tmp_path, epochs=4, ema_decay=0.9, lr=0.05), ema_task())
+    summary = t.fit()
+    vals = [r for r in metric_rows(t.run_dir) if r["kind"] == "val"]
+    assert len(vals) == 4 and all("raw_val_mse" in r and "val_mse" in r for r in vals)
+    assert any(r["val_mse"] != r["raw_val_mse"] for r in vals)
+    best = load_checkpoint(t.run_dir / "checkpoints" / "best.pt")
+    ema_w, raw_w = best["callbacks"]["EMA"]["weights"], best["model"]
+    # best.pt was chosen on the EMA score, and holds both: each scores what the row of its step says
+    row = next(r for r in vals if r["step"] == best["step"])
+    assert row["val_mse"] == min(r["val_mse"] for r in vals)
+    assert scores_with(ema_w, "val") == pytest.approx(row["val_mse"], rel=1e-6)
+    assert scores_with(raw_w, "val") == pytest.approx(row["raw_val_mse"], rel=1e-6)
+    # the test split: EMA under the usual name, the trained weights beside it
+    final = summary["final_metrics"]
+    last = load_checkpoint(t.run_dir / "checkpoints" / "last.pt")
+    assert final["test_mse"] == pytest.approx(scores_with(last["callbacks"]["EMA"]["weights"], "test"), rel=1e-6)
+    assert final["raw_test_mse"] == pytest.approx(scores_with(last["model"], "test"), rel=1e-6)
+    assert any("ema: weights averaged with decay 0.9" in n for n in summary["notes"])
+
+
+def test_test_with_best_scores_best_pts_average(tmp_path):
+    from tests.helpers import toy_config
+    from trainer.checkpoint import load_checkpoint
+    from trainer.loop import Trainer
+
+    t = Trainer(toy_config(tmp_path, epochs=4, ema_decay=0.9, lr=0.05, test_with_best=True), ema_task())
+    final = t.fit()["final_metrics"]
+    best = load_checkpoint(t.run_dir / "checkpoints" / "best.pt")
+    assert final["test_mse"] == pytest.approx(scores_with(best["callbacks"]["EMA"]["weights"], "test"), rel=1e-6)
+    assert final["raw_test_mse"] == pytest.approx(scores_with(best["model"], "test"), rel=1e-6)
+
+
+@pytest.mark.parametrize("every,accum", [(1, 1), (3, 2)])
+def test_resume_continues_the_average_exactly(tmp_path, every, accum):
+    """4 epochs straight == 2 epochs, then a resume for 2 more: the EMA weights bit for bit, and the scores."""
+    from tests.helpers import metric_rows, toy_config
+    from trainer.checkpoint import load_checkpoint
+    from trainer.loop import Trainer
+
+    kw = dict(epochs=4, ema_decay=0.95, ema_every=every, accumulate_grad_batches=accum)
+    straight = Trainer(toy_config(tmp_path, run_name="straight", **kw), ema_task())
+    straight.fit()
+    first = Trainer(toy_config(tmp_path, run_name="split", **kw), ema_task())
+    first.max_epochs = 2  # interrupted after epoch 2
+    first.fit()
+    Trainer(toy_config(tmp_path, run_name="split", resume=str(tmp_path / "split"), **kw), ema_task()).fit()
+    a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")["callbacks"]["EMA"]
+    b = load_checkpoint(tmp_path / "split" / "checkpoints" / "last.pt")["callbacks"]["EMA"]
+    assert a["updates"] == b["updates"] and a["last_step"] == b["last_step"]
+    for k, v in a["weights"].items():
+        assert torch.equal(v, b["weights"][k]), k
+    val = lambda d: [(r["step"], r["val_mse"], r["raw_val_mse"]) for r in metric_rows(d) if r["kind"] == "val"]  # noqa: E731
+    assert val(tmp_path / "straight") == val(tmp_path / "split")
+
+
+def test_no_host_sync_from_the_ema_during_training(tmp_path, monkeypatch):
+    from tests.helpers import toy_config
+    from trainer.loop import Trainer
+
+    t = Trainer(toy_config(tmp_path, epochs=2, ema_decay=0.99, log_every=1000, validation_interval=100), ema_task())
+    calls = []
+    for name in ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__"):
+        orig = getattr(torch.Tensor, name)
+
+        def wrapper(x, *a, _o=orig, _n=name, **k):
+            import sys
+
+            if sys._getframe(1).f_code.co_filename.endswith("trainer/ema.py"):
+                calls.append(_n)
+            return _o(x, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, wrapper)
+    t.fit()
+    assert t.step > 0 and calls == []

@@ -68,13 +68,16 @@ def seed_worker(worker_id: int) -> None:
     random.seed(s)
 
 
-def sync_batchnorm(model: nn.Module, world_size: int) -> tuple[nn.Module, str | None]:
-    """DDP: BatchNorm layers to SyncBatchNorm (statistics over the global batch); single process: unchanged."""
+def sync_batchnorm(model: nn.Module, world_size: int, device: torch.device) -> tuple[nn.Module, str | None]:
+    """DDP: BatchNorm layers to SyncBatchNorm (statistics over the global batch). It synchronises CUDA tensors only,
+    so on a CPU, as with one process, the layers are kept and the note says why."""
     n = sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-    if world_size <= 1:
-        return model, "sync_batchnorm: one process, nothing to synchronise; BatchNorm layers kept" if n else None
     if n == 0:
-        return model, "sync_batchnorm: the model has no BatchNorm layers"
+        return model, "sync_batchnorm: the model has no BatchNorm layers; nothing to convert"
+    if world_size <= 1:
+        return model, "sync_batchnorm: one process, nothing to synchronise; BatchNorm layers kept"
+    if device.type != "cuda":
+        return model, f"sync_batchnorm: SyncBatchNorm synchronises CUDA tensors only; BatchNorm layers kept on {device}"
     model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return model, f"sync_batchnorm: {n} BatchNorm layer(s) -> SyncBatchNorm over {world_size} processes"
 
