@@ -115,21 +115,33 @@ def main(argv: list[str] | None = None) -> None:
     rows, summary = [], {}
     for cname in cases:
         st = {k: stats(raw[cname][k]) for k in CONFIGS}
-        med = {k: st[k]["median"] for k in CONFIGS}
+        # each repetition's ratio to the default run just before it: slow drifts of the machine's load cancel
+        paired = {k: stats([a / b for a, b in zip(raw[cname][k], raw[cname]["default"])]) for k in CONFIGS}
         summary[cname] = {
-            k: {"median_samples_per_s": med[k], "vs_default": med[k] / med["default"], "spread": st[k]["spread"]}
+            k: {
+                "median_samples_per_s": st[k]["median"],
+                "spread": st[k]["spread"],
+                "paired_ratio_median": paired[k]["median"],
+                "paired_ratio_range": [paired[k]["min"], paired[k]["max"]],
+            }
             for k in CONFIGS
         }
         for k in CONFIGS:
-            rows.append([cname, k, f"{med[k]:.1f}", f"{st[k]['spread']:.0%}", f"{med[k] / med['default']:.2f}x"])
-    table = md_table(["model", "knob", "samples/s (median)", "spread (max-min)/median", "vs default"], rows)
+            rows.append(
+                [cname, k, f"{st[k]['median']:.1f}", f"{st[k]['spread']:.0%}",
+                 f"{paired[k]['median']:.2f}x ({paired[k]['min']:.2f}-{paired[k]['max']:.2f})"]
+            )  # fmt: skip
+    table = md_table(
+        ["model", "knob", "samples/s (median)", "spread (max-min)/median", "vs default, paired (range)"], rows
+    )
     cmd = "python -m benchmarks.knobs " + " ".join(sys.argv[1:] if argv is None else argv)
     md = (
         f"# channels_last and deterministic on a CPU\n\nCommand: `{cmd.strip()}`; {args.repeats} interleaved "
         f"repetitions of {args.steps} steps, {args.threads} torch thread(s), "
         f"torch {torch.__version__}; load average {quiet['loadavg']} at the start, {load_after} at the end "
-        f"({environment(torch.device('cpu'))['cpu_count']} cores).\n\n{table}\n\nA ratio inside the spread is "
-        f"no measured difference. CPU kernels only: cuDNN's NHWC tensor-core convolutions and "
+        f"({environment(torch.device('cpu'))['cpu_count']} cores).\n\n{table}\n\nPaired: the median over repetitions of each run's "
+        f"samples/s over the default run's in the same repetition; a range that straddles 1.00 is no measured "
+        f"difference. CPU kernels only: cuDNN's NHWC tensor-core convolutions and "
         f"CUDA's deterministic kernels are not measured here.\n"
     )
     result = {
