@@ -40,8 +40,8 @@ from tasks import (
     task_module,
     train_defaults,
 )
-from trainer.build import ResumeError
 from trainer.checkpoint import CheckpointError
+from trainer.checkpointer import ResumeError
 from trainer.config import TrainConfig, knob
 from trainer.loggers import CSVLogger, WandbLogger, parse_logger_names
 from trainer.options import (
