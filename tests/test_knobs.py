@@ -72,3 +72,48 @@ def test_parameter_count_counts_tied_weights_once_and_frozen_apart():
     assert knobs.describe_parameters({"total": 1_234_567, "trainable": 1000, "size_mb": 4.71}) == (
         "1.23M parameters (1.00k trainable), 4.7 MB"
     )
+
+
+@pytest.fixture
+def restore_deterministic():
+    yield
+    torch.use_deterministic_algorithms(False)  # a process-wide switch: later tests run without it
+
+
+def test_the_trainer_applies_the_knobs_and_reports_the_model_size(tmp_path, restore_deterministic):
+    from torch.utils.data import TensorDataset
+
+    from tests.helpers import toy_config
+    from trainer import Task
+    from trainer.loop import Trainer
+
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 3, 8, 8), torch.randn(64, 2)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 36, 2))
+    lines: list[str] = []
+    cfg = toy_config(tmp_path, max_steps=3, batch_size=16, channels_last=True, deterministic=True, sync_batchnorm=True)
+    t = Trainer(cfg, Task("conv", model, TensorDataset(x, y)), log=lines.append)
+    summary = t.fit()
+    assert torch.are_deterministic_algorithms_enabled()
+    assert t.raw_model[0].weight.is_contiguous(memory_format=torch.channels_last)
+    n = sum(p.numel() for p in model.parameters())
+    assert summary["model"]["parameters"] == n == summary["model"]["trainable"]
+    start = next(line for line in lines if line.startswith("[plainloop] conv:"))
+    assert knobs.describe_parameters(knobs.parameter_count(model)) in start
+    notes = "\n".join(summary["notes"])
+    assert "channels_last: 4-D weights" in notes and "deterministic: torch.use_deterministic_algorithms" in notes
+    assert "sync_batchnorm: one process" in notes
+
+
+def test_deterministic_loader_workers_are_seeded(tmp_path, restore_deterministic):
+    from torch.utils.data import TensorDataset
+
+    from tests.helpers import toy_config
+    from trainer import Task
+    from trainer.loop import Trainer
+
+    task = Task("toy", nn.Linear(4, 1), TensorDataset(torch.randn(32, 4), torch.randn(32, 1)))
+    t = Trainer(toy_config(tmp_path, num_workers=1, device_cache=False, deterministic=True), task)
+    assert t.loader_kw["worker_init_fn"] is knobs.deterministic_worker
+    t2 = Trainer(toy_config(tmp_path, run_name="b", num_workers=1, device_cache=False), task)
+    assert t2.loader_kw["worker_init_fn"] is not knobs.deterministic_worker

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from .signals import ignore_stop_signals
+
 _CONV_LIKE = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.InstanceNorm2d, nn.GroupNorm)
 
 
@@ -66,6 +68,12 @@ def seed_worker(worker_id: int) -> None:
     s = torch.initial_seed() % 2**32
     np.random.seed(s)
     random.seed(s)
+
+
+def deterministic_worker(worker_id: int) -> None:
+    """worker_init_fn under deterministic: stop signals left to the training process, and `seed_worker`."""
+    ignore_stop_signals(worker_id)
+    seed_worker(worker_id)
 
 
 def sync_batchnorm(model: nn.Module, world_size: int, device: torch.device) -> tuple[nn.Module, str | None]:
