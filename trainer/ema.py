@@ -222,6 +222,9 @@ class EMA:
 
     def on_train_start(self, trainer: Any) -> None:
         self._ensure(trainer)
+        shown = trainer.task.console_metrics
+        if shown and not any(m.startswith("raw_") for m in shown):  # the console shows the trained weights' too
+            trainer.task.console_metrics = (*shown, *(f"raw_{m}" for m in shown))
 
     def on_train_batch_end(self, trainer: Any, outputs: torch.Tensor, batch: Any, batch_idx: int) -> None:
         self._ensure(trainer)
