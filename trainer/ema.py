@@ -153,7 +153,9 @@ class EMA:
 
     def attach(self, model: nn.Module) -> None:
         """Start the copy from `model`'s current weights (and apply a state loaded before this)."""
-        named = [(n, t, True) for n, t in model.named_parameters(remove_duplicate=False)]
+        named: list[tuple[str, torch.Tensor, bool]] = [
+            (n, t, True) for n, t in model.named_parameters(remove_duplicate=False)
+        ]
         named += [(n, t, False) for n, t in model.named_buffers(remove_duplicate=False) if t is not None]
         self.names, self._live, is_param = [], [], []
         for n, t, param in named:  # state_dict's names and order (a tied weight under each of its names)

@@ -21,7 +21,7 @@ _CONV_LIKE = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.InstanceNorm2d, 
 def channels_last(model: nn.Module, device: torch.device) -> str:
     """Put the model's 4-D weights in channels_last (NHWC) memory format; batches follow in `to_channels_last`."""
     has_4d = any(p.dim() == 4 for p in model.parameters())
-    model.to(memory_format=torch.channels_last)
+    model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # a real overload, missing in the stubs
     if not has_4d:
         return (
             "channels_last: the model has no 4-D (convolution) weights, so only its 4-D inputs change layout; "

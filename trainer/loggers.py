@@ -18,7 +18,9 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+Mode = Literal["online", "offline", "disabled"]
 
 LOGGERS = ("csv", "tensorboard", "wandb")  # what --logger accepts ("jsonl" alone: metrics.jsonl only, always on)
 WANDB_MISSING = (
@@ -166,7 +168,7 @@ class WandbLogger:
         entity: str | None = None,
         tags: list[str] | None = None,
         group: str | None = None,
-        mode: str | None = None,
+        mode: Mode | None = None,
     ) -> None:
         try:
             import wandb
@@ -178,7 +180,7 @@ class WandbLogger:
         self.project, self.entity, self.tags, self.group, self.mode = project, entity, tags, group, mode
         self.run: Any = None
 
-    def _mode(self) -> tuple[str | None, str | None]:
+    def _mode(self) -> tuple[Mode | None, str | None]:
         """(mode, note): the mode asked for, or offline with a note when nothing says how to reach W&B."""
         if self.mode or os.environ.get("WANDB_MODE"):
             return self.mode, None
