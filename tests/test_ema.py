@@ -304,3 +304,55 @@ def test_no_host_sync_from_the_ema_during_training(tmp_path, monkeypatch):
         monkeypatch.setattr(torch.Tensor, name, wrapper)
     t.fit()
     assert t.step > 0 and calls == []
+
+
+DDP_SCRIPT = """
+import json, sys
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+from trainer import Task, TrainConfig, Trainer
+from trainer.setup import cleanup_distributed
+
+g = torch.Generator().manual_seed(0)
+x = torch.randn(256, 8, generator=g)
+y = x.sum(1, keepdim=True) + 0.3 * torch.randn(256, 1, generator=g)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1))
+
+def evaluate(m, split, device):
+    return {f"{split}_mse": float((m(x[:64].to(device)) - y[:64].to(device)).pow(2).mean())}
+
+held = TensorDataset(x[:64], y[:64])
+task = Task("toy", model, TensorDataset(x, y), held, held, evaluate_fn=evaluate, monitor_metric="val_mse")
+cfg = TrainConfig(epochs=2, batch_size=16, num_workers=0, output_dir=sys.argv[1], run_name="ddp", progress_bar=False,
+                  validation_interval=1, ema_decay=0.9, lr=0.05)
+Trainer(cfg, task).fit()
+cleanup_distributed()
+"""
+
+
+def test_ddp_average_on_rank0_keeps_the_ranks_identical(tmp_path):
+    """torchrun, 2 processes (gloo): rank 0 keeps the average and swaps it in to validate; the trained weights stay
+    identical on both ranks, and the scores of both kinds reach summary.json."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.helpers import metric_rows
+
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "ddp_ema.py"
+    script.write_text(DDP_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
+           str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "ddp" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["ddp_max_weight_diff"] == 0.0
+    assert {"test_mse", "raw_test_mse"} <= set(summary["final_metrics"])
+    vals = [r for r in metric_rows(tmp_path / "ddp") if r["kind"] == "val"]
+    assert len(vals) == 2 and all(r["val_mse"] != r["raw_val_mse"] for r in vals)
