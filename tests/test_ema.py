@@ -285,6 +285,21 @@ def test_resume_continues_the_average_exactly(tmp_path, every, accum):
     assert val(tmp_path / "straight") == val(tmp_path / "split")
 
 
+def test_ema_added_on_resume_starts_from_the_resumed_weights(tmp_path):
+    from tests.helpers import toy_config
+    from trainer.checkpoint import load_checkpoint
+    from trainer.loop import Trainer
+
+    first = Trainer(toy_config(tmp_path, epochs=3), ema_task())
+    first.max_epochs = 1
+    first.fit()
+    second = Trainer(toy_config(tmp_path, epochs=3, ema_decay=0.9, resume=str(first.run_dir)), ema_task())
+    summary = second.fit()
+    assert any("holds no EMA state; the average starts from the weights at step 6" in n for n in summary["notes"])
+    state = load_checkpoint(first.run_dir / "checkpoints" / "last.pt")["callbacks"]["EMA"]
+    assert state["last_step"] == 18 and state["updates"] == 12  # steps 7..18
+
+
 def test_no_host_sync_from_the_ema_during_training(tmp_path, monkeypatch):
     from tests.helpers import toy_config
     from trainer.loop import Trainer

@@ -262,10 +262,9 @@ class EMA:
 
     def on_load_checkpoint(self, trainer: Any, checkpoint: dict[str, Any]) -> None:
         if self.state_key not in (checkpoint.get("callbacks") or {}):
-            trainer.log(
-                f"[plainloop] ema: {trainer.run_dir or 'the checkpoint'} holds no EMA state; the average starts "
-                f"from the weights at step {trainer.step}"
-            )
+            msg = f"ema: the checkpoint holds no EMA state; the average starts from the weights at step {trainer.step}"
+            notes = getattr(trainer, "notes", None)  # printed with the run's other start-up notes
+            notes.append(msg) if isinstance(notes, list) else trainer.log(f"[plainloop] {msg}")
 
     # ------------------------------------------------------------------ checkpoint state
     def state_dict(self) -> dict[str, Any]:
