@@ -157,6 +157,30 @@ class TrainConfig:
     limit_val_batches: int | None = knob(
         None, "score at most N batches per validation (Lightning's limit_val_batches as a count)", LOG, min=1
     )
+    # weight averaging and model knobs (issue 20; one block)
+    ema_decay: float | None = knob(
+        None,
+        "keep an exponential moving average (EMA) of the weights with this decay, e.g. 0.999, in [0, 1); "
+        "validation, best.pt and test use it, raw_<metric> = the trained weights' scores (default: off)",
+        "weight averaging",
+        min=0,
+    )
+    ema_every: int = knob(1, "update the EMA every N optimizer steps", "weight averaging", min=1)
+    ema_warmup: bool = knob(
+        True,
+        "ramp the EMA decay up as timm's ModelEmaV3: 1 - (1 + step)^-power, capped at ema_decay",
+        "weight averaging",
+    )
+    ema_warmup_power: float = knob(
+        0.75, "EMA warm-up power: 3/4 reaches 0.999 at ~10k steps, 2/3 at ~31.6k (timm)", "weight averaging", gt=0
+    )
+    channels_last: bool = knob(
+        False, "NHWC memory format for 4-D weights and batches (speeds convolutions on tensor-core GPUs)", PREC
+    )
+    deterministic: bool = knob(
+        False, "torch.use_deterministic_algorithms and seeded loader workers: repeatable runs, often slower", RUN
+    )
+    sync_batchnorm: bool = knob(False, "DDP: BatchNorm statistics over all processes (SyncBatchNorm)", PREC)
 
     def __post_init__(self) -> None:
         self.validate()

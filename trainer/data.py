@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from .config import TrainConfig, default_num_workers, usable_cpus
+from .knobs import deterministic_worker
 from .setup import Runtime
 from .signals import ignore_stop_signals
 from .task import Task
@@ -137,7 +138,8 @@ def loader_settings(cfg: TrainConfig, device: torch.device, world_size: int = 1)
         notes.append("pin_memory: off (no CUDA device; pinning only helps host-to-GPU copies)")
     kw: dict[str, Any] = {"num_workers": workers, "pin_memory": pin}
     if workers > 0:
-        kw["worker_init_fn"] = ignore_stop_signals  # a stop signal is the training process's to handle
+        # a stop signal is the training process's to handle; deterministic: workers also seed numpy and random
+        kw["worker_init_fn"] = deterministic_worker if cfg.deterministic else ignore_stop_signals
         kw["persistent_workers"] = cfg.persistent_workers
         kw["prefetch_factor"] = cfg.prefetch_factor
         ctx = cfg.multiprocessing_context

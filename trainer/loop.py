@@ -28,9 +28,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from . import knobs
 from .checkpointer import Checkpointer, Progress
 from .config import TrainConfig
 from .data import batch_size_of, build_data, close_loader, split_batch, to_device
+from .ema import EMA
 from .evaluation import BestTracker, Evaluator
 from .finish import TrainingDiverged, TrainingStopped, ddp_weight_diff, summary_of
 from .hooks import Hooks, Monitor
@@ -84,6 +86,7 @@ class Trainer:
     optimizer_hparams: dict[str, Any]  # the optimizer's real hyper-parameters (build_optimizer)
     opt: OptimizerStep  # backward and the guarded optimizer step
     chunks: int  # micro-batches each batch is cut into after a CUDA out-of-memory error
+    model_size: dict[str, Any]  # parameters (total, trainable) and MB of parameters + buffers (knobs.parameter_count)
     # the parts
     progress: Progress  # epoch, step, position in the epoch, validation bookkeeping
     best: BestTracker
@@ -135,6 +138,8 @@ class Trainer:
             torch.set_num_threads(cfg.num_threads)
         if self.requested.baseline:
             self.notes.append("baseline: fp32, num_workers=0, no pinning, .item() every step, validate every epoch")
+        if cfg.deterministic:  # before the model or the data touch a kernel (cuBLAS reads its setting once)
+            self.notes += knobs.deterministic(cfg.seed, rt.device)
 
         # data, and the run's length
         data = build_data(task, cfg, rt)
@@ -146,8 +151,16 @@ class Trainer:
         self.total_steps = cfg.max_steps or cfg.epochs * self.steps_per_epoch
         self.max_epochs = math.ceil(self.total_steps / self.steps_per_epoch)
 
-        # model and loss: a Lightning-style model brings its training_step and hooks (trainer/model_protocol.py)
+        # model and loss; the model knobs (trainer/knobs.py) before the optimizer sees the parameters
         self.model = self.raw_model = task.model.to(rt.device)
+        if cfg.sync_batchnorm:
+            self.model, note = knobs.sync_batchnorm(self.raw_model, rt.world_size, rt.device)
+            self.raw_model = self.model
+            self.notes += [note] if note else []
+        if cfg.channels_last:
+            self.notes.append(knobs.channels_last(self.raw_model, rt.device))
+        self.model_size = knobs.parameter_count(self.raw_model)
+        # a Lightning-style model brings its training_step and hooks (trainer/model_protocol.py)
         self.parts = model_parts(self.raw_model)
         if self.parts is not None:
             self.callbacks.append(self.parts.hooks)  # before the schedulers' callback: on_train_epoch_end logs first
@@ -183,6 +196,10 @@ class Trainer:
             self.notes.append(f"loss scale: static {cfg.scale_value():g}")
 
         # the parts: callbacks, evaluation, checkpoints
+        if cfg.ema_decay is not None and not any(isinstance(cb, EMA) for cb in self.callbacks):
+            ema = EMA.from_config(cfg)  # an ordinary callback; its state rides in the checkpoints
+            self.callbacks.append(ema)
+            self.notes.append(ema.describe())
         self.best = BestTracker(task.monitor_metric, task.monitor_mode)
         self.hooks = Hooks(self.callbacks, self, rt.is_main)
         self.evaluator = Evaluator(task, self.raw_model, rt, self.loss_fn, cfg, self.loader_kw, self.resident)
@@ -368,6 +385,8 @@ class Trainer:
             batch = next(it)
             if not self.on_device:
                 batch = to_device(batch, self.rt.device)
+            if cfg.channels_last:
+                batch = knobs.to_channels_last(batch)
             t_data = time.perf_counter() - t0
             if hooks.batch_start:
                 hooks("on_train_batch_start", batch, i)
@@ -683,7 +702,7 @@ class Trainer:
         self.log(
             f"[plainloop] {self.task.name}: {_samples(self.task.train_set)} train samples, "
             f"{self.batches_per_epoch} batches/epoch, {self.total_steps} optimizer steps, device {rt.device}, "
-            f"precision {rt.precision}, run dir {self.run_dir}"
+            f"precision {rt.precision}, model {knobs.describe_parameters(self.model_size)}, run dir {self.run_dir}"
         )
 
     def _write_config(self, files: RunFiles, run_dir: Path) -> None:
@@ -777,6 +796,11 @@ class Trainer:
 
     def _finish(self, train_time: float, test: dict[str, float], weight_diff: float | None) -> dict[str, Any]:
         summary = self._summary(train_time, self.last_val, test, weight_diff)
+        summary["model"] = {
+            "parameters": self.model_size["total"],
+            "trainable": self.model_size["trainable"],
+            "size_mb": self.model_size["size_mb"],
+        }
         self.hooks("on_fit_end", summary)
         if self.files is not None:
             self.files.write_json("summary.json", summary)
