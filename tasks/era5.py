@@ -5,8 +5,9 @@ months after the last of its `seq_len - 1` input months, as a learned correction
 forecast (`prior`: by default the statistical forecast with the lowest validation RMSE, the "LIM + damped
 residual" hybrid included), averaged over an `ensemble` of independently initialised members. The network sees
 the calendar month of the target and of every input month (`calendar`). At each validation the correction is
-scaled by the factor in 0, 0.1, .., 1 with the lowest validation RMSE (0 = the prior alone), and that factor is
-part of the weights best.pt keeps: where validation says the network does not help, the forecast is the prior.
+scaled by the factor in 0, 0.1, .., 1 whose gain over the prior is clearly positive month by month
+(`choose_correction_scale`; 0 = the prior alone), and that factor is part of the weights best.pt keeps: where
+validation does not show that the network helps, the forecast is the prior.
 Every score is printed beside the statistical baselines (`utils.baselines`), fitted on the training months only.
 """
 
@@ -176,6 +177,32 @@ class PriorForecaster(nn.Module):
         return float(sum(m.flops_per_sample(training=training) for m in self.members))
 
 
+def choose_correction_scale(
+    base_c: np.ndarray, corr_c: np.ndarray, truth_c: np.ndarray, lats: np.ndarray, mask: np.ndarray, z: float = 1.645
+) -> float:
+    """The scale in SHRINK_GRID for the network's correction that validation supports, else 0 (the prior).
+
+    36-odd validation months choosing among scales (and epochs) would pick noise, and a correction that is
+    noise makes the test worse than the prior. So a scale counts only where its month-by-month gain in
+    squared error over the prior is clearly positive: mean gain > z standard errors (one-sided 95 %); of
+    those, the largest mean gain wins."""
+    from utils.metrics import lat_weights
+
+    w = np.broadcast_to(lat_weights(lats)[:, None], mask.shape)[mask]
+
+    def per_month(pred: np.ndarray) -> np.ndarray:
+        return np.sum((pred[:, mask] - truth_c[:, mask]) ** 2 * w, axis=1) / w.sum()
+
+    p0, n = per_month(base_c), base_c.shape[0]
+    best, best_gain = 0.0, 0.0
+    for a in SHRINK_GRID[1:]:
+        d = p0 - per_month(base_c + a * corr_c)
+        gain, se = float(d.mean()), float(d.std(ddof=1) / np.sqrt(n)) if n > 1 else np.inf
+        if gain - z * se > 0 and gain > best_gain:
+            best, best_gain = a, gain
+    return best
+
+
 def _prior_tensors(prior: str, fitted: dict[str, Any], lead: int, shape: tuple[int, int]) -> dict[str, torch.Tensor]:
     """The fixed linear maps of the prior as tensors (land rows/columns zero)."""
     if prior == "damped_persistence":
@@ -329,8 +356,8 @@ def build_era5_task(
             # note: sync point (evaluation) — the prior and the correction come to the host once
             base_c = ds.denormalize(base.cpu(), torch.arange(len(ds))).numpy()
             corr_c = corr.cpu().numpy() * ds.anomaly_std
-            errs = [weighted_rmse(base_c + a * corr_c, truth_c, ds.lats, mask) for a in SHRINK_GRID]
-            a = SHRINK_GRID[int(np.argmin(errs))]
+            a = choose_correction_scale(base_c, corr_c, truth_c, ds.lats, mask)
+            errs = [weighted_rmse(base_c, truth_c, ds.lats, mask)]
             m.correction_scale.fill_(a)
             pred = base + a * corr
             shrink = {"val_correction_scale": a, "val_prior_rmse_c": errs[0]}
