@@ -28,8 +28,8 @@ from typing import Any, NoReturn
 import torch
 
 from tasks import ERA5_MODEL_KEYS, TASK_BUILDERS, resolve_task_args, task_module, train_defaults
-from trainer.build import ResumeError
 from trainer.checkpoint import CheckpointError
+from trainer.checkpointer import ResumeError
 from trainer.config import TrainConfig, knob
 from trainer.options import (
     ConfigError,

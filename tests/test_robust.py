@@ -15,8 +15,8 @@ from torch.utils.data import Dataset, TensorDataset
 
 from tests.helpers import metric_rows, toy_config
 from trainer import Task, Trainer
-from trainer.build import ResumeError
 from trainer.checkpoint import load_checkpoint
+from trainer.checkpointer import ResumeError
 from trainer.finish import TrainingDiverged, TrainingStopped
 from trainer.runfiles import RunDirError, RunLock
 from trainer.step import OptimizerStep, nonfinite_flag, step_unless

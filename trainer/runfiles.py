@@ -12,12 +12,15 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
 from .checkpoint import remove_orphan_temps
-from .hooks import call
+from .setup import Runtime
 
 
 class RunDirError(ValueError):
@@ -99,7 +102,7 @@ class RunLock:
             if os.name == "nt":
                 import msvcrt
 
-                msvcrt.locking(self._fh.fileno(), msvcrt.LK_NBLCK, 1)
+                msvcrt.locking(self._fh.fileno(), msvcrt.LK_NBLCK, 1)  # type: ignore[attr-defined]
             else:
                 import fcntl
 
@@ -140,7 +143,8 @@ def roll_back_metrics(run_dir: Path, step: int, val_pending: bool = False) -> in
         lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
     except FileNotFoundError:
         return 0
-    keep, moved = [], []
+    keep: list[str] = []
+    moved: list[str] = []
     for line in lines:
         try:
             row = json.loads(line) if line.endswith("\n") else None
@@ -148,7 +152,7 @@ def roll_back_metrics(run_dir: Path, step: int, val_pending: bool = False) -> in
             row = None
         s = row.get("step") if isinstance(row, dict) else None
         ok = isinstance(row, dict) and (not isinstance(s, int) or s <= step)
-        if ok and val_pending and s == step and row.get("kind") == "val":
+        if ok and val_pending and s == step and isinstance(row, dict) and row.get("kind") == "val":
             ok = False
         (keep if ok else moved).append(line if line.endswith("\n") else line + "\n")
     if moved:
@@ -162,18 +166,34 @@ def roll_back_metrics(run_dir: Path, step: int, val_pending: bool = False) -> in
     return len(moved)
 
 
+def shared_run_dir(
+    run_dir: Path | None, output_dir: str | Path, name: str | None, prefix: str, rt: Runtime
+) -> tuple[Path, str | None]:
+    """The run directory every rank writes to: `run_dir` when resuming one, else one rank 0 claims (and
+    broadcasts); (path, note when the name had to change)."""
+    note = None
+    if run_dir is None:
+        if rt.is_main:
+            run_dir, note = claim_run_dir(output_dir, name, prefix)
+        if rt.distributed:  # every rank must agree on one directory
+            box = [run_dir]
+            dist.broadcast_object_list(box, src=0)
+            run_dir = box[0]
+    assert run_dir is not None
+    return Path(run_dir), note
+
+
 class RunFiles:
-    """Writes config, metrics rows and the summary of one run (rank 0 only), and tells the callbacks."""
+    """Writes config, metrics rows and the summary of one run (rank 0 only); `on_row` sees every metrics row."""
 
     def __init__(
         self,
         run_dir: Path,
-        callbacks: list[Any],
-        trainer: Any,
+        on_row: Callable[[dict[str, Any]], None] | None = None,
         resumed_step: int | None = None,
         val_pending: bool = False,
     ) -> None:
-        self.run_dir, self.callbacks, self.trainer = run_dir, callbacks, trainer
+        self.run_dir, self.on_row = run_dir, on_row
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         self.lock = RunLock(run_dir)
         self.removed = remove_orphan_temps(run_dir / "checkpoints") + remove_orphan_temps(run_dir)
@@ -189,7 +209,8 @@ class RunFiles:
         row.setdefault("time", time.time())  # wall clock, so rows line up with other logs
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
-        call(self.callbacks, "on_log", self.trainer, row)
+        if self.on_row is not None:
+            self.on_row(row)
 
     def close(self) -> None:
         if not self._metrics.closed:
