@@ -15,7 +15,7 @@ persistence, climatology, anomaly persistence, damped persistence, the LIM and t
 all fitted on the training months. Results: `benchmarks/results/skill_<tag>.{json,md,png}`.
 
 Rolling-origin hindcast (`--rolling`): for each test year 2006-2021 every statistical forecast is refitted on
-all months before it, with its settings (another plain forecast instead of the hybrid, a ridge correction of the
+all months before it, with its settings (a ridge correction of the
 hybrid, seasonally modulated or not) chosen on the 36 months before the year; the network (`--network`) is
 trained on the months before those 36, which choose its epoch, prior and correction scale. RMSEs pool the
 years; every ratio gets a 90 % interval from resampling whole years. Results:
@@ -289,8 +289,7 @@ VAL_MONTHS = 36
 RIDGE_MODES = (5, 10, 20)
 RIDGE_MONTHS = (1, 2)
 RIDGE_ALPHAS = (0.01, 0.1, 1.0, 10.0)
-SIMPLE = ("damped_persistence", "lim", "hybrid")  # the plain forecasts validation picks from
-Z = 1.645  # a correction must beat the plain forecast month by month by this many standard errors
+Z = 1.645  # a correction must beat the hybrid month by month by this many standard errors
 ROLLING_FORECASTS = ("anomaly_persistence", "damped_persistence", "lim", "hybrid", "corrected")
 # name -> (record, lon, lat): the two tuned boxes and three the defaults were never tuned on
 ROLLING_BOXES: dict[str, tuple[str, tuple[float, float], tuple[float, float]]] = {
@@ -402,19 +401,10 @@ def rolling_statistical(
         anom, fitted, basis = _fit_stage(data, cal, lats, mask, val_stop, lead)
         val_t = np.arange(val_stop, first)
         fv = _stat_forecasts(anom, fitted, lead, val_t)
-        # the plain forecast validation prefers, then a ridge correction of the hybrid only where its month-by-month
-        # gain over that is clearly positive (mean > Z standard errors): 36 months choosing among ~50 settings
+        # the hybrid, plus a ridge correction only where its month-by-month gain over the hybrid is clearly positive (mean > Z standard errors): 36 months choosing among ~50 settings
         # would otherwise pick noise (the same rule as the network's correction scale)
-        pm = {k: _per_month(fv[k], anom[val_t], w, mask) for k in SIMPLE}
-        base = "hybrid"
-        for k in SIMPLE:  # another plain forecast replaces the hybrid only on the same clear evidence
-            d = pm["hybrid"] - pm[k]
-            if (
-                k != "hybrid"
-                and d.mean() - Z * d.std(ddof=1) / np.sqrt(len(d)) > 0
-                and d.mean() > (pm["hybrid"] - pm[base]).mean()
-            ):
-                base = k
+        pm = {"hybrid": _per_month(fv["hybrid"], anom[val_t], w, mask)}
+        base = "hybrid"  # switching to damped persistence or the LIM on 36 months hurt more than it helped
         best, best_gain = None, 0.0
         inp_v = _inputs(anom, val_t, lead, max(RIDGE_MONTHS))
         for key, rc in _ridge_candidates(anom, fitted, basis, cal, lead, val_stop).items():
@@ -631,10 +621,8 @@ def render_rolling(result: dict[str, Any]) -> str:
     text = (
         f"Rolling-origin hindcast, test years {y[0]}-{y[-1]}: each year refitted on every month before it, "
         f"settings chosen on the {cfg['val_months']} months before it; RMSE (°C) pooled over the years; "
-        "ratios with 90 % intervals from resampling whole years (2000 draws). `corrected` = the plain forecast validation "
-        "prefers (damped persistence, LIM or hybrid), or the hybrid + a ridge correction where validation shows a clear month-by-month gain.\n\n"
-        + md_table(header, rows)
-        + "\n"
+        "ratios with 90 % intervals from resampling whole years (2000 draws). `corrected` = the hybrid, plus a ridge "
+        "correction where validation shows a clear month-by-month gain.\n\n" + md_table(header, rows) + "\n"
     )
     if net_rows:
         text += (
