@@ -42,6 +42,8 @@ class NetCDFPerSampleDataset(Dataset):
         c[:, self.land] = np.nan
         x = r._normalise(c[: r.seq_len - 1], r._cal[j : j + r.seq_len - 1])
         y = r._normalise(c[-1], r._cal[j + r._span])
+        if r.calendar:  # the same two calendar planes the cached dataset appends
+            x = np.concatenate([x, r._calendar_planes(np.array([i]))[0]])
         return torch.from_numpy(x), torch.from_numpy(y)
 
 

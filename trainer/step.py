@@ -34,7 +34,7 @@ def step_unless(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> bo
 
     A fused optimizer skips inside its kernel when given `found_inf` the way GradScaler hands it over (the
     attribute protocol of torch.optim's fused Adam/AdamW/SGD), so the GPU never waits. Any other optimizer
-    needs the flag on the host: free on a CPU, a sync on a GPU (see README, "non-finite guard").
+    needs the flag on the host: free on a CPU, a sync on a GPU (docs/concepts/optimizer-step.md).
     """
     if optimizer.defaults.get("fused"):
         optimizer.grad_scale, optimizer.found_inf = None, found_inf  # type: ignore[attr-defined]
