@@ -6,13 +6,15 @@
     python train_optimized.py --config configs/era5.toml --epochs 5          # a config file; flags win
     python train_optimized.py --resume runs/era5-20261122-004404            # continue, with the run's settings
     python train_optimized.py --task reid                       # cross-modality re-ID on the synthetic set
-    python train_optimized.py --baseline                        # the seed guides' unoptimised "before" loop
+    python train_optimized.py --baseline                        # the unoptimised "before" loop, for comparison
     python train_optimized.py --system_report                   # measured bottleneck report, then exit
     torchrun --nproc_per_node 2 train_optimized.py ...          # DDP (or NPROC_PER_NODE=2 ./optimize_training.sh)
 
 Every flag comes from one place: TrainConfig's fields (trainer/config.py), the task builders' parameters
-(tasks/era5.py, tasks/reid.py) and RunOptions below. Exit codes: 0 done, 2 a bad input (one clear line; --debug
-for the traceback), 3 training diverged, 128 + N stopped by signal N after writing last.pt.
+(tasks/era5.py, tasks/reid.py) and RunOptions below; each value is checked by the rule beside its definition
+(trainer/config.py's `check_value`) before anything is written. Exit codes: 0 done, 2 a bad input (one clear line;
+--debug for the traceback), 3 training diverged, 128 + N stopped by signal N (after writing last.pt when training
+had started).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shlex
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,13 +34,12 @@ import torch
 from tasks import ERA5_MODEL_KEYS, TASK_BUILDERS, resolve_task_args, task_module, train_defaults
 from trainer.build import ResumeError
 from trainer.checkpoint import CheckpointError
-from trainer.config import TrainConfig, knob
+from trainer.config import TrainConfig, check_output_dirs, check_settings, field_rules, knob
 from trainer.options import (
     ConfigError,
     add_dataclass_arguments,
     add_function_arguments,
-    check_keys,
-    coerce,
+    add_help_flags,
     function_parameters,  # fmt: skip
     load_config_file,
 )
@@ -54,15 +57,16 @@ class RunOptions:
     task: str = knob("era5", "what to train", RUN, choices=tuple(TASK_BUILDERS))
     config: str | None = knob(
         None,
-        "a .toml/.json/.yaml file of settings, keys = flag names (seed 002's mmseg names too); flags given here win",
+        "a .toml/.json/.yaml file of settings, keys = flag names (mmseg config names too); flags given here win",
         RUN,
     )
     preset: str = knob(
         "auto",
-        "ERA5 model/grid preset: seed = seed 000's config (2 deg, d_model 512); cpu = "
-        "reduced; auto = seed on a GPU, cpu otherwise. Explicit flags override it",
+        "ERA5 model/grid preset: full = the full-size model (2 deg grid, d_model 512, 3 layers); cpu = "
+        "reduced (5 deg, d_model 64, 1 layer); auto = full on a GPU, cpu otherwise. Explicit flags override it",
         RUN,
-        choices=("auto", "cpu", "seed"),
+        check=lambda v: None if v in PRESETS else f"not a preset; use one of {', '.join(PRESETS[:3])}",
+        metavar="{auto,cpu,full}",
     )
     debug: bool = knob(False, "show the traceback of known errors too (also PLAINLOOP_DEBUG=1)", RUN)
     logger: str = knob(
@@ -72,7 +76,9 @@ class RunOptions:
         choices=("jsonl", "tensorboard"),
     )
     plots: bool = knob(True, "write plots after training (needs matplotlib)", RUN)
-    monitor_interval: float = knob(1.0, "seconds between TrainingMonitor samples of CPU/GPU use", TOOLS, gt=0)
+    monitor_interval: float = knob(
+        1.0, "seconds between TrainingMonitor samples of CPU/GPU use", TOOLS, gt=0, max=86400
+    )
     profile: bool = knob(False, "write a torch.profiler trace of a few steps into RUN_DIR/profile, then stop", TOOLS)
     profile_then_train: bool = knob(False, "with --profile: go on and train after profiling", TOOLS)
     system_report: bool = knob(
@@ -91,7 +97,7 @@ class RunOptions:
     price_per_gpu_hour: float | None = knob(
         None, "--system_report: price of one GPU hour (cloud), for the projection", TOOLS, gt=0
     )
-    currency: str = knob("", "--system_report: currency label of the prices, e.g. EUR", TOOLS)
+    currency: str = knob("", "--system_report: currency label of the prices, e.g. EUR", TOOLS, allow_empty=True)
     power_w: float | None = knob(
         None,
         "--system_report: the machine's power draw in watts when NVML/RAPL cannot measure it",
@@ -102,23 +108,30 @@ class RunOptions:
     auto_num_workers: bool = knob(False, "measure loader throughput and pick num_workers", TOOLS)
 
 
-KNOWN_ERRORS = (ConfigError, ResumeError, RunDirError, CheckpointError, FileNotFoundError, ValueError)
+PRESETS = ("auto", "cpu", "full", "seed")  # "seed": the earlier name of "full", still read (with a note)
+KNOWN_ERRORS = (ConfigError, ResumeError, RunDirError, CheckpointError, OSError, ValueError)
 NOT_IN_CONFIG_FILE = ("config", "debug", "resume")  # never written into a run's config.toml
+# the short --help: what most runs set; --help GROUP / --help-all show the rest
+COMMON_FLAGS = ("task", "config", "data_path", "output_dir", "run_name", "resume", "epochs", "max_steps",
+                "batch_size", "lr", "precision", "num_workers", "device", "compile_model", "preset", "debug")  # fmt: skip
 
 
 class _Parser(argparse.ArgumentParser):
     """A bad flag is one line (argparse would print its whole usage block, 80 lines, before it)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (--help lists every flag)\n")
+        self.exit(2, f"{self.prog}: error: {message} (--help-all lists every flag)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="train_optimized.py",
+        usage="%(prog)s [--flag VALUE ...]",
         description="plainloop: fast training in plain PyTorch.",
         epilog="Exit codes: 0 done, 2 bad input, 3 diverged, 128+N stopped by signal N.",
+        add_help=False,
     )
+    add_help_flags(p, COMMON_FLAGS)
     seen: set[str] = set()
     add_dataclass_arguments(p, RunOptions, seen)
     for name, builder in TASK_BUILDERS.items():
@@ -131,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
             skip=("seed", "device_cache", "learning_rate"),
             seen=seen,
             default_text={k: "from --preset" for k in ERA5_MODEL_KEYS} if name == "era5" else {},
+            rules=getattr(mod, "ARGS_RULES", {}),
         )
     add_dataclass_arguments(p, TrainConfig, seen)
     return p
@@ -138,25 +152,39 @@ def build_parser() -> argparse.ArgumentParser:
 
 def names() -> dict[str, dict[str, Any]]:
     """{"run" | "train" | task: {flag name: type}} — where each setting belongs."""
-    import typing
+    return {group: {k: tp for k, (tp, _) in r.items()} for group, r in rules().items()}
 
-    out = {"run": typing.get_type_hints(RunOptions), "train": typing.get_type_hints(TrainConfig)}
+
+def rules() -> dict[str, dict[str, tuple[Any, dict[str, Any]]]]:
+    """{"run" | "train" | task: {flag name: (type, rule)}}: every setting's type and rule, from its definition."""
+    out = {"run": field_rules(RunOptions), "train": field_rules(TrainConfig)}
     for name, builder in TASK_BUILDERS.items():
-        out[name] = {k: tp for k, (tp, _) in function_parameters(builder()).items()}
+        task_rules = getattr(task_module(name), "ARGS_RULES", {})
+        out[name] = {k: (tp, dict(task_rules.get(k, {}))) for k, (tp, _) in function_parameters(builder()).items()}
+    return out
+
+
+def all_rules() -> dict[str, tuple[Any, dict[str, Any]]]:
+    """One {flag name: (type, rule)} over every group (a name two groups share has one rule)."""
+    out: dict[str, tuple[Any, dict[str, Any]]] = {}
+    for group in rules().values():
+        for k, v in group.items():
+            out.setdefault(k, v)
     return out
 
 
 # ------------------------------------------------------------------------------------------- settings
 def resolve_settings(explicit: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     """defaults <- the resumed run's config.toml <- --config file <- flags typed on the command line."""
-    kinds = names()
-    all_types = {k: tp for group in kinds.values() for k, tp in group.items()}
+    known = all_rules()
     file_vals: dict[str, Any] = {}
     if explicit.get("config"):
+        where = f"--config {explicit['config']}"
         file_vals = load_config_file(explicit["config"], notes)
-        file_vals = {k: v for k, v in file_vals.items() if k not in NOT_IN_CONFIG_FILE}
-        check_keys(file_vals, all_types, f"--config {explicit['config']}")
-        file_vals = coerce(file_vals, all_types, f"--config {explicit['config']}")
+        for k in NOT_IN_CONFIG_FILE:
+            if k in file_vals:
+                raise ConfigError(f"{where}: {k!r} cannot be set in a config file; give --{k} on the command line")
+        file_vals = check_settings(file_vals, known, where, notes)
     given = {**file_vals, **explicit}
     resume = given.get("resume")
     saved: dict[str, Any] = {}
@@ -167,9 +195,9 @@ def resolve_settings(explicit: dict[str, Any], notes: list[str]) -> dict[str, An
         given["resume"] = resume if file_given else (str(run_dir) if run_dir else None)
         if run_dir is None:
             notes.append(f"resume auto: nothing to resume under {_auto_place(given)}; starting a new run")
-        if run_dir is not None and (run_dir / "config.toml").is_file():
-            saved = load_config_file(run_dir / "config.toml")
-            saved = coerce({k: v for k, v in saved.items() if k in all_types}, all_types, str(run_dir / "config.toml"))
+        if run_dir is not None:
+            saved = saved_settings(run_dir, notes)
+            saved = {k: v for k, v in saved.items() if k not in NOT_IN_CONFIG_FILE}
             saved.pop("run_name", None)
             saved.pop("output_dir", None)
             for k, v in given.items():
@@ -193,6 +221,46 @@ def resolve_settings(explicit: dict[str, Any], notes: list[str]) -> dict[str, An
                 )
                 out.pop(lose)
     return out
+
+
+def saved_settings(run_dir: Path, notes: list[str]) -> dict[str, Any]:
+    """A resumed run's settings: its config.toml, checked like any config file; when that file is missing, empty or
+    unreadable, the copy inside checkpoints/last.pt (written with every checkpoint), so no one file is needed."""
+    path = run_dir / "config.toml"
+    problem = None
+    try:
+        flat = load_config_file(path, what="resume: the run's settings file")
+        if flat:
+            return check_settings(flat, all_rules(), str(path))
+        problem = "is empty"
+    except ConfigError:
+        if path.is_file() and path.stat().st_size > 0:
+            raise  # a damaged or hand-edited file that says something: its own line, never silently ignored
+        problem = "is missing" if not path.exists() else "is empty"
+    from_ckpt = checkpoint_settings(run_dir / "checkpoints" / "last.pt")
+    if from_ckpt is None:
+        notes.append(f"resume: {path} {problem} and the checkpoint holds no settings; the defaults and flags apply")
+        return {}
+    notes.append(f"resume: {path} {problem}; the run's settings are read from its checkpoint")
+    return check_settings(from_ckpt, all_rules(), f"{run_dir / 'checkpoints' / 'last.pt'} (settings)")
+
+
+def checkpoint_settings(path: Path) -> dict[str, Any] | None:
+    """The flat settings a checkpoint carries (key "settings": {table: {key: value}}), or None."""
+    if not path.is_file():
+        return None
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # a damaged checkpoint is reported by the resume itself, with its own message
+        return None
+    sections = ckpt.get("settings") if isinstance(ckpt, dict) else None
+    if not isinstance(sections, dict):
+        return None
+    flat: dict[str, Any] = {}
+    for table in sections.values():
+        if isinstance(table, dict):
+            flat.update({k: v for k, v in table.items() if v is not None})
+    return flat
 
 
 def _resume_dir(resume: str, given: dict[str, Any]) -> Path | None:
@@ -219,6 +287,8 @@ def split_settings(values: dict[str, Any]) -> tuple[RunOptions, dict[str, Any], 
     """(run options, task builder kwargs, TrainConfig kwargs) from one flat dict of settings."""
     kinds = names()
     run = RunOptions(**{k: v for k, v in values.items() if k in kinds["run"]})
+    if run.preset == "seed":
+        run.preset = "full"  # the earlier name; the note is printed by run()
     task_keys = kinds[run.task]
     other_tasks = {k for name, group in kinds.items() if name not in ("run", "train", run.task) for k in group}
     stray = [k for k in values if k in other_tasks and k not in task_keys and k not in kinds["train"]]
@@ -231,24 +301,69 @@ def split_settings(values: dict[str, Any]) -> tuple[RunOptions, dict[str, Any], 
     return run, task_kw, train_kw
 
 
+class StoppedInSetUp(BaseException):
+    """A stop signal before training started: nothing to save, exit 128 + N with one line."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _setup_stop(signum: int, frame: Any) -> None:
+    raise StoppedInSetUp(signum)
+
+
+SETUP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP") if hasattr(signal, n))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     explicit = vars(parser.parse_args(argv))
     debug = explicit.get("debug") or os.environ.get("PLAINLOOP_DEBUG", "") not in ("", "0")
+    old = {}
     try:
+        if threading_main():
+            # until the trainer installs its own handlers (which save last.pt), a signal ends set-up cleanly
+            old = {s: signal.signal(s, _setup_stop) for s in SETUP_SIGNALS}
         return run(explicit)
+    except StoppedInSetUp as e:
+        name = signal.Signals(e.signum).name
+        print(f"[plainloop] {name} during set-up: stopped before training started; nothing to resume", file=sys.stderr)
+        return 128 + e.signum
     except KNOWN_ERRORS as e:
         if debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        text = str(e).strip() or type(e).__name__
+        if isinstance(e, OSError) and not isinstance(e, FileNotFoundError) and e.filename:
+            text = f"{e.filename}: {e.strerror or e}"
+        print(f"error: {' '.join(text.splitlines()) if len(text.splitlines()) > 2 else text}", file=sys.stderr)
         print("(run with --debug or PLAINLOOP_DEBUG=1 for the traceback)", file=sys.stderr)
         return 2
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 def run(explicit: dict[str, Any]) -> int:
     notes: list[str] = []
     values = resolve_settings(explicit, notes)
+    values = check_settings(values, all_rules(), "settings", notes, style="flag")  # the merged layers, once more
+    if values.get("preset") == "seed":
+        notes.append("--preset seed is now called --preset full (the same model); read as full")
     opts, task_kw, train_kw = split_settings(values)
+    TrainConfig.from_dict({k: v for k, v in train_kw.items()}, where="settings")  # cross-field rules, before writing
+    check_output_dirs(
+        [
+            ("--output_dir", train_kw.get("output_dir", TrainConfig.output_dir)),
+            ("--cache_dir", task_kw.get("cache_dir")),
+        ]
+    )
     on_gpu = torch.cuda.is_available() and str(train_kw.get("device") or "cuda").startswith("cuda")
     task_kw, preset_note = resolve_task_args(opts.task, task_kw, opts.preset, on_gpu, train_kw.get("batch_size"))
     if preset_note:
@@ -375,9 +490,11 @@ def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions, shown: 
 
 
 def rerun_command(config: Path, env: Any = os.environ) -> str:
-    """The command that runs this job again: under torchrun (WORLD_SIZE > 1) with its torchrun prefix."""
+    """The command that runs this job again: under torchrun (WORLD_SIZE > 1) with its torchrun prefix; the path is
+    shell-quoted, so a directory with a space or a `$(...)` in its name pastes as itself."""
     launch = launch_prefix(env)
-    return f"{launch} train_optimized.py --config {config}" + (" (on each node)" if "--nnodes" in launch else "")
+    cmd = f"{launch} train_optimized.py --config {shlex.quote(str(config))}"
+    return cmd + (" (on each node)" if "--nnodes" in launch else "")
 
 
 if __name__ == "__main__":
