@@ -352,6 +352,12 @@ def threading_main() -> bool:
 
 def run(explicit: dict[str, Any]) -> int:
     notes: list[str] = []
+    opts, task_kw, train_kw = prepare(explicit, notes)
+    return train(opts, task_kw, train_kw, notes)
+
+
+def prepare(explicit: dict[str, Any], notes: list[str]) -> tuple[RunOptions, dict[str, Any], dict[str, Any]]:
+    """Every check of the settings, before anything is written: (run options, task kwargs, TrainConfig kwargs)."""
     values = resolve_settings(explicit, notes)
     values = check_settings(values, all_rules(), "settings", notes, style="flag")  # the merged layers, once more
     if values.get("preset") == "seed":
@@ -364,11 +370,21 @@ def run(explicit: dict[str, Any]) -> int:
             ("--cache_dir", task_kw.get("cache_dir")),
         ]
     )
-    on_gpu = torch.cuda.is_available() and str(train_kw.get("device") or "cuda").startswith("cuda")
+    on_gpu = _on_gpu(train_kw)
     task_kw, preset_note = resolve_task_args(opts.task, task_kw, opts.preset, on_gpu, train_kw.get("batch_size"))
     if preset_note:
         notes.append(preset_note)
     task_kw.update(seed=train_kw.get("seed", TrainConfig.seed), device_cache=train_kw.get("device_cache"))
+    return opts, task_kw, train_kw
+
+
+def _on_gpu(train_kw: dict[str, Any]) -> bool:
+    return torch.cuda.is_available() and str(train_kw.get("device") or "cuda").startswith("cuda")
+
+
+def train(opts: RunOptions, task_kw: dict[str, Any], train_kw: dict[str, Any], notes: list[str]) -> int:
+    """Build the task and train it (or run a measurement tool), with settings `prepare` checked."""
+    on_gpu = _on_gpu(train_kw)
     say = print if int(os.environ.get("RANK", "0")) == 0 else (lambda *a, **k: None)  # under torchrun: rank 0 speaks
     for n in notes:
         say(f"[plainloop] {n}")
