@@ -29,13 +29,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-import torch
 
-from tasks import ERA5_MODEL_KEYS, TASK_BUILDERS, resolve_task_args, task_module, train_defaults
-from trainer.build import ResumeError
-from trainer.checkpoint import CheckpointError
-from trainer.config import TrainConfig, check_output_dirs, check_settings, field_rules, knob
-from trainer.options import (
+def _early_stop(signum: int, frame: Any) -> None:
+    """A stop signal while Python imports torch and the tasks: nothing exists yet; one line and exit."""
+    os.write(2, f"[plainloop] {signal.Signals(signum).name} during start-up: stopped before training; nothing to "
+                f"resume\n".encode())  # fmt: skip
+    os._exit(128 + signum)
+
+
+SETUP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP") if hasattr(signal, n))
+if __name__ == "__main__":  # run as a program (not imported): covered from the first line on
+    for _s in SETUP_SIGNALS:
+        signal.signal(_s, _early_stop)
+
+import torch  # noqa: E402
+
+from tasks import ERA5_MODEL_KEYS, TASK_BUILDERS, resolve_task_args, task_module, train_defaults  # noqa: E402
+from trainer.build import ResumeError  # noqa: E402
+from trainer.checkpoint import CheckpointError  # noqa: E402
+from trainer.config import TrainConfig, check_output_dirs, check_settings, field_rules, knob  # noqa: E402
+from trainer.options import (  # noqa: E402
     ConfigError,
     add_dataclass_arguments,
     add_function_arguments,
@@ -43,8 +56,8 @@ from trainer.options import (
     function_parameters,  # fmt: skip
     load_config_file,
 )
-from trainer.runfiles import RunDirError, find_resumable
-from trainer.setup import launch_prefix
+from trainer.runfiles import RunDirError, find_resumable  # noqa: E402
+from trainer.setup import launch_prefix  # noqa: E402
 
 RUN = "task and run"
 TOOLS = "measurement tools"
@@ -238,11 +251,29 @@ def saved_settings(run_dir: Path, notes: list[str]) -> dict[str, Any]:
             raise  # a damaged or hand-edited file that says something: its own line, never silently ignored
         problem = "is missing" if not path.exists() else "is empty"
     from_ckpt = checkpoint_settings(run_dir / "checkpoints" / "last.pt")
-    if from_ckpt is None:
-        notes.append(f"resume: {path} {problem} and the checkpoint holds no settings; the defaults and flags apply")
+    if from_ckpt is not None:
+        notes.append(f"resume: {path} {problem}; the run's settings are read from its checkpoint")
+        return check_settings(from_ckpt, all_rules(), f"{run_dir / 'checkpoints' / 'last.pt'} (settings)")
+    requested = _json_block(run_dir / "config.json", "requested")  # a checkpoint written before settings were kept
+    if requested:
+        notes.append(
+            f"resume: {path} {problem} and the checkpoint predates saved settings; the training settings are read "
+            f"from config.json, the task's from the flags given now (their defaults otherwise)"
+        )
+        return check_settings({k: v for k, v in requested.items() if k in field_rules(TrainConfig)},
+                              field_rules(TrainConfig), str(run_dir / "config.json"))  # fmt: skip
+    notes.append(f"resume: {path} {problem} and no saved settings were found; the flags given now and defaults apply")
+    return {}
+
+
+def _json_block(path: Path, key: str) -> dict[str, Any]:
+    import json
+
+    try:
+        block = json.loads(path.read_text(encoding="utf-8")).get(key)
+    except (OSError, ValueError, AttributeError):
         return {}
-    notes.append(f"resume: {path} {problem}; the run's settings are read from its checkpoint")
-    return check_settings(from_ckpt, all_rules(), f"{run_dir / 'checkpoints' / 'last.pt'} (settings)")
+    return block if isinstance(block, dict) else {}
 
 
 def checkpoint_settings(path: Path) -> dict[str, Any] | None:
@@ -309,11 +340,11 @@ class StoppedInSetUp(BaseException):
         self.signum = signum
 
 
+_TRAINED: list[bool] = []
+
+
 def _setup_stop(signum: int, frame: Any) -> None:
     raise StoppedInSetUp(signum)
-
-
-SETUP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP") if hasattr(signal, n))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     explicit = vars(parser.parse_args(argv))
     debug = explicit.get("debug") or os.environ.get("PLAINLOOP_DEBUG", "") not in ("", "0")
     old = {}
+    _TRAINED.clear()
     try:
         if threading_main():
             # until the trainer installs its own handlers (which save last.pt), a signal ends set-up cleanly
@@ -328,7 +360,12 @@ def main(argv: list[str] | None = None) -> int:
         return run(explicit)
     except StoppedInSetUp as e:
         name = signal.Signals(e.signum).name
-        print(f"[plainloop] {name} during set-up: stopped before training started; nothing to resume", file=sys.stderr)
+        what = (
+            "after training: the run is complete (summary.json written)"
+            if _TRAINED
+            else "during set-up: stopped before training started; nothing to resume"
+        )
+        print(f"[plainloop] {name} {what}", file=sys.stderr)
         return 128 + e.signum
     except KNOWN_ERRORS as e:
         if debug:
@@ -422,6 +459,7 @@ def train(opts: RunOptions, task_kw: dict[str, Any], train_kw: dict[str, Any], n
         ):
             say(f"[plainloop] sampler: {line}")  # the P x K sampler's cache summary, once (rank 0)
         summary = trainer.fit()
+        _TRAINED.append(True)  # a signal in the closing report no longer says "set-up"
     except ResumeError as e:
         changed = [n for n in notes if n.startswith("resume:")]
         raise ResumeError(

@@ -66,6 +66,8 @@ def unwrap(tp: Any) -> tuple[Any, bool]:
 
 def _show(v: Any) -> str:
     if isinstance(v, str):
+        if len(v) > 80:  # the message stays one readable line
+            return f"{_show(v[:60])}... ({len(v)} characters)"
         return repr(v) if (not v or any(c.isspace() or not c.isprintable() for c in v)) else v
     if isinstance(v, list | tuple):
         return " ".join(_show(x) for x in v)
