@@ -216,6 +216,8 @@ def resolve_settings(explicit: dict[str, Any], notes: list[str]) -> dict[str, An
             for k, v in given.items():
                 if k in saved and saved[k] != v and k not in NOT_IN_CONFIG_FILE:
                     notes.append(f"resume: {k} {saved[k]!r} -> {v!r} (given now)")
+            ckpt = Path(given["resume"]) if file_given else run_dir / "checkpoints" / "last.pt"
+            check_resume_changes(ckpt, given)
     out = {**saved, **given}
     # one length (or validation interval) in two units: the one given with the higher priority wins, so
     # `--config seed002_mmseg.toml --max_steps 4` shortens the file's runner.max_iters (max_batches) run
@@ -276,15 +278,46 @@ def _json_block(path: Path, key: str) -> dict[str, Any]:
     return block if isinstance(block, dict) else {}
 
 
-def checkpoint_settings(path: Path) -> dict[str, Any] | None:
-    """The flat settings a checkpoint carries (key "settings": {table: {key: value}}), or None."""
+# settings a checkpoint's position depends on: its step count and its place in the epoch are counted in batches of
+# this size, in this order, so another value cannot continue the same run (refused; documented)
+FIXED_ON_RESUME = ("batch_size", "accumulate_grad_batches", "seed")
+
+
+def check_resume_changes(ckpt_path: Path, given: dict[str, Any]) -> None:
+    """Refuse, before anything is written, a resume that changes what the checkpoint's position is counted in
+    (batch size, accumulation, seed) or gives a step budget below the checkpoint's step."""
+    meta = _checkpoint_meta(ckpt_path)
+    if meta is None:
+        return  # no checkpoint yet (resume auto starting a run) or a damaged one: the engine reports it
+    old, step = meta.get("config") or {}, meta.get("step")
+    for k in FIXED_ON_RESUME:
+        if k in given and k in old and given[k] != old[k]:
+            raise ConfigError(
+                f"--{k} {given[k]}: the run at {ckpt_path} was trained with {k} {old[k]}, and its step count and "
+                f"place in the epoch are counted with it; resume without --{k}, or start a new run from its "
+                f"settings: --config {shlex.quote(str(ckpt_path.parent.parent / 'config.toml'))} --{k} {given[k]}"
+            )
+    if isinstance(step, int) and given.get("max_steps") is not None and given["max_steps"] < step:
+        raise ConfigError(
+            f"--max_steps {given['max_steps']}: the run at {ckpt_path} is already at step {step}; give at least "
+            f"--max_steps {step} (more continues it), or leave it out to keep the run's own length"
+        )
+
+
+def _checkpoint_meta(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # a damaged checkpoint is reported by the resume itself, with its own message
+    except Exception:  # damaged or not a checkpoint: the resume itself says so, with its own message
         return None
-    sections = ckpt.get("settings") if isinstance(ckpt, dict) else None
+    return ckpt if isinstance(ckpt, dict) else None
+
+
+def checkpoint_settings(path: Path) -> dict[str, Any] | None:
+    """The flat settings a checkpoint carries (key "settings": {table: {key: value}}), or None."""
+    ckpt = _checkpoint_meta(path)
+    sections = ckpt.get("settings") if ckpt is not None else None
     if not isinstance(sections, dict):
         return None
     flat: dict[str, Any] = {}

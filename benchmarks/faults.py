@@ -848,7 +848,7 @@ class Campaign:
         elif what == "config_missing":
             config.unlink()
         elif what in ("bad_flag", "batch_size", "max_steps"):
-            flag = {"bad_flag": ["--currency", "\udcff"], "batch_size": ["--batch_size", "32"],
+            flag = {"bad_flag": ["--currency", "\udcff"], "batch_size": ["--batch_size", "16"],
                     "max_steps": ["--max_steps", "1"]}[what]  # fmt: skip
             res = self.cli("--resume", str(run_dir), *flag, tag=f"{name}-changed")
             msg = message_lines(res.err)
