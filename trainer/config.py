@@ -24,7 +24,6 @@ Defaults are the optimised setup; `baseline=True` turns every optimisation off a
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 import shutil
@@ -239,11 +238,15 @@ def check_value(label: str, value: Any, tp: Any, rule: dict[str, Any] | None = N
     return converted
 
 
-@functools.cache
+_RULES: dict[type, dict[str, tuple[Any, dict[str, Any]]]] = {}
+
+
 def field_rules(cls: type) -> dict[str, tuple[Any, dict[str, Any]]]:
-    """{field name: (type, metadata)} of a dataclass whose fields are knobs."""
-    hints = typing.get_type_hints(cls)
-    return {f.name: (hints[f.name], dict(f.metadata)) for f in dataclasses.fields(cls)}
+    """{field name: (type, metadata)} of a dataclass whose fields are knobs (computed once per class)."""
+    if cls not in _RULES:
+        hints = typing.get_type_hints(cls)
+        _RULES[cls] = {f.name: (hints[f.name], dict(f.metadata)) for f in dataclasses.fields(cls)}
+    return _RULES[cls]
 
 
 def aliases(rules: dict[str, tuple[Any, dict[str, Any]]]) -> dict[str, str]:

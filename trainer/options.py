@@ -141,7 +141,7 @@ def _add(group: Any, name: str, tp: Any, default: Any, text: str, meta: dict[str
 
 
 def _groups(parser: argparse.ArgumentParser) -> dict[str, Any]:
-    return {g.title: g for g in parser._action_groups}  # argparse keeps its groups here; read-only use
+    return {g.title or "": g for g in parser._action_groups}  # argparse keeps its groups here; read-only use
 
 
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, seen: set[str] | None = None) -> list[str]:
