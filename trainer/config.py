@@ -77,6 +77,14 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
 
 
+def _at(label: str, v: Any) -> str:
+    """'--lr nan' for a flag; "where: key=value" (Python's repr for text) for a file or dict key."""
+    if label.endswith("="):
+        shown = _show(v) if not isinstance(v, str) or len(v) > 80 else repr(v)
+        return f"{label}{shown}"
+    return f"{label} {_show(v)}"
+
+
 def describe(tp: Any, rule: dict[str, Any], implicit: bool = False) -> str:
     """What a value of this type and rule may be, in words: 'a finite number > 0', 'a whole number >= 1'."""
     base, optional = unwrap(tp)
@@ -206,35 +214,38 @@ def check_value(label: str, value: Any, tp: Any, rule: dict[str, Any] | None = N
             items = list(value)
             fixed = args and args[-1] is not Ellipsis and origin is tuple
             if fixed and len(items) != len(args):
-                raise ConfigError(f"{label} {_show(items)}: give {len(args)} values; use {allowed}")
+                raise ConfigError(f"{_at(label, items)}: give {len(args)} values; use {allowed}")
             out = []
             for x in items:
                 cx = _convert(x, elem)
                 why = _problem(cx, elem, rule)
                 if why:
-                    raise ConfigError(f"{label} {_show(items)}: {_show(x)} is {why}; use {allowed}")
+                    raise ConfigError(f"{_at(label, items)}: {_show(x)} is {why}; use {allowed}")
                 out.append(cx)
             extra = rule.get("check")
             msg = extra(tuple(out)) if extra else None
             if msg:
-                raise ConfigError(f"{label} {_show(items)}: {msg}")
+                raise ConfigError(f"{_at(label, items)}: {msg}")
             return tuple(out)
         converted = _convert(value, base)
     except ConfigError:
         raise
     except (TypeError, ValueError, OverflowError):
         kind = type(value).__name__
-        shown = _show(value) if isinstance(value, str | int | float) else f"({kind})"
-        raise ConfigError(f"{label} {shown}: not {allowed.split(' in ')[0].split(' >')[0]}; use {allowed}") from None
+        if isinstance(value, str | int | float):
+            shown = _at(label, value)
+        else:
+            shown = f"{label}({kind})" if label.endswith("=") else f"{label} ({kind})"
+        raise ConfigError(f"{shown}: not {allowed.split(' in ')[0].split(' >')[0]}; use {allowed}") from None
     why = _problem(converted, base, rule)
     if why:
         if why in ("too large", "too small"):
             allowed = describe(tp, rule, implicit=True)
-        raise ConfigError(f"{label} {_show(converted)}: {why}; use {allowed}")
+        raise ConfigError(f"{_at(label, converted)}: {why}; use {allowed}")
     extra = rule.get("check")
     msg = extra(converted) if extra else None
     if msg:
-        raise ConfigError(f"{label} {_show(converted)}: {msg}")
+        raise ConfigError(f"{_at(label, converted)}: {msg}")
     return converted
 
 
@@ -275,7 +286,7 @@ def check_settings(
     check_keys(out, list(rules) + list(old), where)
     for k, v in list(out.items()):
         tp, rule = rules[k]
-        label = f"--{k}" if style == "flag" else f"{where}: {k} ="
+        label = f"--{k}" if style == "flag" else f"{where}: {k}="
         out[k] = check_value(label, v, tp, rule)
     return out
 
@@ -489,7 +500,7 @@ class TrainConfig:
         """Convert and check every field by its rule (ConfigError, a ValueError, naming the knob, the value and
         what is allowed), then the rules between fields."""
         for name, (tp, rule) in field_rules(type(self)).items():
-            setattr(self, name, check_value(f"{where}: {name} =", getattr(self, name), tp, rule))
+            setattr(self, name, check_value(f"{where}: {name}=", getattr(self, name), tp, rule))
         if self.max_steps is not None and self.max_batches is not None:
             raise ConfigError(f"{where}: give max_steps (optimizer steps) or max_batches (batches), not both")
         if self.val_check_steps is not None and self.val_check_batches is not None:

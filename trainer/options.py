@@ -421,7 +421,7 @@ def coerce(values: dict[str, Any], types_: dict[str, Any], where: str) -> dict[s
     """Convert and check file values by type only (no rules): kept for callers with plain type maps."""
     from .config import check_value
 
-    return {k: check_value(f"{where}: {k} =", v, types_[k]) for k, v in values.items()}
+    return {k: check_value(f"{where}: {k}=", v, types_[k]) for k, v in values.items()}
 
 
 def _toml_value(v: Any) -> str:
