@@ -7,6 +7,7 @@ first, so a value is checked by one rule whether it came from a flag, a config f
 
 from __future__ import annotations
 
+import errno
 import inspect
 import os
 import stat
@@ -31,8 +32,10 @@ def input_path_problem(path: str) -> str | None:
     device (/dev/zero) would never end, and neither is "not found"."""
     try:
         st = os.stat(path)
-    except OSError:
-        return None  # missing, or a glob: the reader says what it looked for
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            return None  # missing, or a glob: the reader says what it looked for
+        return f"cannot be read ({e.strerror or e})"  # too long a name, no permission, a loop of links
     if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
         return None
     kind = "a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else "a device or socket"

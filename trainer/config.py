@@ -329,6 +329,8 @@ def writable_dir_problem(path: str | os.PathLike) -> str | None:
     """Why a run could not write under directory `path` (created if missing), or None. Checked before anything
     is written, so a file in the way, a read-only or full file system is one line instead of a traceback."""
     p = Path(os.path.abspath(path))
+    if any(len(os.fsencode(part)) > 255 for part in p.parts):
+        return "a name in it is longer than 255 bytes, more than file systems allow"
     cur = p
     while not os.path.lexists(cur) and cur != cur.parent:
         cur = cur.parent
