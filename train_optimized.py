@@ -45,8 +45,8 @@ if __name__ == "__main__":  # run as a program (not imported): covered from the 
 import torch  # noqa: E402
 
 from tasks import ERA5_MODEL_KEYS, TASK_BUILDERS, resolve_task_args, task_module, train_defaults  # noqa: E402
-from trainer.build import ResumeError  # noqa: E402
 from trainer.checkpoint import CheckpointError  # noqa: E402
+from trainer.checkpointer import ResumeError  # noqa: E402
 from trainer.config import TrainConfig, check_output_dirs, check_settings, field_rules, knob  # noqa: E402
 from trainer.options import (  # noqa: E402
     ConfigError,

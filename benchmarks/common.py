@@ -21,6 +21,7 @@ import torch
 
 from benchmarks.sizes import CPU_MODEL, TINY_MODEL
 from tasks.era5 import SEED_PRESET
+from utils.performance_monitor import usable_cpus
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 # The RecursiveAttentionTransformer sizes of the benchmark configurations; "seed" is seed 000's model (the CLI's
@@ -90,10 +91,7 @@ def optional_modules() -> dict[str, str | None]:
 
 def environment(device: torch.device) -> dict[str, Any]:
     """Where the figures come from: machine, device, driver, library versions and the code's commit."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cpus = os.cpu_count() or 1
+    cpus = usable_cpus()
     env: dict[str, Any] = {
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": platform.node(),

@@ -625,7 +625,7 @@ def check_targets(summary: dict[str, dict[str, Any]], device: torch.device) -> l
 
 
 def headline(summary: dict[str, dict[str, Any]], device: torch.device) -> dict[str, Any]:
-    """The figures README.md quotes, from the summary: plainloop's best row against every peer."""
+    """The figures docs/benchmarks/index.md quotes, from the summary: plainloop's best row against every peer."""
     best = "tuned" if "tuned" in summary else "defaults"
     s = summary.get(best, {})
     keys = (

@@ -14,7 +14,7 @@
 # and nvidia-ml-py are optional (without lightning its rows are skipped with a note; without nvidia-ml-py GPU
 # utilisation comes from nvidia-smi).
 #
-# Every figure README.md's GPU section quotes ends up in $OUT_DIR/run_gpu.json ("headline": × before,
+# Every figure docs/benchmarks/index.md's GPU section quotes ends up in $OUT_DIR/run_gpu.json ("headline": × before,
 # × Lightning for both Lightning rows, MFU of the measured bf16 peak, GPU utilisation, data wait, the seed's
 # 500-epoch job extrapolated) and its rendered table run_gpu.md; the script prints the headline at the end.
 #
@@ -89,7 +89,7 @@ echo "== benchmarks.loop_overhead (the loop's own cost on this box's CPU)"
 "$PYTHON" -m benchmarks.loop_overhead ${LOOP_ARGS[@]+"${LOOP_ARGS[@]}"} --out "$OUT_DIR/loop_overhead_$([ "$TINY" = 1 ] && echo tiny || echo gpu_host).json" || \
     echo "loop_overhead failed (see above); the main table is already written"
 
-echo "== headline (what README.md's GPU section quotes; raw: $OUT)"
+echo "== headline (what docs/benchmarks/index.md quotes; raw: $OUT)"
 "$PYTHON" - "$OUT" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))

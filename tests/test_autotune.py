@@ -10,7 +10,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer.autobatch import find_max_batch_size, is_oom_error
-from utils.autotune import default_worker_candidates, scale_lr, tune_num_workers
+from trainer.optim import scaled_lr
+from utils.autotune import default_worker_candidates, tune_num_workers
 
 
 class MemoryLimitedModel(nn.Module):
@@ -99,14 +100,16 @@ def test_is_oom_error() -> None:
     assert not is_oom_error(RuntimeError("size mismatch"))
 
 
-def test_scale_lr() -> None:
-    assert scale_lr(1e-3, 150, 50, "sqrt") == pytest.approx(1e-3 * math.sqrt(3))  # seed 003's example
-    assert scale_lr(0.1, 512, 256, "linear") == pytest.approx(0.2)
-    assert scale_lr(0.1, 512, 256, "none") == 0.1
+def test_scaled_lr() -> None:
+    """The one lr-scaling rule (trainer/optim.py), as --ref_batch_size / --lr_scaling apply it."""
+    assert scaled_lr(1e-3, 150, 50, "sqrt") == pytest.approx(1e-3 * math.sqrt(3))  # seed 003's example
+    assert scaled_lr(0.1, 512, 256, "linear") == pytest.approx(0.2)
+    assert scaled_lr(0.1, 512, 256, "none") == 0.1
+    assert scaled_lr(0.1, 512, None, "sqrt") == 0.1  # no reference batch: nothing to scale from
     with pytest.raises(ValueError, match="lr_scaling"):
-        scale_lr(0.1, 2, 1, "cubic")
+        scaled_lr(0.1, 2, 1, "cubic")
     with pytest.raises(ValueError, match="batch sizes"):
-        scale_lr(0.1, 0, 1, "sqrt")
+        scaled_lr(0.1, 0, 1, "sqrt")
 
 
 def test_tune_num_workers_returns_measured_best() -> None:
@@ -123,6 +126,8 @@ def test_tune_num_workers_returns_measured_best() -> None:
         tune_num_workers(lambda n: DataLoader(data, batch_size=96), candidates=[0])
     with pytest.raises(ValueError, match="non-negative"):
         tune_num_workers(make_loader, candidates=[-1])
+    with pytest.raises(ValueError, match="no batch_size"):  # samples/s needs the batch size
+        tune_num_workers(lambda n: [data.tensors] * 3, candidates=[0])
 
 
 def test_default_worker_candidates() -> None:

@@ -326,3 +326,28 @@ def test_digest_does_not_change_what_torch_load_returns(tmp_path):
     atomic_save(make_ckpt(), tmp_path / "ck.pt")
     buf = io.BytesIO((tmp_path / "ck.pt").read_bytes())
     assert set(torch.load(buf, weights_only=True)) >= {"model", "optimizer", DIGEST_KEY}
+
+
+def test_a_plainloop_1_checkpoint_still_resumes(tmp_path):
+    """The first format: the scaler at the top level, no opt_step, world_size, val_pending or callbacks, `best` a
+    bare number, no digest. It resumes, and the run ends with the weights of an uninterrupted one."""
+    from tests.helpers import toy_config
+    from tests.test_engine import make_task, weights
+    from trainer import Trainer
+
+    straight = Trainer(toy_config(tmp_path, run_name="straight"), make_task())
+    straight.fit()
+    first = Trainer(toy_config(tmp_path, run_name="old"), make_task())
+    first.max_epochs = 1
+    first.fit()
+    path = tmp_path / "old" / "checkpoints" / "last.pt"
+    ck = load_checkpoint(path)
+    old = {k: ck[k] for k in ("model", "optimizer", "scheduler", "epoch", "step", "batches_done", "sampler", "rng")}
+    old.update(scaler=ck["opt_step"]["scaler"], best=ck["best"]["best"], config=ck["config"], task="toy")
+    old["format"] = "plainloop-1"
+    atomic_save(old, path, digest=False)
+    rest = Trainer(toy_config(tmp_path, run_name="old", resume=str(tmp_path / "old")), make_task())
+    assert any("unverified" in n for n in rest.notes) and rest.step == 8
+    assert rest.fit()["steps"] == 16
+    for p, q in zip(weights(straight.raw_model), weights(rest.raw_model)):
+        assert torch.equal(p, q)

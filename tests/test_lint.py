@@ -1,4 +1,4 @@
-"""ruff check and ruff format --check are part of the test suite (the same commands a developer runs)."""
+"""ruff check, ruff format --check and mypy on trainer/ are part of the test suite (the commands a developer runs)."""
 
 from __future__ import annotations
 
@@ -22,4 +22,16 @@ def ruff() -> list[str]:
 @pytest.mark.parametrize("args", [["check", "."], ["format", "--check", "."]])
 def test_ruff(args):
     proc = subprocess.run([*ruff(), *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_mypy_on_the_engine():
+    """`mypy trainer/` at the strictness of pyproject.toml's [tool.mypy]: every function annotated, no errors."""
+    try:
+        import mypy  # noqa: F401
+    except ImportError:
+        pytest.skip("mypy is not importable here: it is in requirements-dev.txt (./run_tests.sh installs it)")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "trainer/"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -1,5 +1,5 @@
 """Every recipe of the seed guides 000-004, run as written (imports aside, sizes shrunk to seconds on a CPU),
-each checked against what its seed promises. And the README's "From the seed guides" table, kept true.
+each checked against what its seed promises. And the manual's seed-guide table (docs/guides/from-seed-guides.md).
 
 A recipe is a code block a seed's reader would run. Shrinking replaces numbers only (epochs, d_model,
 resolution, batch counts); the knobs under test keep the seed's values.
@@ -684,7 +684,7 @@ def test_seed004_log_every_norm_every_progress(tmp_path, monkeypatch):
     assert len(updates) == 26 and sum(updates) == 256  # every 10 batches, and at the epoch end
 
 
-# ============================================================================ README: "From the seed guides"
+# ============================================================================ docs: "Coming from the seed guides"
 SEED_KNOBS = {
     "000": [
         "epochs",
@@ -770,10 +770,14 @@ SEED_KNOBS = {
 }
 
 
+SEED_PAGE = ROOT / "docs" / "guides" / "from-seed-guides.md"
+
+
 def readme_table() -> list[tuple[str, str, str]]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    m = re.search(r"\n## From the seed guides\n(.*?)(?=\n## )", text, re.S)
-    assert m, "README.md has no '## From the seed guides' section"
+    """The mapping table of the manual's "Coming from the seed guides" page."""
+    text = SEED_PAGE.read_text(encoding="utf-8")
+    m = re.search(r"\n## The mapping table\n(.*?)(?=\n## |\Z)", text, re.S)
+    assert m, f"{SEED_PAGE.relative_to(ROOT)} has no '## The mapping table' section"
     rows = []
     for line in m.group(1).splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
@@ -787,7 +791,7 @@ def test_readme_seed_table_names_every_knob_of_every_seed():
     for seed, knobs in SEED_KNOBS.items():
         named = " ".join(knob for s, knob, _ in rows if s == seed)
         missing = [k for k in knobs if k not in named]
-        assert not missing, f"seed {seed}: the README table does not name {missing}"
+        assert not missing, f"seed {seed}: the seed-guide table in docs/ does not name {missing}"
 
 
 def _importable(name: str) -> bool:

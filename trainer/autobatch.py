@@ -154,17 +154,20 @@ def auto_batch_size(cfg: TrainConfig, task: Any) -> tuple[TrainConfig, str]:
     from .loop import Trainer
     from .task import clone_task_model
 
-    probe = Trainer(
+    made = Trainer(
         dataclasses.replace(cfg, max_steps=1, progress_bar=False, resume=None),
         clone_task_model(task),
         log=lambda _s: None,
     )
-    ds, dev = task.train_set, probe.rt.device
+    ds, dev = task.train_set, made.rt.device
+    probe: Trainer | None = made  # set to None after the search, so its memory can go
+    del made
     collate = task.collate_fn or default_collate
     gen = torch.Generator().manual_seed(cfg.seed)  # private: the probe never moves the global RNG
 
     def try_batch(bs: int) -> None:
         idx = torch.randint(0, len(ds), (bs,), generator=gen)
+        assert probe is not None  # released only after the search
         gatherer = probe.resident.get(id(ds))  # the data held on the device: batches are gathered there
         batch = (
             gatherer.gather(idx.to(dev))

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import io
 import os
@@ -24,7 +23,7 @@ import time
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -52,21 +51,19 @@ def state_digest(obj: Any) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def _put(h: Any, tag: bytes, payload: bytes) -> None:
+def _put(h: Any, tag: bytes, payload: bytes | memoryview) -> None:
     # a tag and a length prefix keep the stream unambiguous ("ab","c" never hashes like "a","bc")
     h.update(tag + len(payload).to_bytes(8, "little"))
     h.update(payload)
 
 
 def _raw_bytes(t: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU tensor, without a copy (and without Tensor.numpy(), which the sync-rule
-    test counts as a host read; this memory is on the host already)."""
-    n = t.numel() * t.element_size()
-    if n == 0:
+    """The bytes of a contiguous CPU tensor, without a copy (a uint8 view of its memory, any dtype)."""
+    if t.numel() == 0:
         return memoryview(b"")
     if t.is_quantized or not t.is_contiguous():
         raise TypeError("not plain contiguous memory")
-    return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
+    return memoryview(cast(Any, t.reshape(-1).view(torch.uint8).numpy()))
 
 
 def _feed(h: Any, obj: Any) -> None:
@@ -100,7 +97,7 @@ def _feed(h: Any, obj: Any) -> None:
     elif isinstance(obj, np.ndarray) and obj.dtype != object:
         a = np.ascontiguousarray(obj)
         _put(h, b"A", f"{a.dtype.str}|{a.shape}".encode())
-        _put(h, b"B", memoryview(a.reshape(-1).view(np.uint8)))
+        _put(h, b"B", memoryview(cast(Any, a.reshape(-1).view(np.uint8))))
     elif isinstance(obj, str):
         _put(h, b"S", obj.encode("utf-8", "surrogatepass"))
     elif isinstance(obj, bytes | bytearray):
@@ -159,7 +156,7 @@ def atomic_save(obj: Any, path: str | os.PathLike, *, digest: bool | None = None
 def _is_pickle_stream(data: io.BufferedIOBase | io.BytesIO, max_ops: int = 2_000_000) -> bool:
     """True when `data` parses as a pickle opcode stream up to STOP. Parses only; nothing is executed."""
     try:
-        for n, (op, _, _) in enumerate(pickletools.genops(data)):
+        for n, (op, _, _) in enumerate(pickletools.genops(data)):  # type: ignore[arg-type]
             if op.name == "STOP":
                 return True
             if n >= max_ops:

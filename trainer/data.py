@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from .config import TrainConfig, default_num_workers, usable_cpus
+from .setup import Runtime
 from .signals import ignore_stop_signals
+from .task import Task
 
 
 class ShardedBatchSampler:
@@ -251,3 +254,53 @@ def place_on_device(dataset: Dataset | None, cfg: TrainConfig, device: torch.dev
     if cfg.device_cache is not None and hasattr(dataset, "device_cache"):
         dataset.device_cache = cfg.device_cache  # the run's setting wins over the dataset's own (public) knob
     return dataset if dataset.maybe_to_device(device) else None
+
+
+@dataclass
+class TrainData:
+    """The training data as the loop reads it, decided once by `build_data`."""
+
+    loader: Any  # a DataLoader, or DeviceBatches when the data is held on the device
+    sampler: Any  # batch sampler with set_epoch / state_dict / load_state_dict (ShardedBatchSampler by default)
+    on_device: bool  # batches are gathered on the device: no copy per step
+    resident: dict[int, Any]  # id(dataset) -> what serves its batches on the device (train, and val/test if held)
+    loader_kw: dict[str, Any]  # the DataLoader settings (empty when the data is on the device)
+    notes: list[str] = field(default_factory=list)
+
+
+def build_data(task: Task, cfg: TrainConfig, rt: Runtime) -> TrainData:
+    """Data on the device when the dataset speaks the residency protocol and fits, else a DataLoader."""
+    notes: list[str] = []
+    gatherer = place_on_device(task.train_set, cfg, rt.device)
+    on_device = gatherer is not None
+    resident = {id(task.train_set): gatherer} if on_device else {}
+    loader_kw: dict[str, Any] = {}
+    if on_device:
+        for ds in (task.val_set, task.test_set):
+            g = place_on_device(ds, cfg, rt.device)
+            if g is not None:
+                resident[id(ds)] = g
+        notes.append(f"data: held on {rt.device.type}, batches gathered there (no loader workers)")
+        if cfg.num_workers:
+            notes.append(
+                f"num_workers={cfg.num_workers}, prefetch_factor and persistent_workers are not used: "
+                f"the data is held on {rt.device.type}; device_cache off (--device_cache off) brings the loader back"
+            )
+    else:
+        loader_kw, more = loader_settings(cfg, rt.device, rt.world_size)
+        notes += more
+    sampler: Any
+    if task.batch_sampler_fn is not None:
+        sampler = task.batch_sampler_fn(task.train_set, cfg.batch_size, cfg.seed, rt.rank, rt.world_size, cfg.drop_last)
+    else:
+        sampler = ShardedBatchSampler(
+            len(task.train_set),  # type: ignore[arg-type]  # a map-style dataset has a length
+            cfg.batch_size,
+            seed=cfg.seed,
+            rank=rt.rank,
+            world_size=rt.world_size,
+            drop_last=cfg.drop_last,
+        )
+    kw = {} if on_device else dict(loader_kw, generator=torch.Generator().manual_seed(cfg.seed + rt.rank))
+    loader = build_loader(task.train_set, sampler, rt.device, kw, task.collate_fn, gatherer)
+    return TrainData(loader, sampler, on_device, resident, loader_kw, notes)

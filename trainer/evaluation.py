@@ -1,4 +1,4 @@
-"""Evaluation and the best checkpoint: the task's own scores, or the mean loss over a split."""
+"""Evaluation: the task's own scores, or the mean loss over a split, and the best value seen so far."""
 
 from __future__ import annotations
 
@@ -6,24 +6,26 @@ import math
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from .config import TrainConfig
 from .data import ShardedBatchSampler, batch_size_of, build_loader, to_device
 from .setup import Runtime
+from .task import LossFn, Task
 
 
 def mean_loss(
     ds: Any,
     model: nn.Module,
     rt: Runtime,
-    loss_fn: Any,
+    loss_fn: LossFn,
     batch_size: int,
     loader_kw: dict[str, Any],
     resident: dict[int, Any],
     seed: int,
     collate_fn: Any = None,
 ) -> float:
+    """The loss averaged over every sample of `ds` (rank 0's view; a private generator, the global RNG untouched)."""
     gatherer = resident.get(id(ds))
     sampler = ShardedBatchSampler(len(ds), min(batch_size, len(ds)), shuffle=False, drop_last=False)
     # a private generator: evaluation must not advance the global RNG (exact resume)
@@ -72,63 +74,44 @@ class BestTracker:
         self.best, self.stale = state.get("best"), int(state.get("stale", 0))
 
 
-def validate(self: Any) -> dict[str, float]:
-    """Score the val split on rank 0, log it, keep best.pt when it improved; every rank gets the scores.
+class Evaluator:
+    """The task's scores on a split with the weights the model holds now: eval mode, no gradients, no files written.
 
-    Under DDP the scores are broadcast from rank 0, so every rank tracks the same best and takes the same
-    early-stopping decision (rank 1 used to train on alone after rank 0 stopped).
+    The task's own `evaluate_fn`, else the mean of the training loss over the split.
     """
-    self._last_val_step = self.step
-    self.val_pending = None  # the validation a checkpoint announced is under way; checkpoints from now on say so
-    if self.task.val_set is None:
-        return {}
-    metrics: dict[str, float] = {}
-    if self.rt.is_main:
-        metrics = self.evaluate("val")
-    if self.rt.distributed:
-        box = [metrics]
-        dist.broadcast_object_list(box, src=0)  # also the barrier: no rank runs ahead while rank 0 scores
-        metrics = box[0]
-    improved = self.best.update(metrics)
-    if self.rt.is_main:
-        epoch = self.epoch + (1 if self.batches_done else 0)  # 1-based, also mid-epoch
-        self._row({"kind": "val", "step": self.step, "epoch": epoch, **metrics})
-        shown = self.task.console_metrics or tuple(metrics)
-        self.log(
-            f"[val] step {self.step} epoch {epoch}: "
-            + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k in shown)
-            + (" (best so far; best.pt saved)" if improved and self.cfg.save_best else "")
-        )
-        if improved and self.cfg.save_best:
-            self._save("best.pt")
-    return metrics
 
+    def __init__(
+        self,
+        task: Task,
+        model: nn.Module,
+        rt: Runtime,
+        loss_fn: LossFn,
+        cfg: TrainConfig,
+        loader_kw: dict[str, Any],
+        resident: dict[int, Any],
+    ) -> None:
+        self.task, self.model, self.rt, self.loss_fn = task, model, rt, loss_fn
+        self.cfg, self.loader_kw, self.resident = cfg, loader_kw, resident
 
-def evaluate_split(self: Any, split: str) -> dict[str, float]:
-    """The task's scores on `split` ("val" or "test") in eval mode, without gradients; {} without that split."""
-    task, model, rt = self.task, self.raw_model, self.rt
-    ds = task.val_set if split == "val" else task.test_set
-    if ds is None:
-        return {}
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), rt.autocast():
-            if task.evaluate_fn is not None:
-                out = task.evaluate_fn(model, split, rt.device)
-            else:
-                loss = mean_loss(
-                    ds,
-                    model,
-                    rt,
-                    self.loss_fn,
-                    self.cfg.batch_size,
-                    self.loader_kw,
-                    self.resident,
-                    self.cfg.seed,
-                    task.collate_fn,
-                )
-                out = {f"{split}_loss": loss}
-    finally:
-        model.train(was_training)
-    return {k: float(v) for k, v in out.items()}
+    def __call__(self, split: str) -> dict[str, float]:
+        """Scores on `split` ("val" or "test"); {} when the task has no such split."""
+        task, model, rt = self.task, self.model, self.rt
+        ds = task.val_set if split == "val" else task.test_set
+        if ds is None:
+            return {}
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), rt.autocast():
+                if task.evaluate_fn is not None:
+                    out = task.evaluate_fn(model, split, rt.device)
+                else:
+                    cfg = self.cfg
+                    loss = mean_loss(
+                        ds, model, rt, self.loss_fn, cfg.batch_size, self.loader_kw, self.resident, cfg.seed,
+                        task.collate_fn,
+                    )  # fmt: skip
+                    out = {f"{split}_loss": loss}
+        finally:
+            model.train(was_training)
+        return {k: float(v) for k, v in out.items()}

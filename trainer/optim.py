@@ -1,17 +1,126 @@
-"""AdamW, warmup + cosine schedule, learning-rate scaling with the batch size."""
+"""The optimizer and its schedule, decided in one place: `build_optimizer` returns an `OptimizerSetup`.
+
+AdamW with decay on matrices only, a warmup + cosine schedule (any object with the `Schedule` protocol),
+learning-rate scaling with the batch size.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
+from .config import TrainConfig
+from .setup import Runtime
+
+
+@runtime_checkable
+class Schedule(Protocol):
+    """What OptimizerStep drives after every optimizer step that was not skipped.
+
+    `step(found_inf)` gets the device's skip flag when only the device knows (a device-side schedule advances
+    by 1 - found_inf); `current_lr()` is read at log points only. An epoch-interval or plateau schedule steps
+    from a callback instead, and its per-step Schedule is a `ConstantSchedule`.
+    """
+
+    on_device: bool
+
+    def step(self, found_inf: torch.Tensor | None = None) -> None: ...
+
+    def current_lr(self) -> float: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class ConstantSchedule:
+    """The per-step Schedule when the lr is left alone per step: constant, or stepped by a callback (per epoch,
+    on a plateau) that owns that schedule's state."""
+
+    on_device = False
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+
+    def step(self, found_inf: torch.Tensor | None = None) -> None:
+        pass
+
+    def current_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])  # note: a sync when lr is a device tensor (log points)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+@dataclass
+class OptimizerSetup:
+    """What `build_optimizer` decided: the optimizer, its per-step schedule, callbacks that step other schedules
+    (per epoch, on a plateau), one line per decision for the run's notes, and the real hyper-parameters."""
+
+    optimizer: torch.optim.Optimizer
+    schedule: Schedule
+    callbacks: list[Any] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    hparams: dict[str, Any] = field(default_factory=dict)
+
+
+def build_optimizer(
+    model: nn.Module, cfg: TrainConfig, runtime: Runtime, global_batch: int, total_steps: int
+) -> OptimizerSetup:
+    """The model's own `configure_optimizers()` when it has one, else plainloop's AdamW; warmup + cosine on top."""
+    fp16 = runtime.amp_dtype == torch.float16
+    notes: list[str] = []
+    configure = getattr(model, "configure_optimizers", None)
+    if callable(configure):
+        optimizer = configure()
+        tensor_lr = isinstance(optimizer.param_groups[0]["lr"], torch.Tensor)
+        if runtime.device.type == "cuda" and not tensor_lr:
+            notes.append(
+                "schedule: the model's own optimizer has a float lr, so a skipped step still advances the schedule"
+            )
+        lr = float(optimizer.param_groups[0]["lr"])
+    else:
+        base_lr = getattr(model, "learning_rate", None) or cfg.lr
+        lr = scaled_lr(base_lr, global_batch, cfg.ref_batch_size, cfg.lr_scaling)
+        if lr != base_lr:
+            notes.append(
+                f"lr: {base_lr:.3g} -> {lr:.3g} ({cfg.lr_scaling} scaling, batch {cfg.ref_batch_size} "
+                f"-> {global_batch})"
+            )
+        # a device-side schedule never needs to ask whether a step was skipped (CUDA, and fp16 anywhere)
+        tensor_lr = runtime.device.type == "cuda" or fp16
+        optimizer = build_adamw(model, lr, cfg.weight_decay, runtime.device, tensor_lr)
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else min(500, int(0.05 * total_steps))
+    schedule = WarmupCosine(optimizer, total_steps, warmup, cfg.min_lr_ratio, on_device=tensor_lr)
+    hparams = {
+        "optimizer": type(optimizer).__name__,
+        "lr": lr,
+        "schedule": "warmup_cosine",
+        "warmup_steps": warmup,
+        "total_steps": total_steps,
+        "min_lr_ratio": cfg.min_lr_ratio,
+    }
+    return OptimizerSetup(optimizer, schedule, [], notes, hparams)
+
 
 def scaled_lr(lr: float, batch_size: int, ref_batch_size: int | None, rule: str) -> float:
-    """Seed 000's rule: new_lr = old_lr * sqrt(new_bs / old_bs) ("sqrt"), or "linear", or "none"."""
+    """A learning rate tuned at `ref_batch_size`, rescaled for `batch_size`: new_lr = lr * sqrt(new_bs / ref_bs)
+    ("sqrt", Adam-family), lr * new_bs / ref_bs ("linear", SGD), or unchanged ("none", or no reference)."""
+    if rule not in ("sqrt", "linear", "none"):
+        raise ValueError(f"scaled_lr(rule={rule!r}): choose 'sqrt', 'linear' or 'none' (--lr_scaling)")
     if ref_batch_size is None or rule == "none" or batch_size == ref_batch_size:
         return lr
+    if batch_size < 1 or ref_batch_size < 1:
+        raise ValueError(
+            f"scaled_lr(batch_size={batch_size}, ref_batch_size={ref_batch_size}): batch sizes must be >= 1"
+        )
     ratio = batch_size / ref_batch_size
     return lr * (math.sqrt(ratio) if rule == "sqrt" else ratio)
 
@@ -57,7 +166,7 @@ class WarmupCosine:
         self.steps: torch.Tensor | int = torch.zeros((), device=device) if on_device else 0
         self._apply()
 
-    def factor(self, s):
+    def factor(self, s: Any) -> Any:
         """lr multiplier after s steps (works for a Python number and for a tensor)."""
         if self.on_device:
             warm = (s + 1) / max(1, self.warmup_steps)
@@ -84,13 +193,13 @@ class WarmupCosine:
             self.steps += 1
         self._apply()
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "base_lrs": self.base_lrs, "total_steps": self.total_steps}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.base_lrs = list(state["base_lrs"])
         s = state["steps"]
-        if self.on_device:
+        if isinstance(self.steps, torch.Tensor):
             self.steps = torch.as_tensor(s, dtype=torch.float32).to(self.steps.device).reshape(())
         else:
             self.steps = int(s)

@@ -9,7 +9,6 @@ log point (never forcing a read-back of its own); tqdm adds the ETA. Lines go th
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 try:
@@ -25,30 +24,25 @@ def _hms(seconds: float) -> str:
     return f"{m // 60}:{m % 60:02d}:{s:02d}"
 
 
-def open_bar(self: Any) -> None:
-    if tqdm is not None and self.cfg.progress_bar and self.rt.is_main:
-        total = min(self.max_epochs * self.batches_per_epoch, self.total_steps * self.cfg.accumulate_grad_batches)
-        self.bar = tqdm(
-            total=total,
-            initial=self.batches_total_done(),
-            desc="train",
-            dynamic_ncols=True,
-            mininterval=0.5,
-            unit="batch",
-            disable=None,  # off when its stream (stderr) is not a terminal: piped to a file, redraws would interleave
-        )
+def open_bar(enabled: bool, total: int, initial: int) -> Any:
+    """The run-level bar (None without tqdm or when switched off); tqdm hides it when stderr is not a terminal."""
+    if tqdm is None or not enabled:
+        return None
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc="train",
+        dynamic_ncols=True,
+        mininterval=0.5,
+        unit="batch",
+        disable=None,  # off when its stream (stderr) is not a terminal: piped to a file, redraws would interleave
+    )
 
 
-def epoch_line(self: Any, t0: float) -> None:
+def epoch_line(*, epoch: int, max_epochs: int, step: int, total_steps: int, row: dict[str, Any], eta_s: float) -> str:
     """One line per epoch checkpoint: where the run is, its last logged figures, and the time left."""
-    row, done = self.last_row, self.batches_total_done()
-    total = min(self.max_epochs * self.batches_per_epoch, self.total_steps * self.cfg.accumulate_grad_batches)
-    ran = done - self._start_batches
-    eta = (time.perf_counter() - t0) / ran * (total - done) if ran > 0 else float("nan")
-    # self.epoch counts finished epochs; stopped mid-epoch (max_steps, a signal) the run is inside the next one
-    epoch = self.epoch + (1 if self.batches_done else 0)
-    self.log(
-        f"[epoch {epoch}/{self.max_epochs}] step {self.step}/{self.total_steps}: loss "
+    return (
+        f"[epoch {epoch}/{max_epochs}] step {step}/{total_steps}: loss "
         f"{row.get('loss', float('nan')):.4g}, {row.get('samples_per_s', 0):.0f} samples/s, data wait "
-        f"{100 * row.get('data_wait_frac', 0):.0f}%, ETA {_hms(eta)}; last.pt saved"
+        f"{100 * row.get('data_wait_frac', 0):.0f}%, ETA {_hms(eta_s)}; last.pt saved"
     )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import gc
 import importlib
 import os
 import random
@@ -38,7 +37,7 @@ class Runtime:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def autocast(self) -> contextlib.AbstractContextManager:
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.amp_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
@@ -133,10 +132,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def rng_state() -> dict:
+def rng_state() -> dict[str, Any]:
     """Every RNG the loop touches, as tensors/plain types so torch.load(weights_only=True) accepts it."""
-    np_state = np.random.get_state()
-    state = {
+    np_state: Any = np.random.get_state()
+    state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": {
             "key": torch.from_numpy(np_state[1].astype(np.int64)),
@@ -151,7 +150,7 @@ def rng_state() -> dict:
     return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(_to_tuple(state["python"]))
     n = state["numpy"]
     np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
@@ -160,20 +159,9 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _to_tuple(x):
+def _to_tuple(x: Any) -> Any:
     # python's random state round-trips through a checkpoint as lists; setstate wants tuples
     return tuple(_to_tuple(v) for v in x) if isinstance(x, list | tuple) else x
-
-
-def release_ddp(trainer: Any) -> None:
-    """Drop a trainer's DDP wrapper when its fit() ends, so destroy_process_group() at exit can end gloo's threads.
-
-    The wrapper holds the process group: alive, its worker threads outlive destroy_process_group() into interpreter
-    shutdown, where one still freeing a finished all-reduce aborts the process ("terminate called without an active
-    exception", SIGABRT, after summary.json was written).
-    """
-    trainer.model = trainer.raw_model
-    gc.collect()
 
 
 def cleanup_distributed() -> None:

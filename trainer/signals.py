@@ -12,6 +12,11 @@ import threading
 from types import FrameType
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
+from .setup import Runtime
+
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP") if hasattr(signal, n))
 
 
@@ -42,6 +47,18 @@ class StopRequest:
         for s, old in self._old.items():
             signal.signal(s, old)
         self._old.clear()
+
+
+def agree_stop(request: StopRequest, rt: Runtime) -> int | None:
+    """The stop every rank acts on: the live flag (a handler may set it at any moment) on one process; under DDP
+    the ranks' flags all-reduced, so they all take the same branch. A collective: every rank calls it together."""
+    signum = request.signum
+    if rt.distributed:
+        flag = torch.tensor(float(signum or 0), device=rt.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        signum = int(flag.item()) or None  # note: sync point (log points, epoch ends, validations)
+        request.signum = request.signum or signum  # a rank that was not signalled names the signal too
+    return signum
 
 
 def ignore_stop_signals(worker_id: int = 0) -> None:

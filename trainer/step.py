@@ -1,7 +1,7 @@
 """The optimizer step: scale -> backward -> unscale -> check -> clip -> step -> update, with a state_dict.
 
 In the spirit of timm's NativeScaler, plus a non-finite guard for every precision: a step whose gradients are
-not finite (a NaN or inf loss makes them so) is skipped, and the skip is decided on the device, so it costs
+not finite, or whose loss is not finite, is skipped, and the skip is decided on the device, so it costs
 no host-device sync. With fp16 the GradScaler skips as it always has; otherwise a fused optimizer (plainloop's
 default AdamW on CUDA) takes the flag into its kernel, and on a CPU the flag is read directly (no device to
 wait for). Skips are counted on the device and read back at log points.
@@ -9,11 +9,12 @@ wait for). Skips are counted on the device and read back at log points.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .data import batch_size_of
+from .optim import Schedule
 
 
 def nonfinite_flag(grads: list[torch.Tensor], out: torch.Tensor, one: torch.Tensor | None = None) -> torch.Tensor:
@@ -54,7 +55,7 @@ class OptimizerStep:
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
-        scheduler: Any,
+        scheduler: Schedule,
         device: torch.device,
         fp16: bool,
         static_scale: float | None = None,
@@ -77,27 +78,43 @@ class OptimizerStep:
         self.skips, self.skip_run = 0, 0
         self._dev_skips = torch.zeros((), device=device)
         self._dev_run = torch.zeros((), device=device)
+        # called after unscale/clip, right before the optimizer step (the callbacks' on_before_optimizer_step)
+        self.before_step: Callable[[], None] | None = None
+        self._loss_bad: torch.Tensor | None = None  # a non-finite loss in this accumulation window (device flag)
+        self._nan = torch.full((), float("nan"), device=device)
 
     def backward(self, loss: torch.Tensor, window: int = 1) -> None:
         """Scaled backward of `loss`, averaged over an accumulation window of `window` micro-batches."""
+        if self.guard or self.fp16:  # a NaN/inf loss can leave finite gradients (e.g. relu(nan) has gradient 0)
+            bad = ~torch.isfinite(loss.detach())
+            self._loss_bad = bad if self._loss_bad is None else self._loss_bad | bad
         self.scaler.scale(loss / window if window > 1 else loss).backward()
 
     def step(self, want_norm: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Unscale, check, clip, step, update; clears the gradients. found_inf is a device tensor (1 = skipped)."""
         params, found = self.params, self.found_inf
+        if self._loss_bad is not None:
+            # a non-finite loss counts as a skipped step like non-finite gradients: it makes one gradient NaN on
+            # the device (no sync), so the guard and GradScaler see it and skip, count and report it as usual
+            first = next((p.grad for p in params if p.grad is not None), None)
+            if first is not None:
+                first.add_(torch.where(self._loss_bad, self._nan, torch.zeros_like(self._nan)))
+            self._loss_bad = None
         if self.fp16:
             self.scaler.unscale_(self.optimizer)  # clipping and the check must see true gradients, once per step
         grads = [p.grad for p in params if p.grad is not None]
         if self.guard or self.fp16:
             found.zero_()
             nonfinite_flag(grads, found, self._one)
-        norm = None
+        norm: torch.Tensor | None = None
         if self.clip_val is not None and self.clip_algorithm == "value":
             torch.nn.utils.clip_grad_value_(params, self.clip_val)
         if self.clip_val is not None and self.clip_algorithm == "norm":
             norm = torch.nn.utils.clip_grad_norm_(params, self.clip_val)
         elif want_norm:
             norm = torch.nn.utils.get_total_norm(grads)
+        if self.before_step is not None:
+            self.before_step()
         skipped: bool | None = False
         if self.fp16:
             self.scaler.step(self.optimizer)  # skips optimizer.step() on inf/NaN gradients
@@ -141,22 +158,3 @@ class OptimizerStep:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scaler.load_state_dict(state["scaler"])
         self.skips, self.skip_run = int(state.get("skips", 0)), int(state.get("skip_run", 0))
-
-
-def shrink_micro_batch(self: Any, batch: Any) -> None:
-    """CUDA OOM: cut every batch into twice as many micro-batches; the effective batch stays the same."""
-    size = batch_size_of(batch)
-    for p in self.opt.params:  # a failed backward may have left partial gradients
-        p.grad = None
-    if self.chunks * 2 > size:
-        raise torch.OutOfMemoryError(f"out of memory even with micro-batches of 1 sample (batch {size})")
-    self.chunks *= 2
-    if self.rt.device.type == "cuda":
-        torch.cuda.empty_cache()
-    msg = (
-        f"out of memory at step {self.step + 1}: micro-batch {-(-size // (self.chunks // 2))} -> "
-        f"{-(-size // self.chunks)} ({self.chunks} per batch, gradients accumulated; effective batch "
-        f"unchanged{'; this accumulation window restarts' if self.cfg.accumulate_grad_batches > 1 else ''})"
-    )
-    self.notes.append(msg)
-    self.log(f"[plainloop] {msg}")

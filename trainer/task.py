@@ -13,7 +13,7 @@ import copy
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -60,7 +60,7 @@ def mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     """(x, y) batches: the model's own loss(pred, y) if it has one, else plain MSE."""
     pred = model(batch[0])
     inner = _inner(model)
-    return inner.loss(pred, batch[1]) if hasattr(inner, "loss") else F.mse_loss(pred, batch[1])
+    return cast(Any, inner).loss(pred, batch[1]) if hasattr(inner, "loss") else F.mse_loss(pred, batch[1])
 
 
 def plain_mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
@@ -74,7 +74,7 @@ def masked_mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     pred = model(x)
     inner = _inner(model)
     if hasattr(inner, "loss"):
-        return inner.loss(pred, y)
+        return cast(Any, inner).loss(pred, y)
     finite = torch.isfinite(y)
     diff = torch.where(finite, pred.float() - torch.nan_to_num(y.float()), torch.zeros((), device=y.device))
     return (diff**2).sum() / finite.sum().clamp_min(1)

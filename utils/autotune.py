@@ -5,59 +5,27 @@ Ground floor: nothing here imports the trainer. The trainer hands in callables:
 The largest batch size that fits is searched by the engine itself: `trainer/autobatch.py`
 (`find_max_batch_size`, `auto_batch_size`), so a copied `trainer/` folder has it too.
 
-Seed 003's learning-rate rule of thumb (`new_lr = old_lr * sqrt(new_bs / old_bs)`) is `scale_lr(..., "sqrt")`;
-"linear" is Goyal et al.'s rule for SGD; the right one is the one your validation loss agrees with.
+Seed 003's learning-rate rule of thumb (`new_lr = old_lr * sqrt(new_bs / old_bs)`) is the engine's
+`trainer.optim.scaled_lr(..., "sqrt")` (`--ref_batch_size`, `--lr_scaling`); "linear" is Goyal et al.'s rule for
+SGD; the right one is the one your validation loss agrees with.
 """
 
 from __future__ import annotations
 
 import gc
-import math
-import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import torch
+from utils.performance_monitor import usable_cpus
 
-__all__ = ["scale_lr", "tune_num_workers", "default_worker_candidates"]
-
-
-def scale_lr(lr: float, new_bs: int, ref_bs: int, rule: str) -> float:
-    """Rescale a learning rate tuned at `ref_bs` for `new_bs`: "sqrt" (seed 003, Adam-family), "linear" (SGD), "none"."""
-    if new_bs < 1 or ref_bs < 1:
-        raise ValueError(f"scale_lr(new_bs={new_bs}, ref_bs={ref_bs}): batch sizes must be >= 1")
-    if lr <= 0:
-        raise ValueError(f"scale_lr(lr={lr}): the learning rate must be > 0")
-    ratio = new_bs / ref_bs
-    if rule == "sqrt":
-        return lr * math.sqrt(ratio)
-    if rule == "linear":
-        return lr * ratio
-    if rule == "none":
-        return lr
-    raise ValueError(f"scale_lr(rule={rule!r}): choose 'sqrt', 'linear' or 'none' (--lr_scaling)")
-
-
-def _batch_len(batch: Any) -> int:
-    # Samples in a (possibly nested) batch: the leading dimension of its first tensor.
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() > 0 else 1
-    if isinstance(batch, dict):
-        for v in batch.values():
-            return _batch_len(v)
-    if isinstance(batch, (list, tuple)) and batch:
-        return _batch_len(batch[0])
-    return 1
+__all__ = ["tune_num_workers", "default_worker_candidates"]
 
 
 def default_worker_candidates(cpus: int | None = None) -> list[int]:
     """0, 1, 2, 4, ... up to the CPUs this process may use."""
     if cpus is None:
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except AttributeError:  # macOS, Windows
-            cpus = os.cpu_count() or 1
+        cpus = usable_cpus()
     out = [0]
     n = 1
     while n <= cpus:
@@ -75,6 +43,7 @@ def tune_num_workers(
 ) -> dict[str, Any]:
     """Time `batches` batches from `make_loader(n)` for each candidate n; pick the highest samples/s.
 
+    The loader must have a `batch_size` (a DataLoader built with one): samples/s = batches/s x batch_size.
     The first batch of each loader is excluded (worker start-up); its time is reported as startup_s.
     Returns {"num_workers", "samples_per_s": {n: rate}, "startup_s": {n: s}, "batches": batches}.
     """
@@ -87,6 +56,12 @@ def tune_num_workers(
     startup: dict[int, float] = {}
     for n in cands:
         loader = make_loader(n)
+        per_batch = getattr(loader, "batch_size", None)
+        if not isinstance(per_batch, int) or per_batch < 1:
+            raise ValueError(
+                f"tune_num_workers: the loader for num_workers={n} has no batch_size ({per_batch!r}); "
+                "build it as DataLoader(dataset, batch_size=..., num_workers=n)"
+            )
         it = iter(loader)
         t0 = time.perf_counter()
         try:
@@ -96,8 +71,8 @@ def tune_num_workers(
         t1 = time.perf_counter()
         startup[n] = t1 - t0
         samples, got = 0, 0
-        for batch in it:
-            samples += _batch_len(batch)
+        for _ in it:
+            samples += per_batch
             got += 1
             if got >= batches:
                 break

@@ -44,7 +44,7 @@ try:  # torch is optional here so the monitor can watch non-torch work too
 except ImportError:  # pragma: no cover - torch is always present in plainloop
     torch = None  # type: ignore[assignment]
 
-__all__ = ["TrainingMonitor", "format_summary", "job_root_pid", "percentile", "usable_cpu_cores"]
+__all__ = ["TrainingMonitor", "format_summary", "job_root_pid", "percentile", "usable_cpu_cores", "usable_cpus"]
 
 _MB = 1024.0**2
 _GB = 1024.0**3
@@ -276,12 +276,17 @@ def job_root_pid() -> int:
     return os.getpid()
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity; all logical CPUs where the OS has no affinity call)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS and Windows have no sched_getaffinity
+        return os.cpu_count() or 1
+
+
 def usable_cpu_cores() -> float:
     """Cores this process may run on: its CPU affinity, capped by a cgroup CPU quota when there is one."""
-    try:
-        n = float(len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # macOS and Windows have no sched_getaffinity
-        n = float(psutil.cpu_count(logical=True) or 1)
+    n = float(usable_cpus())
     q = _cgroup_quota_cores()
     return min(n, q) if q else n
 

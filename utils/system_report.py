@@ -36,6 +36,8 @@ from typing import Any
 
 import psutil
 
+from utils.performance_monitor import usable_cpus
+
 try:
     from utils.bottleneck import THRESHOLDS, diagnose
 except ImportError:  # copied next to bottleneck.py in another repo
@@ -178,10 +180,7 @@ def nvml_clocks() -> list[dict[str, Any]]:
 
 def hardware_info() -> dict[str, Any]:
     """CPU, RAM, GPUs, driver, CUDA/cuDNN and library versions, OS, clocks. Cheap (well under a second)."""
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
+    usable = usable_cpus()
     vm = psutil.virtual_memory()
     model = _cpu_model()
     info: dict[str, Any] = {
