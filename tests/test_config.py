@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def flags() -> set[str]:
-    return {a.dest for a in cli.build_parser()._actions if a.option_strings and a.dest != "help"}
+    actions = cli.build_parser()._actions
+    return {a.dest for a in actions if a.option_strings and a.dest != "help"} | {"help_all"}  # --help-all
 
 
 def test_every_setting_has_a_flag():

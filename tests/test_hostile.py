@@ -279,3 +279,87 @@ def test_edge_values_that_are_allowed_train_finite_weights(tmp_path, era5_cache,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     ckpt = torch.load(out / "edge" / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
     assert all(torch.isfinite(t).all() for t in ckpt["model"].values() if t.is_floating_point())
+
+
+# ------------------------------------------------------------------------------------------- the engine's side
+def _toy_task(bad_steps: set[int]):
+    """A regression task whose loss is NaN at the given calls while its gradients stay finite (relu(nan) has
+    gradient 0): re-ID's `--margin nan` did exactly this, and trained NaN losses with 0 skipped steps."""
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    from trainer import Task
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=g)
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    calls = [0]
+
+    def loss_fn(m, batch):
+        xb, yb = batch
+        calls[0] += 1
+        loss = ((m(xb) - yb) ** 2).mean()
+        return loss + torch.relu(torch.tensor(float("nan"))) if calls[0] in bad_steps else loss
+
+    return Task("toy", model, TensorDataset(x, x.sum(1, keepdim=True)), loss_fn=loss_fn)
+
+
+def test_a_nan_loss_with_finite_gradients_is_a_skipped_step_and_metrics_stay_strict_json(tmp_path):
+    from tests.helpers import toy_config
+    from trainer import Trainer
+
+    cfg = toy_config(tmp_path, epochs=1, batch_size=8, log_every=1, validation_interval=1)
+    t = Trainer(cfg, _toy_task({3}))
+    summary = t.fit()
+    assert summary["skipped_steps"] == 1
+    rows = [json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+            for line in (t.run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]  # fmt: skip
+    bad = [r for r in rows if r.get("nonfinite")]
+    assert bad and all(r[k] is None for r in bad for k in r["nonfinite"])
+    ckpt = torch.load(t.run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+    json.loads((t.run_dir / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(c))
+
+
+def test_a_claimed_directory_is_never_shared_and_a_live_run_is_never_resumed(tmp_path):
+    """A directory another launch has created but not yet locked and marked is never taken (it was: a 9 ms
+    window); one a live process holds is skipped by --resume auto."""
+    from trainer.runfiles import claim_run_dir, find_resumable
+
+    (tmp_path / "same").mkdir()  # another launch's mkdir, before its lock and mark
+    run, note = claim_run_dir(tmp_path, "same", "era5")
+    assert run.name == "same-2" and note and not any((tmp_path / "same").iterdir())
+    live = tmp_path / "era5-live"
+    (live / "checkpoints").mkdir(parents=True)
+    (live / "checkpoints" / "last.pt").write_bytes(b"")
+    (live / ".plainloop-run").write_text("1\n")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+         "print('held', flush=True); time.sleep(60)", str(live / ".lock")],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert find_resumable(tmp_path, "era5") is None
+        again, _ = claim_run_dir(tmp_path, "era5-live", "era5")
+        assert again.name == "era5-live-2"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert find_resumable(tmp_path, "era5") == live
+
+
+def test_resume_reads_the_settings_from_the_checkpoint_when_config_toml_is_empty(tmp_path, era5_cache, capsys):
+    """config.toml truncated (a kill or a bad value mid-write, in the old code): `--resume RUN_DIR` said the weights
+    did not fit, or resumed with default sizes and crashed. Every checkpoint now carries the run's settings."""
+    argv = ["--max_steps", "6", "--checkpoint_every", "2", "--batch_size", "16", "--d_model", "48"]
+    assert cli.main([*argv, "--output_dir", str(tmp_path), "--run_name", "r", *SMALL]) == 0
+    run = tmp_path / "r"
+    (run / "config.toml").write_bytes(b"")
+    capsys.readouterr()
+    assert cli.main(["--resume", str(run), "--max_steps", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "read from its checkpoint" in out and "done: 8 steps" in out
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["effective"]["batch_size"] == 16
