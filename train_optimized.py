@@ -209,14 +209,14 @@ def resolve_settings(explicit: dict[str, Any], notes: list[str]) -> dict[str, An
         if run_dir is None:
             notes.append(f"resume auto: nothing to resume under {_auto_place(given)}; starting a new run")
         if run_dir is not None:
-            saved = saved_settings(run_dir, notes)
+            ckpt = Path(given["resume"]) if file_given else run_dir / "checkpoints" / "last.pt"
+            saved = saved_settings(run_dir, notes, ckpt)
             saved = {k: v for k, v in saved.items() if k not in NOT_IN_CONFIG_FILE}
             saved.pop("run_name", None)
             saved.pop("output_dir", None)
             for k, v in given.items():
                 if k in saved and saved[k] != v and k not in NOT_IN_CONFIG_FILE:
                     notes.append(f"resume: {k} {saved[k]!r} -> {v!r} (given now)")
-            ckpt = Path(given["resume"]) if file_given else run_dir / "checkpoints" / "last.pt"
             check_resume_changes(ckpt, given)
     out = {**saved, **given}
     # one length (or validation interval) in two units: the one given with the higher priority wins, so
@@ -238,7 +238,7 @@ def resolve_settings(explicit: dict[str, Any], notes: list[str]) -> dict[str, An
     return out
 
 
-def saved_settings(run_dir: Path, notes: list[str]) -> dict[str, Any]:
+def saved_settings(run_dir: Path, notes: list[str], ckpt_path: Path | None = None) -> dict[str, Any]:
     """A resumed run's settings: its config.toml, checked like any config file; when that file is missing, empty or
     unreadable, the copy inside checkpoints/last.pt (written with every checkpoint), so no one file is needed."""
     path = run_dir / "config.toml"
@@ -252,10 +252,11 @@ def saved_settings(run_dir: Path, notes: list[str]) -> dict[str, Any]:
         if path.is_file() and path.stat().st_size > 0:
             raise  # a damaged or hand-edited file that says something: its own line, never silently ignored
         problem = "is missing" if not path.exists() else "is empty"
-    from_ckpt = checkpoint_settings(run_dir / "checkpoints" / "last.pt")
+    ckpt_path = ckpt_path or run_dir / "checkpoints" / "last.pt"
+    from_ckpt = checkpoint_settings(ckpt_path)
     if from_ckpt is not None:
         notes.append(f"resume: {path} {problem}; the run's settings are read from its checkpoint")
-        return check_settings(from_ckpt, all_rules(), f"{run_dir / 'checkpoints' / 'last.pt'} (settings)")
+        return check_settings(from_ckpt, all_rules(), f"{ckpt_path} (settings)")
     requested = _json_block(run_dir / "config.json", "requested")  # a checkpoint written before settings were kept
     if requested:
         notes.append(
