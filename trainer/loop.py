@@ -240,7 +240,10 @@ class Trainer:
 
     def log(self, msg: str) -> None:
         if self.rt.is_main:  # printed above a live bar; a log= callable of the caller's gets every line itself
-            (self.bar.write if self.bar is not None and self._print is print else self._print)(msg)
+            try:
+                (self.bar.write if self.bar is not None and self._print is print else self._print)(msg)
+            except OSError:  # the terminal is gone (SIGHUP, a closed pipe): the run's files still say it all
+                pass
 
     def batches_total_done(self) -> int:
         return self.progress.epoch * self.batches_per_epoch + self.progress.batches_done
