@@ -1318,7 +1318,7 @@ def main(argv: list[str] | None = None) -> int:
         camp.user_directory_case()
         camp.resume_auto_live_case()
         for i, signame in enumerate(SIGNALS):
-            camp.setup_signal_case(signame, 0.5 + 0.5 * i)
+            camp.setup_signal_case(signame, 0.5 + 1.5 * i)  # imports, then data and model
         for i in range(args.elastic):
             camp.elastic_case(i, tuple(shlex.split(args.elastic_args)))
         dcost = digest_cost(work, mb=args.digest_mb) if args.digest_mb else None

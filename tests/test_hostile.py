@@ -363,3 +363,39 @@ def test_resume_reads_the_settings_from_the_checkpoint_when_config_toml_is_empty
     assert "read from its checkpoint" in out and "done: 8 steps" in out
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["effective"]["batch_size"] == 16
+
+
+def test_a_stop_right_after_the_run_directory_is_made_saves_and_resumes(tmp_path):
+    """SIGTERM between config.json and the first step printed "last.pt written" and wrote none: the stop handler
+    now covers the run directory's first file, and a stop before the first step saves the starting weights."""
+    import os
+    import signal
+
+    from torch.utils.data import TensorDataset
+
+    from tests.helpers import toy_config
+    from trainer import Task, Trainer
+    from trainer.finish import TrainingStopped
+
+    class StopAtStart:
+        def on_fit_start(self, trainer):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    x = torch.randn(64, 4)
+    task = Task("toy", torch.nn.Linear(4, 1), TensorDataset(x, x.sum(1, keepdim=True)))
+    with pytest.raises(TrainingStopped) as e:
+        Trainer(toy_config(tmp_path, epochs=1, batch_size=8), task, callbacks=[StopAtStart()]).fit()
+    assert e.value.code == 143 and (tmp_path / "run" / "checkpoints" / "last.pt").is_file()
+
+
+def test_a_killed_settings_write_leaves_a_temp_the_next_start_removes(tmp_path):
+    """config.toml's temp file is named as checkpoint temps are, so a writer killed mid-write is tidied up."""
+    from trainer.checkpoint import _owner_tag, remove_orphan_temps
+    from trainer.options import atomic_write_text
+
+    atomic_write_text(tmp_path / "config.toml", "x = 1\n")
+    dead = 2**22 + 12345  # above pid_max's default: no such process
+    host = _owner_tag().split("~")[0]  # this host, as writers name it
+    (tmp_path / f".config.toml.{host}~{dead}.abc123.tmp").write_text("half")
+    removed = remove_orphan_temps(tmp_path)
+    assert len(removed) == 1 and [p.name for p in tmp_path.iterdir()] == ["config.toml"]

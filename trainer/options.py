@@ -22,7 +22,10 @@ import inspect
 import json
 import math
 import os
+import re
+import socket
 import sys
+import tempfile
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -450,9 +453,12 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     leaves the previous file (never an empty one, which a resume would read as "no settings")."""
     path = Path(path)
     data = text.encode("utf-8")  # fails before anything is touched when the text cannot be written
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # named as checkpoint temps are (.NAME.host~pid.random.tmp): a killed writer's file is removed on the next start
+    host = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:40]
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.{host}~{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
     try:
-        with open(tmp, "wb") as fh:
+        with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
