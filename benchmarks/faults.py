@@ -1192,7 +1192,7 @@ def render(result: dict[str, Any]) -> str:
             "kill",
         ),
         row(
-            "SIGTERM / SIGINT / SIGUSR1 (and Ctrl-C twice), then the printed resume command",
+            "SIGTERM / SIGINT / SIGUSR1 / SIGHUP (and Ctrl-C twice), then the printed resume command",
             "signals",
             f"{s['signals']['survived']} bit-identical ({by_sig})",
             "signal",
