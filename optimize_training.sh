@@ -11,7 +11,9 @@
 # ran this from, although it runs train_optimized.py from the repository.
 # A bad variable is an error that names it, with exit code 2 (the CLI's code for bad flags).
 set -euo pipefail
-caller_dir=$PWD
+# a task of your own (TASK=package.module:function) is imported from the directory you ran this from
+export PLAINLOOP_CALLER_DIR="${PLAINLOOP_CALLER_DIR:-$PWD}"
+caller_dir=$PLAINLOOP_CALLER_DIR
 cd "$(dirname "$0")"
 repo_dir=$PWD
 
@@ -78,7 +80,7 @@ boolean() {
 }
 
 # Each empty variable leaves train_optimized.py its default (and a resumed run its saved setting).
-TASK="${TASK:-}"                            # era5 (SST forecasting, the default) or reid
+TASK="${TASK:-}"                            # era5 (SST forecasting, the default), reid, or your package.module:function
 BATCH_SIZE="${BATCH_SIZE:-}"                # per GPU; empty = train_optimized.py's default
 NUM_WORKERS="${NUM_WORKERS:-}"              # empty = chosen from the CPU count
 PRECISION="${PRECISION:-}"                  # auto (default), 32, 16-mixed, bf16-mixed
@@ -144,11 +146,12 @@ fi
 # Elastic restarts: a restarted worker must find the same run directory, so the name is fixed once per launch
 # and --resume auto continues it from last.pt (or starts it fresh when it has no checkpoint yet).
 if [ "$MAX_RESTARTS" -gt 0 ] && [ -z "$RUN_NAME" ]; then
+  label=$(printf '%s' "${TASK:-era5}" | tr -c 'A-Za-z0-9_.-' '-')  # module:function -> a folder name
   if [ "$NNODES" -gt 1 ]; then
     [ -n "${SLURM_JOB_ID:-}" ] || die "MAX_RESTARTS=$MAX_RESTARTS with NNODES=$NNODES needs RUN_NAME set to the same name on every node (or SLURM_JOB_ID)"
-    RUN_NAME="${TASK:-era5}-slurm$SLURM_JOB_ID"
+    RUN_NAME="$label-slurm$SLURM_JOB_ID"
   else
-    RUN_NAME="${TASK:-era5}-$(date +%Y%m%d-%H%M%S)-$$"
+    RUN_NAME="$label-$(date +%Y%m%d-%H%M%S)-$$"
   fi
   note "MAX_RESTARTS=$MAX_RESTARTS: run name $RUN_NAME (restarted workers resume ${OUTPUT_DIR:-runs}/$RUN_NAME)"
 fi

@@ -44,10 +44,23 @@ if __name__ == "__main__":  # run as a program (not imported): covered from the 
 
 import torch  # noqa: E402
 
-from tasks import ERA5_MODEL_KEYS, TASK_BUILDERS, resolve_task_args, task_module, train_defaults  # noqa: E402
+from tasks import (  # noqa: E402
+    ERA5_MODEL_KEYS,
+    TASK_BUILDERS,
+    build_task,
+    check_task_name,
+    find_resumable_user_task,
+    is_user_task,
+    register_user_task,
+    resolve_task_args,
+    spec_from_argv,
+    task_module,
+    train_defaults,
+)
 from trainer.checkpoint import CheckpointError  # noqa: E402
 from trainer.checkpointer import ResumeError  # noqa: E402
 from trainer.config import TrainConfig, check_output_dirs, check_settings, field_rules, knob  # noqa: E402
+from trainer.loggers import CSVLogger, WandbLogger, parse_logger_names  # noqa: E402
 from trainer.options import (  # noqa: E402
     ConfigError,
     add_dataclass_arguments,
@@ -58,6 +71,7 @@ from trainer.options import (  # noqa: E402
 )
 from trainer.runfiles import RunDirError, find_resumable  # noqa: E402
 from trainer.setup import launch_prefix  # noqa: E402
+from trainer.usercode import cli_session  # noqa: E402
 
 RUN = "task and run"
 TOOLS = "measurement tools"
@@ -67,7 +81,13 @@ TOOLS = "measurement tools"
 class RunOptions:
     """Settings of the command line itself: which task, which files, which tools around the loop."""
 
-    task: str = knob("era5", "what to train", RUN, choices=tuple(TASK_BUILDERS))
+    task: str = knob(
+        "era5",
+        "what to train: era5, reid, or your own builder as package.module:function (or path/to/file.py:function); "
+        "its parameters become flags (--help --task module:function lists them)",
+        RUN,
+        metavar="{era5,reid,MODULE:FUNCTION}",
+    )
     config: str | None = knob(
         None,
         "a .toml/.json/.yaml file of settings, keys = flag names (mmseg config names too); flags given here win",
@@ -84,9 +104,11 @@ class RunOptions:
     debug: bool = knob(False, "show the traceback of known errors too (also PLAINLOOP_DEBUG=1)", RUN)
     logger: str = knob(
         "jsonl",
-        "jsonl = metrics.jsonl only; tensorboard = also TensorBoard events in RUN_DIR (tensorboard --logdir OUTPUT_DIR)",
+        "extra loggers, a comma list of csv (RUN_DIR/metrics.csv), tensorboard (events in RUN_DIR: "
+        "tensorboard --logdir OUTPUT_DIR) and wandb (Weights & Biases; WANDB_MODE=offline needs no network); "
+        "metrics.jsonl is always written",
         RUN,
-        choices=("jsonl", "tensorboard"),
+        metavar="csv,tensorboard,wandb",
     )
     plots: bool = knob(True, "write plots after training (needs matplotlib)", RUN)
     monitor_interval: float = knob(
@@ -338,7 +360,8 @@ def _resume_dir(resume: str, given: dict[str, Any]) -> Path | None:
     if given.get("run_name"):  # a fixed name: continue it if it has a checkpoint, else start it
         cand = out / given["run_name"]
         return cand if (cand / "checkpoints" / "last.pt").is_file() else None
-    return find_resumable(out, given.get("task", RunOptions.task))
+    task = given.get("task", RunOptions.task)
+    return find_resumable_user_task(out, task) if is_user_task(task) else find_resumable(out, task)
 
 
 def _auto_place(given: dict[str, Any]) -> str:
@@ -352,6 +375,7 @@ def split_settings(values: dict[str, Any]) -> tuple[RunOptions, dict[str, Any], 
     """(run options, task builder kwargs, TrainConfig kwargs) from one flat dict of settings."""
     kinds = names()
     run = RunOptions(**{k: v for k, v in values.items() if k in kinds["run"]})
+    check_task_name(run.task)
     if run.preset == "seed":
         run.preset = "full"  # the earlier name; the note is printed by run()
     task_keys = kinds[run.task]
@@ -381,7 +405,21 @@ def _setup_stop(signum: int, frame: Any) -> None:
     raise StoppedInSetUp(signum)
 
 
+def use_task_flags(argv: list[str]) -> None:
+    """A user task (--task module:function, or the one a --config file or the resumed run names) joins
+    TASK_BUILDERS, so its parameters are flags and config-file keys like the built-in tasks'."""
+    spec = spec_from_argv(argv)
+    if spec is not None and spec not in TASK_BUILDERS:
+        register_user_task(spec, {f.name: "the command-line flag" for f in dataclasses.fields(RunOptions)})
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        use_task_flags(argv)
+    except KNOWN_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     parser = build_parser()
     explicit = vars(parser.parse_args(argv))
     debug = explicit.get("debug") or os.environ.get("PLAINLOOP_DEBUG", "") not in ("", "0")
@@ -391,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         if threading_main():
             # until the trainer installs its own handlers (which save last.pt), a signal ends set-up cleanly
             old = {s: signal.signal(s, _setup_stop) for s in SETUP_SIGNALS}
-        return run(explicit)
+        with cli_session():  # the engine's messages name this script's flags (not the Python call)
+            return run(explicit)
     except StoppedInSetUp as e:
         name = signal.Signals(e.signum).name
         what = (
@@ -441,6 +480,7 @@ def prepare(explicit: dict[str, Any], notes: list[str]) -> tuple[RunOptions, dic
             ("--cache_dir", task_kw.get("cache_dir")),
         ]
     )
+    parse_logger_names(opts.logger)  # a bad --logger is said before any work
     on_gpu = _on_gpu(train_kw)
     task_kw, preset_note = resolve_task_args(opts.task, task_kw, opts.preset, on_gpu, train_kw.get("batch_size"))
     if preset_note:
@@ -459,11 +499,16 @@ def train(opts: RunOptions, task_kw: dict[str, Any], train_kw: dict[str, Any], n
     say = print if int(os.environ.get("RANK", "0")) == 0 else (lambda *a, **k: None)  # under torchrun: rank 0 speaks
     for n in notes:
         say(f"[plainloop] {n}")
-    task = TASK_BUILDERS[opts.task]()(**task_kw)
+    if is_user_task(opts.task):  # its builder takes the run's TrainConfig: the settings first, then the task
+        cfg = TrainConfig(**{"run_name": None, **train_defaults(opts.task, on_gpu, task_kw, 0), **train_kw})
+        task = build_task(opts.task, cfg, **task_kw)
+    else:
+        task = TASK_BUILDERS[opts.task]()(**task_kw)
     for line in data_lines(task):
         say(f"[plainloop] {line}")
-    defaults = train_defaults(opts.task, on_gpu, task_kw, len(task.train_set))
-    cfg = TrainConfig(**{"run_name": None, **defaults, **train_kw})
+    if not is_user_task(opts.task):
+        defaults = train_defaults(opts.task, on_gpu, task_kw, len(task.train_set))
+        cfg = TrainConfig(**{"run_name": None, **defaults, **train_kw})
     if opts.auto_batch_size or opts.auto_num_workers:
         from tasks.cli_tools import autotune
 
@@ -535,12 +580,18 @@ def plugins(opts: RunOptions, cfg: TrainConfig) -> tuple[list[Any], Any]:
     device = cfg.device or (f"cuda:{local}" if torch.cuda.is_available() else "cpu")
     monitor = TrainingMonitor(interval=opts.monitor_interval, batch_size=cfg.batch_size, device=torch.device(device))
     callbacks: list[Any] = [VerdictCallback()]
-    if opts.logger == "tensorboard":
+    for name in parse_logger_names(opts.logger):  # the loggers: each gets config.json and every metrics.jsonl row
         try:
-            from utils.tensorboard_logger import TensorBoardLogger
+            if name == "tensorboard":
+                from utils.tensorboard_logger import TensorBoardLogger
+
+                callbacks.append(TensorBoardLogger())
+            elif name == "wandb":
+                callbacks.append(WandbLogger())
+            else:
+                callbacks.append(CSVLogger())
         except ImportError as e:
-            raise ConfigError(f"--logger tensorboard: {e}") from None
-        callbacks.append(TensorBoardLogger())
+            raise ConfigError(f"--logger {name}: {e}" if name == "tensorboard" else str(e)) from None
     return callbacks, monitor
 
 

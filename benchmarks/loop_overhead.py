@@ -227,7 +227,7 @@ def basetrainer_loop(x: torch.Tensor, y: torch.Tensor, a: argparse.Namespace) ->
             "split_ratio": [1.0, 0.0],
             "device": "cpu" if a.device == "cpu" else None,
         }
-        bt = BaseTrainer("overhead", None, "bt", MLP, Pairs, Path(tmp) / "model.pt", trainer_params=tp,
+        bt = BaseTrainer("overhead", "bt", None, MLP, Pairs, Path(tmp) / "model.pt", trainer_params=tp,
                          log=lambda _s: None)  # fmt: skip
         with quiet():
             bt.train()

@@ -363,8 +363,8 @@ def run_base_trainer_config(b: Bench, name: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         bt = BaseTrainer(
             "user_model",
-            Area("global", lon=list(AREA["lon"]), lat=list(AREA["lat"])),
             "bench",
+            Area("global", lon=list(AREA["lon"]), lat=list(AREA["lat"])),
             UserSSTModel,
             ERA5SSTMonthlyDataset,
             Path(tmp) / "user_model.pt",

@@ -37,7 +37,11 @@ MODES = (4, 8, 14, 20, 30, 40, 60)  # EOFs kept as predictors
 LAGS = (1, 2, 3, 6)  # input months used (the last L of the context)
 ALPHAS = (0.1, 1.0, 10.0, 100.0, 1000.0)  # ridge penalty on the (unit-free) principal components
 # A wider predictor region for each data source: the extent of the HadISST 5° file (30°S-30°N, 20°E-60°W).
-WIDE = {"hadisst5": ((20.0, 300.0), (-30.0, 30.0)), "sample": ((20.0, 300.0), (-30.0, 30.0))}
+WIDE = {
+    "hadisst5": ((20.0, 300.0), (-30.0, 30.0)),
+    "hadisst2": ((20.0, 300.0), (-30.0, 30.0)),
+    "sample": ((20.0, 300.0), (-30.0, 30.0)),
+}
 CONTEXT = 6  # the CLI's default (seq_len 7)
 SPLITS = ("train", "val", "test")
 FORECASTS = ("damped_persistence", "lim", "ridge_area", "ridge_wide", "kernel_lim")

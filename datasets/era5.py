@@ -21,6 +21,10 @@ global anomaly std of the training months, so the model learns anomalies; every 
 statistics from the same cached array. Coarse grids keep the area's orientation: `lats` ascend (row 0 is the
 southern edge), `lons` go eastward from the west edge.
 
+`calendar=True` appends two constant channels to x, cos and sin of the target month's calendar phase
+(2π · month / 12, January = 0), so a model can tell the season it forecasts: x is then (seq_len + 1, H, W).
+The context months' phases follow from it and the lead (`models.ratransformer` derives them).
+
 Modules by job: `era5_files` (discovery, scan, CF decoding), `era5_grid` (coarsening plan, `NetCDFSource`),
 `era5_cache` (the .npy store), this file (the dataset; it re-exports the public names of the others).
 """
@@ -91,6 +95,7 @@ class ERA5SSTMonthlyDataset(Dataset):
         device_cache: bool | None = None,
         cache_dir: str | os.PathLike | None = None,
         area: Area | None = None,
+        calendar: bool = False,
     ) -> None:
         if split not in self.SPLITS:
             raise ValueError(f"split={split!r}: use 'train', 'val', 'test' or None (all samples)")
@@ -103,6 +108,7 @@ class ERA5SSTMonthlyDataset(Dataset):
         self.area = area if area is not None else Area("area", lon=list(lon), lat=list(lat))
         self.seq_len, self.offset, self.resolution = int(seq_len), int(offset), float(resolution)
         self.split, self.device_cache = split, device_cache
+        self.calendar = bool(calendar)
         cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         cache.mkdir(parents=True, exist_ok=True)
         remove_orphan_temp_files(cache)  # a killed build leaves its temp file behind
@@ -242,7 +248,15 @@ class ERA5SSTMonthlyDataset(Dataset):
         mm = self._array()
         x = self._normalise(np.asarray(mm[j : j + self.seq_len - 1]), self._cal[j : j + self.seq_len - 1])
         y = self._normalise(np.asarray(mm[j + self._span]), self._cal[j + self._span])
+        if self.calendar:
+            x = np.concatenate([x, self._calendar_planes(np.array([j - self._start]))[0]])
         return torch.from_numpy(x), torch.from_numpy(y)
+
+    def _calendar_planes(self, idx: np.ndarray) -> np.ndarray:
+        """(B, 2, H, W) float32: cos and sin of the calendar phase of the targets of samples `idx` of this split."""
+        ang = 2 * np.pi * self._cal[self._start + idx + self._span] / 12.0
+        cs = np.stack([np.cos(ang), np.sin(ang)], axis=1).astype(np.float32)
+        return np.broadcast_to(cs[:, :, None, None], cs.shape + (self.height, self.width))
 
     def reference_c(self) -> dict[str, np.ndarray]:
         """°C arrays over every sample of this split for scoring: truth, last input month, climatology of the
@@ -323,10 +337,19 @@ class ERA5SSTMonthlyDataset(Dataset):
             arr = self._norm.numpy()
             j = (idx.cpu().numpy() if torch.is_tensor(idx) else np.asarray(idx)).astype(np.int64, copy=False)
             x = np.take(arr, j[:, None] + np.arange(self.seq_len - 1), axis=0)
+            if self.calendar:
+                x = np.concatenate([x, self._calendar_planes(j)], axis=1)
             return torch.from_numpy(x), torch.from_numpy(np.take(arr, j + self._span, axis=0))
         idx = torch.as_tensor(idx).to(self._norm.device, torch.long)
         steps = torch.arange(self.seq_len - 1, device=idx.device)
-        return self._norm[idx[:, None] + steps], self._norm[idx + self._span]
+        x = self._norm[idx[:, None] + steps]
+        if self.calendar:
+            if "cal" not in self._clim_t:  # cos/sin of every sample's target phase, on the device once
+                all_idx = np.arange(self._n)
+                self._clim_t["cal"] = torch.from_numpy(self._calendar_planes(all_idx)[:, :, 0, 0].copy()).to(idx.device)
+            cs = self._clim_t["cal"][idx]  # (B, 2)
+            x = torch.cat([x, cs[:, :, None, None].expand(-1, -1, self.height, self.width)], dim=1)
+        return x, self._norm[idx + self._span]
 
     def denormalize(self, t: torch.Tensor, target_index: int | torch.Tensor) -> torch.Tensor:
         """Normalised field(s) (..., H, W) for the targets of samples `target_index` (same leading dims) -> °C.

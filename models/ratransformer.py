@@ -5,6 +5,7 @@ Shape of the model (the name and arguments follow the seed guide 000):
       -> pad H, W up to multiples of patch_size (replicate), cut into p x p patches
       -> Linear(T*p*p -> d_model) per patch       one token per patch
       -> + Linear(SH features -> d_model)          real spherical harmonics at the patch centres (buffer)
+      -> (+ Linear(calendar features -> d_model)    calendar=True: the season of every input month and the target)
       -> [num_layers pre-norm blocks] x recursion_depth   the SAME blocks reused (shared weights)
       -> LayerNorm -> Linear(d_model -> p*p)       back to patch pixels, crop the padding
       -> (+ x[:, -1] when residual=True)           predict the change from the last month
@@ -140,6 +141,11 @@ class RecursiveAttentionTransformer(nn.Module):
             `.lat = [south, north]` (datasets.area.Area), as BaseTrainer and the CLI hand it over.
         sh_degree: highest spherical-harmonic degree L of the positional encoding ((L+1)^2 features).
         residual: predict x[:, -1] + delta instead of the field itself.
+        calendar: x carries two more channels after the months, cos and sin of the target month's calendar
+            phase (ERA5SSTMonthlyDataset(calendar=True)); the model turns them into cos/sin of the phase of
+            every input month (the target's minus `lead` + k months) and the target's first two harmonics,
+            and adds a linear embedding of those to every token, so the forecast may depend on the season.
+        lead: months from the last input month to the target (only used with calendar=True).
         use_gradient_checkpointing: in training, recompute each transformer layer in the backward pass
             instead of keeping its activations (torch.utils.checkpoint, non-reentrant; dropout masks are
             replayed, so results equal those without it). Seed 000's out-of-memory remedy.
@@ -164,13 +170,15 @@ class RecursiveAttentionTransformer(nn.Module):
         residual: bool = True,
         area: Any = None,
         use_gradient_checkpointing: bool = False,
+        calendar: bool = False,
+        lead: int = 1,
         **unknown: object,
     ) -> None:
         if unknown:
             valid = (
                 "width, height, seq_len, d_model, num_heads, num_layers, dim_feedforward, dropout, "
                 "recursion_depth, learning_rate, patch_size, lon_range, lat_range, sh_degree, residual, "
-                "area, use_gradient_checkpointing"
+                "area, use_gradient_checkpointing, calendar, lead"
             )
             raise TypeError(
                 f"RecursiveAttentionTransformer got unknown argument(s) {sorted(unknown)}; "
@@ -187,6 +195,10 @@ class RecursiveAttentionTransformer(nn.Module):
         self.recursion_depth = _check_int("recursion_depth", recursion_depth, 1)
         self.patch_size = _check_int("patch_size", patch_size, 1)
         self.sh_degree = _check_int("sh_degree", sh_degree, 0)
+        self.lead = _check_int("lead", lead, 1)
+        if not isinstance(calendar, bool):
+            raise ValueError(f"RecursiveAttentionTransformer: calendar must be True or False, got {calendar!r}")
+        self.calendar = calendar
         if d_model % num_heads:
             raise ValueError(
                 f"RecursiveAttentionTransformer: d_model={d_model} is not divisible by num_heads={num_heads}; "
@@ -223,6 +235,11 @@ class RecursiveAttentionTransformer(nn.Module):
         self.patch_embed = nn.Linear(self.in_channels * p * p, self.d_model)
         self.register_buffer("sh_features", self._patch_centre_harmonics(), persistent=False)
         self.pos_proj = nn.Linear(num_harmonics(self.sh_degree), self.d_model, bias=False)
+        if self.calendar:  # cos/sin of each input month and the target, + the target's second harmonic
+            self.cal_proj = nn.Linear(2 * (self.in_channels + 1) + 2, self.d_model)
+            # months before the target of each input month (oldest first): lead + in_channels - 1 .. lead
+            back = self.lead + torch.arange(self.in_channels - 1, -1, -1, dtype=torch.float32)
+            self.register_buffer("cal_back", 2 * math.pi * back / 12.0, persistent=False)
         self.emb_drop = nn.Dropout(self.dropout)
         # One stack, reused recursion_depth times: the parameter count does not depend on the depth.
         self.layers = nn.ModuleList(
@@ -304,13 +321,23 @@ class RecursiveAttentionTransformer(nn.Module):
             )
         self.ocean_mask.copy_(mask.to(self.ocean_mask.device))
 
+    def calendar_features(self, cal: torch.Tensor) -> torch.Tensor:
+        """(B, 2) cos/sin of the target's phase -> (B, 2 * (in_channels + 1) + 2) calendar features."""
+        target = torch.atan2(cal[:, 1].float(), cal[:, 0].float())  # (B,)
+        phases = torch.cat([target[:, None] - self.cal_back, target[:, None]], dim=1)  # (B, T + 1)
+        return torch.cat([phases.cos(), phases.sin(), (2 * target[:, None]).cos(), (2 * target[:, None]).sin()], 1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (B, seq_len-1, H, W) -> next month (B, H, W)."""
-        if x.dim() != 4 or x.shape[1] != self.in_channels or x.shape[2:] != (self.height, self.width):
+        """x: (B, seq_len-1, H, W) -> next month (B, H, W); with calendar=True, (B, seq_len+1, H, W)."""
+        extra = 2 if self.calendar else 0
+        if x.dim() != 4 or x.shape[1] != self.in_channels + extra or x.shape[2:] != (self.height, self.width):
             raise ValueError(
-                f"RecursiveAttentionTransformer: expected input (B, {self.in_channels}, {self.height}, "
-                f"{self.width}) = (batch, seq_len-1, height, width), got {tuple(x.shape)}"
+                f"RecursiveAttentionTransformer: expected input (B, {self.in_channels + extra}, {self.height}, "
+                f"{self.width}) = (batch, seq_len-1{' + 2 calendar channels' if extra else ''}, height, width), "
+                f"got {tuple(x.shape)}"
             )
+        cal = x[:, self.in_channels :, 0, 0] if self.calendar else None
+        x = x[:, : self.in_channels] if self.calendar else x
         B, C, H, W = x.shape
         p, gh, gw = self.patch_size, self.grid_h, self.grid_w
         pad_h, pad_w = gh * p - H, gw * p - W
@@ -318,6 +345,8 @@ class RecursiveAttentionTransformer(nn.Module):
         # (B, C, gh, p, gw, p) -> (B, gh, gw, C, p, p) -> (B, N, C*p*p)
         tokens = xp.reshape(B, C, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, C * p * p)
         h = self.patch_embed(tokens) + self.pos_proj(self.sh_features)
+        if cal is not None:
+            h = h + self.cal_proj(self.calendar_features(cal))[:, None, :]
         h = self.emb_drop(h)
         ckpt = self.use_gradient_checkpointing and self.training and torch.is_grad_enabled()
         for _ in range(self.recursion_depth):

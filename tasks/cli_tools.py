@@ -80,19 +80,19 @@ def autotune(cfg: TrainConfig, task: Any, opts: Any) -> TrainConfig:
 
 
 def system_report(cfg: TrainConfig, opts: Any, task_kw: dict[str, Any]) -> int:
-    from tasks import build_task
+    from tasks import build_task, task_label
     from utils.callbacks import VerdictCallback
     from utils.performance_monitor import TrainingMonitor
     from utils.system_report import run_system_report
 
-    out, _ = claim_run_dir(cfg.output_dir, cfg.run_name, f"{opts.task}-report")
+    out, _ = claim_run_dir(cfg.output_dir, cfg.run_name, f"{task_label(opts.task)}-report")
     trials = out / "trials"
     trial_no = 0
 
     def run_trial(overrides: dict[str, Any], steps: int) -> dict[str, Any]:
         nonlocal trial_no
         trial_no += 1
-        task = build_task(opts.task, **task_kw)
+        task = build_task(opts.task, cfg, **task_kw)
         c = dataclasses.replace(
             cfg,
             **overrides,
@@ -136,7 +136,7 @@ def system_report(cfg: TrainConfig, opts: Any, task_kw: dict[str, Any]) -> int:
     }
     probe = Trainer(
         dataclasses.replace(cfg, resume=None, progress_bar=False),
-        build_task(opts.task, **task_kw),
+        build_task(opts.task, cfg, **task_kw),
         log=lambda m: None,
     )
     steps = cfg.max_steps or cfg.epochs * probe.steps_per_epoch  # the configured job, for the projection

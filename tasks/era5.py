@@ -2,9 +2,13 @@
 
 The loop in `trainer/` does the rest. What the model predicts: the normalised anomaly of the month `offset + 1`
 months after the last of its `seq_len - 1` input months, as a learned correction on top of a fixed statistical
-forecast (`prior`: by default the linear inverse model fitted on the training months), averaged over an
-`ensemble` of independently initialised members. Every score is printed beside the statistical baselines
-(`utils.baselines`), fitted on the training months only.
+forecast (`prior`: by default the statistical forecast with the lowest validation RMSE, the "LIM + damped
+residual" hybrid included), averaged over an `ensemble` of independently initialised members. The network sees
+the calendar month of the target and of every input month (`calendar`). At each validation the correction is
+scaled by the factor in 0, 0.1, .., 1 whose gain over the prior is clearly positive month by month
+(`choose_correction_scale`; 0 = the prior alone), and that factor is part of the weights best.pt keeps: where
+validation does not show that the network helps, the forecast is the prior.
+Every score is printed beside the statistical baselines (`utils.baselines`), fitted on the training months only.
 """
 
 from __future__ import annotations
@@ -41,7 +45,15 @@ CPU_PRESET = {
     "dropout": 0.0,
     "seq_len": 7,  # six months of context
 }
-PRIORS = ("none", "persistence", "damped_persistence", "lim")
+PRIORS = ("none", "persistence", "damped_persistence", "lim", "hybrid")
+# prior -> the baseline whose forecast it is (the scores' name)
+PRIOR_BASELINE = {
+    "persistence": "anomaly_persistence",
+    "damped_persistence": "damped_persistence",
+    "lim": "lim",
+    "hybrid": "hybrid",
+}
+SHRINK_GRID = tuple(k / 10 for k in range(11))  # correction scales validation chooses from
 PRIOR_CHOICES = ("auto", *PRIORS)
 
 # One line per build_era5_task parameter (the CLI turns them into --flags; defaults come from the signature).
@@ -66,11 +78,13 @@ ARGS_HELP: dict[str, str] = {
     "seed": "seed of the model's initial weights",
     "cache_dir": "cache directory for coarse arrays and the sample file; none = $PLAINLOOP_CACHE or ~/.cache/plainloop",
     "prior": "fixed forecast the network corrects: none (zero), persistence (last month's anomaly), "
-    "damped_persistence, lim (linear inverse model), or auto (of these three, the one with the lowest "
-    "validation RMSE); all fitted on the training months",
+    "damped_persistence, lim (linear inverse model), hybrid (LIM + damped persistence of the part the "
+    "LIM's EOFs leave out), or auto (of these four, the one with the lowest validation RMSE); all fitted "
+    "on the training months",
     "ensemble": "independently initialised members trained side by side; the forecast is their mean",
     "lim_variance": "fraction of the training anomalies' variance the LIM's EOFs keep (prior and baseline)",
     "lim_max_modes": "at most this many EOFs in the LIM (prior and baseline)",
+    "calendar": "give the network the calendar month of the target and of every input month",
 }
 # Each parameter's rule (the knob keywords of trainer/config.py), checked by trainer.config.check_value for the
 # CLI, config files and build_era5_task alike (tasks/args.py); lon/lat ranges are checked with the area.
@@ -121,24 +135,31 @@ def era5_train_defaults(on_gpu: bool, using_sample: bool, n_train: int) -> dict[
 class PriorForecaster(nn.Module):
     """Network(s) predicting a correction to a fixed linear forecast of the last input month.
 
-    prior(x) = z_last (persistence), r * z_last (damped persistence), or the LIM propagated `lead` months:
-    z_last -> EOF coefficients -> G(1)^lead -> grid, all in normalised anomaly units (linear maps commute with the
-    dataset's one global scale). Members start with a zero output head, so the untrained model is the prior.
-    In training mode the forward returns every member's forecast (E, B, H, W) and the loss is the mean of the
-    members' losses (independent members, as if trained one by one); in eval mode it returns their mean."""
+    prior(x) = z_last (persistence), r * z_last (damped persistence), the LIM propagated `lead` months
+    (z_last -> EOF coefficients -> G(1)^lead -> grid), or the hybrid: the LIM plus r_res * (z_last minus its
+    EOF reconstruction); all in normalised anomaly units (linear maps commute with the dataset's one global
+    scale). Members start with a zero output head, so the untrained model is the prior. In training mode the
+    forward returns every member's forecast (E, B, H, W) and the loss is the mean of the members' losses
+    (independent members, as if trained one by one); in eval mode it returns prior + `correction_scale` x the
+    members' mean correction, the scale (a buffer, saved with the weights) being set on validation by the task.
+    `fields`: how many of x's channels are months (calendar channels follow them)."""
 
-    def __init__(self, members: list[nn.Module], prior: str, prior_tensors: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self, members: list[nn.Module], prior: str, prior_tensors: dict[str, torch.Tensor], fields: int
+    ) -> None:
         super().__init__()
         if prior not in PRIORS:
             raise ValueError(f"prior={prior!r}: use one of {PRIORS}")
         self.members = nn.ModuleList(members)
         self.prior = prior
+        self.fields = int(fields)
         for k, v in prior_tensors.items():
             self.register_buffer(k, v.float())
+        self.register_buffer("correction_scale", torch.ones(()))
         self.learning_rate = getattr(members[0], "learning_rate", None)
 
     def prior_forecast(self, x: torch.Tensor) -> torch.Tensor:
-        z = x[:, -1].float()
+        z = x[:, self.fields - 1].float()
         if self.prior == "none":
             return torch.zeros_like(z)
         if self.prior == "persistence":
@@ -146,12 +167,23 @@ class PriorForecaster(nn.Module):
         if self.prior == "damped_persistence":
             return z * self.damping
         B, H, W = z.shape
-        return ((z.reshape(B, H * W) @ self.lim_encode) @ self.lim_decode).reshape(B, H, W)
+        flat = z.reshape(B, H * W)
+        coeff = flat @ self.lim_encode
+        out = (coeff @ self.lim_decode).reshape(B, H, W)
+        if self.prior == "hybrid":
+            out = out + (flat - coeff @ self.lim_recon).reshape(B, H, W) * self.residual_damping
+        return out
+
+    def parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(prior forecast, the members' mean correction), each (B, H, W)."""
+        base = self.prior_forecast(x)
+        return base, torch.stack([m(x) for m in self.members]).mean(0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        base = self.prior_forecast(x)
-        outs = torch.stack([m(x) for m in self.members]) + base  # (E, B, H, W)
-        return outs if self.training else outs.mean(0)
+        if not self.training:
+            base, corr = self.parts(x)
+            return base + self.correction_scale * corr
+        return torch.stack([m(x) for m in self.members]) + self.prior_forecast(x)  # (E, B, H, W)
 
     def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         m = self.members[0]
@@ -167,11 +199,37 @@ class PriorForecaster(nn.Module):
         return float(sum(m.flops_per_sample(training=training) for m in self.members))
 
 
+def choose_correction_scale(
+    base_c: np.ndarray, corr_c: np.ndarray, truth_c: np.ndarray, lats: np.ndarray, mask: np.ndarray, z: float = 1.645
+) -> float:
+    """The scale in SHRINK_GRID for the network's correction that validation supports, else 0 (the prior).
+
+    36-odd validation months choosing among scales (and epochs) would pick noise, and a correction that is
+    noise makes the test worse than the prior. So a scale counts only where its month-by-month gain in
+    squared error over the prior is clearly positive: mean gain > z standard errors (one-sided 95 %); of
+    those, the largest mean gain wins."""
+    from utils.metrics import lat_weights
+
+    w = np.broadcast_to(lat_weights(lats)[:, None], mask.shape)[mask]
+
+    def per_month(pred: np.ndarray) -> np.ndarray:
+        return np.sum((pred[:, mask] - truth_c[:, mask]) ** 2 * w, axis=1) / w.sum()
+
+    p0, n = per_month(base_c), base_c.shape[0]
+    best, best_gain = 0.0, 0.0
+    for a in SHRINK_GRID[1:]:
+        d = p0 - per_month(base_c + a * corr_c)
+        gain, se = float(d.mean()), float(d.std(ddof=1) / np.sqrt(n)) if n > 1 else np.inf
+        if gain - z * se > 0 and gain > best_gain:
+            best, best_gain = a, gain
+    return best
+
+
 def _prior_tensors(prior: str, fitted: dict[str, Any], lead: int, shape: tuple[int, int]) -> dict[str, torch.Tensor]:
     """The fixed linear maps of the prior as tensors (land rows/columns zero)."""
     if prior == "damped_persistence":
         return {"damping": torch.from_numpy(np.nan_to_num(fitted["damped_persistence"].r))}
-    if prior != "lim":
+    if prior not in ("lim", "hybrid"):
         return {}
     lim = fitted["lim"]
     H, W = shape
@@ -180,18 +238,25 @@ def _prior_tensors(prior: str, fitted: dict[str, Any], lead: int, shape: tuple[i
     enc[flat] = (lim.eofs * lim.sqrt_w).T  # grid -> EOF coefficients
     dec = np.zeros((lim.modes, H * W))
     dec[:, flat] = lim.propagator(lead).T @ (lim.eofs / lim.sqrt_w)  # coefficients -> G^lead -> grid
-    return {"lim_encode": torch.from_numpy(enc), "lim_decode": torch.from_numpy(dec)}
+    out = {"lim_encode": torch.from_numpy(enc), "lim_decode": torch.from_numpy(dec)}
+    if prior == "hybrid":
+        rec = np.zeros((lim.modes, H * W))
+        rec[:, flat] = lim.eofs / lim.sqrt_w  # coefficients -> grid: the EOF reconstruction
+        out["lim_recon"] = torch.from_numpy(rec)
+        out["residual_damping"] = torch.from_numpy(np.nan_to_num(fitted["hybrid"].residual.r))
+    return out
 
 
 def _predict_all(
-    model: nn.Module, ds: Any, device: torch.device, batch_size: int = 64
+    model: nn.Module, ds: Any, device: torch.device, batch_size: int = 64, part: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Normalised predictions and targets for every sample of `ds`, in order, on the device."""
+    """Normalised predictions (or `model.parts(x)[part]`) and targets for every sample of `ds`, in order."""
     preds, targets = [], []
     for start in range(0, len(ds), batch_size):
         idx = torch.arange(start, min(start + batch_size, len(ds)))
         x, y = ds.gather(idx)  # served from wherever the split is held
-        preds.append(model(x.to(device, non_blocking=True)).float())
+        x = x.to(device, non_blocking=True)
+        preds.append((model(x) if part is None else model.parts(x)[part]).float())
         targets.append(y.to(device, non_blocking=True))
     return torch.cat(preds), torch.cat(targets)
 
@@ -216,10 +281,11 @@ def build_era5_task(
     device_cache: bool | None = None,
     seed: int = 42,
     cache_dir: str | None = None,
-    prior: Literal["auto", "none", "persistence", "damped_persistence", "lim"] = "auto",
+    prior: Literal["auto", "none", "persistence", "damped_persistence", "lim", "hybrid"] = "auto",
     ensemble: int = 1,
     lim_variance: float = 0.9,
     lim_max_modes: int = 20,
+    calendar: bool = True,
 ) -> Task:
     """Monthly SST forecasting: ERA5SSTMonthlyDataset + RecursiveAttentionTransformer + lat-weighted scores."""
     from datasets.era5 import ERA5SSTMonthlyDataset
@@ -239,6 +305,7 @@ def build_era5_task(
         split_ratio=tuple(split_ratio),
         device_cache=device_cache,
         cache_dir=cache_dir,
+        calendar=bool(calendar),
     )
     train = ERA5SSTMonthlyDataset(split="train", **common)
     val = ERA5SSTMonthlyDataset(split="val", **common)
@@ -252,12 +319,7 @@ def build_era5_task(
     if len(val):  # the statistical forecasts on the validation months: what prior="auto" chooses by
         ref = val.reference_c()
         fv = baseline_forecasts(fitted, lead, ref["last_input_c"], ref["clim_target_c"], ref["clim_input_c"])
-        twin = {
-            "persistence": "anomaly_persistence",
-            "damped_persistence": "damped_persistence",
-            "lim": "lim",
-        }
-        val_rmse = {p: weighted_rmse(fv[b], ref["truth_c"], val.lats, mask) for p, b in twin.items()}
+        val_rmse = {p: weighted_rmse(fv[b], ref["truth_c"], val.lats, mask) for p, b in PRIOR_BASELINE.items()}
     prior_asked = prior
     if prior == "auto":
         prior = min(val_rmse, key=val_rmse.get) if val_rmse else "lim"
@@ -277,6 +339,8 @@ def build_era5_task(
         learning_rate=learning_rate,
         lon_range=tuple(lon),
         lat_range=tuple(lat),
+        calendar=bool(calendar),
+        lead=lead,
     )
     if patch_size is not None:
         model_kw["patch_size"] = patch_size
@@ -287,7 +351,7 @@ def build_era5_task(
         net.set_ocean_mask(train.ocean_mask)
         members.append(net)
     prior_t = _prior_tensors(prior, fitted, lead, (train.height, train.width))
-    model = PriorForecaster(members, prior, prior_t)
+    model = PriorForecaster(members, prior, prior_t, fields=seq_len - 1)
     artifacts: dict[str, Any] = {}
     refs: dict[str, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = {}
 
@@ -295,18 +359,31 @@ def build_era5_task(
         if split not in refs:  # fixed for a split: computed once
             ref = ds.reference_c()
             f = baseline_forecasts(fitted, lead, ref["last_input_c"], ref["clim_target_c"], ref["clim_input_c"])
-            refs[split] = (ref, {k: v for k, v in f.items() if k in ("damped_persistence", "lim")})
+            refs[split] = (ref, {k: v for k, v in f.items() if k in ("damped_persistence", "lim", "hybrid")})
         return refs[split]
 
     def evaluate(m: nn.Module, split: str, device: torch.device) -> dict[str, float]:
         ds = val if split == "val" else test
         if len(ds) == 0:
             return {}
-        pred, y = _predict_all(m, ds, device)
-        # note: sync point (evaluation) — predictions come to the host once for scoring in °C
-        pred_c = ds.denormalize(pred.cpu(), torch.arange(len(ds))).numpy()
         ref, extra = reference(split, ds)
         truth_c = ref["truth_c"]
+        shrink = {}
+        if split == "val" and hasattr(m, "parts"):  # the correction scale validation prefers (0 = the prior)
+            base, y = _predict_all(m, ds, device, part=0)
+            corr, _ = _predict_all(m, ds, device, part=1)
+            # note: sync point (evaluation) — the prior and the correction come to the host once
+            base_c = ds.denormalize(base.cpu(), torch.arange(len(ds))).numpy()
+            corr_c = corr.cpu().numpy() * ds.anomaly_std
+            a = choose_correction_scale(base_c, corr_c, truth_c, ds.lats, mask)
+            errs = [weighted_rmse(base_c, truth_c, ds.lats, mask)]
+            m.correction_scale.fill_(a)
+            pred = base + a * corr
+            shrink = {"val_correction_scale": a, "val_prior_rmse_c": errs[0]}
+        else:
+            pred, y = _predict_all(m, ds, device)
+        # note: sync point (evaluation) — predictions come to the host once for scoring in °C
+        pred_c = ds.denormalize(pred.cpu(), torch.arange(len(ds))).numpy()
         scores = score_forecasts(
             pred_c,
             truth_c,
@@ -320,6 +397,7 @@ def build_era5_task(
         out = {f"{split}_rmse_c": scores["model"]["rmse"], f"{split}_acc": scores["model"]["acc"]}
         if split == "val":
             out["val_loss"] = float(m.loss(pred, y))
+            out.update(shrink)
         for name, s in scores.items():
             if name != "model":
                 out[f"{split}_{name}_rmse_c"] = s["rmse"]
@@ -351,6 +429,7 @@ def build_era5_task(
         "prior": prior if prior_asked == prior else f"{prior} (auto: lowest validation RMSE)",
         "prior_val_rmse_c": {k: round(v, 5) for k, v in val_rmse.items()},
         "ensemble": int(ensemble),
+        "calendar": bool(calendar),
         "lim": {"modes": fitted["lim"].modes, "explained_variance": round(fitted["lim"].explained, 4)},
     }
     return Task(
@@ -365,5 +444,10 @@ def build_era5_task(
         flops_per_sample=model.flops_per_sample(training=True),
         info=info,
         artifacts=artifacts,
-        console_metrics=("val_rmse_c", "val_acc", "val_loss"),  # the baselines' scores go to metrics.jsonl
+        console_metrics=(
+            "val_rmse_c",
+            "val_acc",
+            "val_loss",
+            "val_correction_scale",
+        ),  # the baselines' scores go to metrics.jsonl
     )

@@ -6,7 +6,8 @@ improve, patience 1 (rank 0 scores the validation, every rank must stop with it)
 first validation is the best, the test split is scored with best.pt; "agent_sigterm": a loader worker per rank,
 and rank 0 sends SIGTERM to the torchrun agent in its 5th batch (the agent passes it to each rank's process group);
 "resume": argv[3] is a run directory to resume; "diverge": every training input is NaN, so every step is skipped
-and the run stops as diverged after 2 (max_consecutive_skips) on every rank.
+and the run stops as diverged after 2 (max_consecutive_skips) on every rank; "lightning": a module shaped like a
+LightningModule (training_step, validation_step, self.log, its own optimizer and step scheduler).
 """
 
 import os
@@ -86,6 +87,32 @@ def evaluate(m: nn.Module, split: str, device: torch.device) -> dict[str, float]
     return {"test_loss": float(((m(x[64:128]) - y[64:128]) ** 2).mean())}
 
 
+class LitToy(nn.Module):
+    """A LightningModule's methods on a plain module: DDP must still see each step (the loss goes through forward)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        loss = nn.functional.mse_loss(self(batch[0]), batch[1])
+        self.log("train_mse", loss)
+        return {"loss": loss}
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", nn.functional.mse_loss(self(batch[0]), batch[1]))
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+        sched = torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+if mode == "lightning":
+    model = LitToy(model)
 calls: list[str] = []
 monitor = SignalRank1() if SIGNAL_AT else None
 train_x = torch.full_like(x, float("nan")) if mode == "diverge" else x

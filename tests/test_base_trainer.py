@@ -53,7 +53,7 @@ def test_unknown_trainer_param_is_a_clear_error(in_tmp):
     ):
         with pytest.raises(ValueError, match=message):
             BaseTrainer(
-                "t", area, "u", RecursiveAttentionTransformer, ERA5SSTMonthlyDataset, "m.pt", trainer_params=params
+                "t", "u", area, RecursiveAttentionTransformer, ERA5SSTMonthlyDataset, "m.pt", trainer_params=params
             )
 
 
@@ -80,8 +80,8 @@ def test_learning_rate_goes_to_the_optimizer_when_the_model_does_not_take_it(in_
 
     tr = BaseTrainer(
         "tiny",
-        Area("g", lon=[0, 10], lat=[0, 10]),
         "u",
+        Area("g", lon=[0, 10], lat=[0, 10]),
         Tiny,
         Data,
         in_tmp / "tiny.pt",
@@ -159,8 +159,8 @@ def make(tmp_path, model=Linear, data=Rows, area=None, tp=None, **kw):
     lines: list[str] = []
     tr = BaseTrainer(
         "own",
-        area,
         "u1",
+        area,
         model,
         data,
         tmp_path / "own.pt",
@@ -209,8 +209,8 @@ def test_recursive_attention_transformer_gets_the_area(tmp_path, era5_cache):
     )
     tr = BaseTrainer(
         "rat",
-        area,
         "u",
+        area,
         RecursiveAttentionTransformer,
         ERA5SSTMonthlyDataset,
         tmp_path / "m.pt",
@@ -410,10 +410,195 @@ def test_dateline_area_trains_end_to_end(tmp_path, era5_cache):
     area, res = pacific(), 5
     mp = dict(width=int(area.width / res), height=int(area.height / res), seq_len=2, d_model=16, num_heads=2,
               num_layers=1, dim_feedforward=16, dropout=0.0, recursion_depth=1, learning_rate=1e-3)  # fmt: skip
-    tr = BaseTrainer("nino", area, "u", RecursiveAttentionTransformer, ERA5SSTMonthlyDataset, tmp_path / "n.pt",
+    tr = BaseTrainer("nino", "u", area, RecursiveAttentionTransformer, ERA5SSTMonthlyDataset, tmp_path / "n.pt",
                      dataset_params={"seq_len": 2, "resolution": res}, model_params=mp,
                      trainer_params=quiet(batch_size=64, output_dir=str(tmp_path)))  # fmt: skip
     model = tr.train()
     assert tuple(model.lon_range) == (170.0, -120.0)
     assert (tr.trainer.task.train_set.height, tr.trainer.task.train_set.width) == (2, 14)
+    assert math.isfinite(tr.summary["final_metrics"]["val_loss"])
+
+
+# ------------------------------------------------------------------ the seed's BaseTrainer surface (issue 19)
+class Grid(torch.utils.data.Dataset):
+    """A 3x4 map with NaN "land" in one corner: x = this month, y = the month `offset + 1` later."""
+
+    def __init__(self, lon, lat, offset: int = 0, n: int = 60):
+        g = torch.Generator().manual_seed(1)
+        t = torch.arange(n + 8, dtype=torch.float32)[:, None, None]
+        self.maps = torch.sin(t / 3 + torch.randn(1, 3, 4, generator=g)) + 0.05 * torch.randn(n + 8, 3, 4, generator=g)
+        self.maps[:, 0, 0] = float("nan")
+        self.offset, self.n = offset, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.nan_to_num(self.maps[i])[None], self.maps[i + 1 + self.offset]
+
+
+class MapNet(torch.nn.Module):
+    def __init__(self, width: int = 4, height: int = 3):
+        super().__init__()
+        self.width, self.height = width, height
+        self.lin = torch.nn.Linear(width * height, width * height)
+
+    def forward(self, x):
+        return self.lin(x.flatten(1)).view(x.shape[0], self.height, self.width)
+
+
+def grid_trainer(tmp_path, **kw):
+    from datasets.area import Area
+
+    tp = {"epochs": 3, "batch_size": 8, "lr": 1e-2, "output_dir": str(tmp_path / "runs"), **kw.pop("tp", {})}
+    return BaseTrainer("grid", "u1", Area("g", lon=[0, 40], lat=[0, 30]), MapNet, Grid, kw.pop("save_path",
+                       tmp_path / "grid.pt"), trainer_params=quiet(**tp), log=kw.pop("log", lambda s: None), **kw)  # fmt: skip
+
+
+def test_the_seeds_signature_in_its_positional_order():
+    import inspect
+
+    names = list(inspect.signature(BaseTrainer).parameters)
+    assert names[:13] == [
+        "title", "uid", "area", "model_class", "dataset_class", "save_path", "checkpoint_path", "pre_model",
+        "dataset_params", "trainer_params", "model_params", "use_checkpoint", "use_wandb",
+    ]  # fmt: skip
+
+
+def test_an_earlier_plainloop_order_is_accepted_and_named(tmp_path):
+    from datasets.area import Area
+
+    area = Area("g", lon=[0, 40], lat=[0, 30])
+    tr = BaseTrainer("grid", area, "u1", MapNet, Grid, tmp_path / "m.pt", trainer_params=quiet())
+    assert (tr.uid, tr.area) == ("u1", area) and any("(title, uid, area" in n for n in tr.notes)
+
+
+def test_lightning_style_trainer_params_are_honoured_or_named(tmp_path):
+    tr = grid_trainer(tmp_path, tp={"monitor": "val_loss", "mode": "max", "save_top_k": 3, "matmul_precision":
+                                    "highest", "accelerator": "cpu", "devices": 2, "shuffle": False})  # fmt: skip
+    cfg = tr.config
+    assert (cfg.device, cfg.tf32, cfg.shuffle, cfg.save_best) == ("cpu", False, False, True)
+    assert any("save_top_k=3" in n and "best.pt" in n for n in tr.notes)
+    assert any("torchrun --nproc_per_node 2" in n for n in tr.notes)
+    task = tr.build_task()
+    assert (task.monitor_metric, task.monitor_mode) == ("val_loss", "max")
+    assert grid_trainer(tmp_path, tp={"save_top_k": 0}).config.save_best is False
+    assert grid_trainer(tmp_path, use_checkpoint=False).config.save_best is False
+    with pytest.raises(ValueError, match=r"trainer_params\['mode'\]='up'"):
+        grid_trainer(tmp_path, tp={"mode": "up"})
+
+
+def test_save_load_round_trip_rebuilds_the_model_in_one_call(tmp_path):
+    from trainer.base import load_model
+
+    tr = grid_trainer(tmp_path, model_params={"width": 4, "height": 3})
+    model = tr.train()
+    state = torch.load(tr.save_path, weights_only=True)  # weights only: no pickled code
+    assert state["model_params"] == {"width": 4, "height": 3}
+    again = load_model(tr.save_path)  # the class is imported from the name saved with the weights
+    x = torch.randn(2, 1, 3, 4)
+    assert torch.equal(again(x), model(x)) and type(again) is MapNet
+
+
+def test_predict_scores_rmse_and_r2_over_the_ocean_and_plots(tmp_path):
+    import numpy as np
+
+    tr = grid_trainer(tmp_path)
+    tr.train()
+    out = tr.predict(offset=0, plot=True)
+    x, y, pred, rmse, r2, ssta = out  # the origin's tuple
+    ds = Grid(lon=[0, 40], lat=[0, 30], offset=0)
+    with torch.no_grad():
+        want = tr.model.eval()(ds[0][0][None])[0].numpy()
+    ok = np.isfinite(y)
+    assert not ok[0, 0] and ok.sum() == 11 and np.isnan(pred[0, 0])  # land is NaN and ignored
+    assert rmse == pytest.approx(float(np.sqrt(np.mean((want[ok] - y[ok]) ** 2))), rel=1e-5)
+    assert r2 == pytest.approx(1 - np.mean((want[ok] - y[ok]) ** 2) / np.var(y[ok]), rel=1e-5)
+    assert ssta is None and tr.last_plot.is_file()
+    # a fresh BaseTrainer predicts from save_path (the origin's predict after a restart)
+    fresh = grid_trainer(tmp_path)
+    assert fresh.predict(offset=0).rmse == pytest.approx(rmse, rel=1e-6)
+    # offset goes to the dataset, as in the origin: another lead gives another target
+    assert not np.allclose(fresh.predict(offset=2).target, y, equal_nan=True)
+
+
+def test_a_lightning_ckpt_is_a_starting_point_as_checkpoint_path_and_pre_model(tmp_path):
+    tr = grid_trainer(tmp_path)
+    model = tr.train()
+    sd = {f"model.{k}": v for k, v in model.state_dict().items()}  # a LightningModule wrapping the net as .model
+    torch.save({"state_dict": sd, "pytorch-lightning_version": "2.6.0", "epoch": 3}, tmp_path / "last.ckpt")
+    lines: list[str] = []
+    tr2 = grid_trainer(tmp_path, checkpoint_path=tmp_path / "last.ckpt", save_path=tmp_path / "b.pt",
+                       log=lines.append)  # fmt: skip
+    task = tr2.build_task()
+    assert all(torch.equal(a, b) for a, b in zip(task.model.state_dict().values(), model.state_dict().values()))
+    assert any("Lightning checkpoint" in n for n in tr2.notes) and tr2.config.resume is None
+    torch.save({"state_dict": model.state_dict()}, tmp_path / "pre.ckpt")
+    tr3 = grid_trainer(tmp_path, pre_model=True, save_path=tmp_path / "pre.ckpt")
+    assert torch.equal(tr3.build_task().model.lin.weight, model.lin.weight)
+
+
+def test_use_wandb_logs_offline_or_names_the_missing_package(tmp_path, monkeypatch):
+    import builtins
+    import importlib.util
+
+    real_import = builtins.__import__
+
+    def no_wandb(name, *a, **k):
+        if name == "wandb":
+            raise ImportError("no wandb")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_wandb)
+    lines: list[str] = []
+    grid_trainer(tmp_path, use_wandb=True, log=lines.append, tp={"epochs": 1}).train()
+    assert sum("wandb is not installed" in ln for ln in lines) == 1
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    if importlib.util.find_spec("wandb") is None:
+        return
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    tr = grid_trainer(tmp_path, use_wandb=True, tp={"epochs": 1, "run_name": "wb"})
+    tr.train()
+    runs = list((tmp_path / "runs" / "wb" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+
+
+def test_a_lightning_module_trains_through_base_trainer_with_its_own_optimizer(tmp_path):
+    L = pytest.importorskip("lightning")
+
+    class LitMap(L.LightningModule):
+        def __init__(self, width: int = 4, height: int = 3):
+            super().__init__()
+            self.net = MapNet(width, height)
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            ok = torch.isfinite(y)
+            loss = ((self(x) - torch.nan_to_num(y))[ok] ** 2).mean()
+            self.log("train_loss", loss)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            ok = torch.isfinite(y)
+            self.log("val_loss", ((self(x) - torch.nan_to_num(y))[ok] ** 2).mean())
+
+        def configure_optimizers(self):
+            opt = torch.optim.AdamW(self.parameters(), lr=1e-2, weight_decay=0.05)
+            return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 0.5**e)}
+
+    from datasets.area import Area
+
+    lines: list[str] = []
+    tr = BaseTrainer("lit", "u", Area("g", lon=[0, 40], lat=[0, 30]), LitMap, Grid, tmp_path / "lit.pt",
+                     trainer_params=quiet(epochs=3, output_dir=str(tmp_path / "runs"), validation_interval=1),
+                     log=lines.append)  # fmt: skip
+    model = tr.train()
+    assert model._trainer is None  # given back without plainloop attached
+    assert any("the model's own AdamW" in ln for ln in lines)
+    assert model.net.lin.weight.grad is None and tr.trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 / 8)
     assert math.isfinite(tr.summary["final_metrics"]["val_loss"])

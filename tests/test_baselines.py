@@ -105,3 +105,55 @@ def test_nan_on_an_ocean_cell_is_an_error():
     a[10, 2, 2] = np.nan
     with pytest.raises(ValueError, match="not finite"):
         DampedPersistence.fit(a, 1, np.ones((6, 5), bool))
+
+
+def test_hybrid_recovers_the_ar1_coefficient_of_the_eof_residual():
+    from utils.baselines import HybridLIM
+
+    shape, T, phi = (6, 5), 6000, 0.7
+    P, sw = _patterns(3, shape)
+    rng = np.random.default_rng(3)
+    x = np.zeros((T, 3))
+    r = np.zeros((T, shape[0] * shape[1]))
+    for t in range(1, T):
+        x[t] = 0.8 * x[t - 1] + 3.0 * rng.standard_normal(3)  # large-scale modes the LIM keeps
+        r[t] = phi * r[t - 1] + np.sqrt(1 - phi**2) * rng.standard_normal(r.shape[1])  # grid-scale AR(1)
+    r -= (r @ P.T) @ P  # the residual lies outside the modes' span (weighted space: r is weighted already)
+    field = ((x @ P + r) / sw).reshape(T, *shape)
+    for lead in (1, 3):
+        hyb = HybridLIM.fit(field, LATS, lead, max_modes=3)
+        assert hyb.lim.modes == 3
+        np.testing.assert_allclose(hyb.residual.r, phi**lead, atol=0.05)
+    # at lead 1 the hybrid beats the LIM alone by the residual's predictable part
+    hyb = HybridLIM.fit(field[:5000], LATS, 1, max_modes=3)
+    last, truth = field[5000:-1], field[5001:]
+    err_h = np.mean((hyb.predict(last) - truth) ** 2)
+    err_l = np.mean((hyb.lim.predict(last, 1) - truth) ** 2)
+    assert err_h < err_l
+    fitted = fit_baselines(field[:5000], LATS, np.ones(shape, bool), 1, max_modes=3)
+    ct = np.zeros((2,) + shape)
+    f = baseline_forecasts(fitted, 1, last[:2], ct, ct)
+    np.testing.assert_allclose(f["hybrid"], hyb.predict(last[:2]))
+
+
+def test_ridge_correction_finds_a_seasonally_modulated_error():
+    from utils.baselines import LinearInverseModel, RidgeCorrection
+
+    shape, T = (6, 5), 1200
+    P, sw = _patterns(2, shape)
+    rng = np.random.default_rng(4)
+    pcs = rng.standard_normal((T, 2))
+    field = ((pcs @ P) / sw).reshape(T, *shape)
+    cal = np.arange(T) % 12
+    gain = np.cos(2 * np.pi * cal / 12)  # the error the base forecast misses flips sign with the season
+    err = np.zeros_like(field)
+    err[1:] = gain[1:, None, None] * 0.5 * field[:-1]
+    basis = LinearInverseModel.fit(field, LATS, variance=0.999, max_modes=2)
+    inputs, target = field[:-1, None], err[1:]
+    tr, te = slice(0, 1000), slice(1000, None)
+
+    def mse(seasonal: bool) -> float:
+        rc = RidgeCorrection.fit(basis, inputs[tr], cal[1:][tr], target[tr], modes=2, seasonal=seasonal, alpha=1e-4)
+        return float(np.mean((rc.predict(inputs[te], cal[1:][te]) - target[te]) ** 2))
+
+    assert mse(True) < 0.05 * np.mean(target[te] ** 2) < mse(False)

@@ -313,3 +313,27 @@ def test_scaling_quick(tmp_path):
     have = importlib.util.find_spec("xarray") is not None
     assert bool(res["config"]["peers"]) == have
     assert (tmp_path / "s.md").read_text().count("| legacy |") == 2
+
+
+def test_lightning_model_benchmark_quick(tmp_path):
+    """benchmarks/lightning_model.py: a LightningModule under lightning.Trainer and plainloop, side by side."""
+    pytest.importorskip("lightning")
+    from benchmarks.lightning_model import main
+
+    out = tmp_path / "lm.json"
+    result = main(["--quick", "--out", str(out)])
+    assert out.is_file() and out.with_suffix(".md").is_file()
+    assert {r["trainer"] for r in result["runs"]} == {"lightning", "plainloop"}
+    # the same model, data and schedule: the two trainers end close (not bit-equal: different shuffles)
+    v = result["val_loss"]
+    assert abs(v["plainloop"]["median"] - v["lightning"]["median"]) < 0.2 * v["lightning"]["median"]
+
+
+def test_user_loop_benchmark_quick(tmp_path):
+    """benchmarks/user_loop.py: plainloop vs a hand loop on an in-memory dataset; auto picks 0 workers for it."""
+    from benchmarks.user_loop import main
+
+    result = main(["--quick", "--out", str(tmp_path / "ul.json")])
+    assert result["auto_num_workers"] == 0
+    assert result["index_cost_s_per_sample"] < result["cheap_threshold_s_per_sample"]
+    assert set(result["crossover_s"]) == {"0.0", "30.0"}

@@ -54,8 +54,10 @@ def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     assert ck["step"] == 4 and ck["batches_done"] == 8
     rows = metric_rows(run)
     assert [r["signal"] for r in rows if r["kind"] == "event"] == ["SIGTERM"]  # rank 0 wrote once
-    # the printed command resumes with both processes (a plain "python ..." resumed with one)
-    assert f"Resume with: torchrun --standalone --nproc_per_node 2 train_optimized.py --resume {run}" in proc.stdout
+    # the printed resume call relaunches with both processes (a plain "python ..." resumed with one); this is a
+    # user's script (not train_optimized.py), so the line shows the Python call, not plainloop's flags
+    assert f"resume='{run}'" in proc.stdout
+    assert "then run torchrun --standalone --nproc_per_node 2 ddp_script.py again" in proc.stdout
     assert_both_ranks_stopped_cleanly(proc)
 
 
@@ -167,7 +169,8 @@ def test_a_one_process_run_resumed_by_two_processes_is_a_clear_error(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert f"{one / 'ddp'} was written by a run of 1 process and this one has 2" in out, out[-3000:]
-    assert f"Resume it with 1: python train_optimized.py --resume {one / 'ddp'}" in out
+    assert f"Resume it with 1: TrainConfig(..., resume='{one / 'ddp'}')" in out  # a user's script: the Python call
+    assert "then run python ddp_script.py again" in out
     assert last.read_bytes() == before  # nothing lost
 
 
@@ -189,3 +192,14 @@ def test_a_two_process_run_resumed_by_one_process_is_a_one_line_error(tmp_path, 
     fix = f"Resume it with 2: torchrun --standalone --nproc_per_node 2 train_optimized.py --resume {run} ("
     assert fix in err[0] and err[0].endswith("(settings changed from the saved run: max_steps 2 -> 4 (given now))")
     assert all(p.read_bytes() == b for p, b in files.items())
+
+
+def test_a_lightning_style_model_trains_under_ddp_with_its_gradients_synchronised(tmp_path):
+    """training_step reached through DDP's forward: the replicas stay equal (different data on each rank)."""
+    proc = torchrun(tmp_path, "lightning")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((proc.out / "ddp" / "summary.json").read_text())
+    assert summary["ddp_max_weight_diff"] == 0.0
+    rows = [r for r in metric_rows(proc.out / "ddp") if r["kind"] == "train"]
+    assert all("train_mse" in r for r in rows) and rows[-1]["lr"] < 0.05  # its logs and its own schedule
+    assert "val_loss" in summary["final_metrics"]

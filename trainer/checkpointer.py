@@ -8,7 +8,6 @@ the digest, safe loading) is `trainer/checkpoint.py`.
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from .optim import Schedule
 from .runfiles import RunDirError, RunFiles, finished
 from .setup import Runtime, launch_prefix, rng_state, set_rng_state
 from .step import OptimizerStep
+from .usercode import resume_hint
 
 FORMAT = "plainloop-2"  # plainloop-1 (the scaler at the top level, no opt_step) still loads
 
@@ -77,6 +77,7 @@ class Checkpointer:
         # the run's full resolved settings ({table: {key: value}}, as config.toml holds them): every checkpoint
         # carries them, so `--resume RUN_DIR` alone restores the run even with config.toml missing or empty
         self.settings: dict[str, dict[str, Any]] | None = None
+        self.sampler_epoch_state: dict[str, Any] | None = None  # the sampler's state at this epoch's start
 
     # ------------------------------------------------------------------ out
     def state(self) -> dict[str, Any]:
@@ -89,7 +90,7 @@ class Checkpointer:
             "epoch": p.epoch,
             "step": p.step,
             "batches_done": p.batches_done,
-            "sampler": {**self.sampler.state_dict(), "epoch": p.epoch, "batches_done": p.batches_done},
+            "sampler": {**self._sampler_state(), "epoch": p.epoch, "batches_done": p.batches_done},
             "best": self.best.state_dict(),
             # a checkpoint written right before a validation: a resume runs that validation first (None: none due)
             "val_pending": p.val_pending,
@@ -108,6 +109,13 @@ class Checkpointer:
         if callbacks:  # only when a callback keeps state: checkpoints without one stay as they were
             state["callbacks"] = callbacks
         return state
+
+    def _sampler_state(self) -> dict[str, Any]:
+        """Mid-epoch: the sampler's state from the epoch's start (a resume draws that epoch's order again and skips
+        what was trained); at an epoch's end: its state now. A sampler without state_dict: position only."""
+        if self.progress.batches_done and self.sampler_epoch_state is not None:
+            return dict(self.sampler_epoch_state)
+        return self.sampler.state_dict() if hasattr(self.sampler, "state_dict") else {}
 
     def save(self, name: str, run_dir: Path, files: RunFiles | None) -> Path:
         """Write checkpoints/<name> atomically, refusing non-finite weights (they would poison a resume).
@@ -173,6 +181,8 @@ class Checkpointer:
             self.opt_step.scaler.load_state_dict(ckpt["scaler"])
         p = self.progress
         p.epoch, p.step, p.batches_done = int(ckpt["epoch"]), int(ckpt["step"]), int(ckpt["batches_done"])
+        if hasattr(self.sampler, "load_state_dict") and "sampler" in ckpt:
+            self.sampler.load_state_dict(ckpt["sampler"])  # its own state (an RNG, a stream's position) too
         best = ckpt.get("best")
         self.best.load_state_dict(best if isinstance(best, dict) else {"best": best})
         set_rng_state(ckpt["rng"])
@@ -197,7 +207,8 @@ class Checkpointer:
                 f"steps (--max_steps {p.step} or more --epochs), or leave the length as the run had it"
             )
         old_total = ckpt["scheduler"].get("total_steps")
-        if old_total is not None and int(old_total) != total_steps:
+        now_total = getattr(self.schedule, "total_steps", total_steps)  # lr_decay_steps: the schedule's own horizon
+        if old_total is not None and int(old_total) != now_total:
             notes.append(
                 f"schedule: the run now has {total_steps} optimizer steps (was {old_total}); warm-up and "
                 f"cosine are recomputed for the new length and continue from step {p.step}"
@@ -235,8 +246,8 @@ class Checkpointer:
         raise ResumeError(
             f"{path} was written by a run of {old} process{'es' if int(old) > 1 else ''} and this one has "
             f"{self.rt.world_size}: its steps, its position in the epoch and its effective batch (batch_size x "
-            f"processes) do not carry over to another number. Resume it with {old}: {launch} train_optimized.py "
-            f"--resume {shlex.quote(str(path))}"
+            f"processes) do not carry over to another number. Resume it with {old}: "
+            f"{resume_hint(path, launch)}"
         )
 
     def _read_best_json(self, run_dir: Path) -> None:

@@ -494,6 +494,47 @@ class TrainConfig:
         SAFE,
         min=1,
     )
+    # your model as it is: training order, AdamW knobs, decay horizon, validation cap
+    shuffle: bool = knob(True, "shuffle the training samples each epoch; off trains in time order", DATA)
+    adam_betas: tuple[float, float] = knob(
+        (0.9, 0.999), "AdamW betas of the built-in optimizer (nanoGPT: 0.9 0.95)", OPTIM
+    )
+    adam_eps: float = knob(1e-8, "AdamW eps of the built-in optimizer", OPTIM, gt=0)
+    fused: bool | None = knob(None, "fused AdamW kernel of the built-in optimizer: auto (on), on or off", OPTIM)
+    lr_decay_steps: int | None = knob(
+        None,
+        "optimizer steps the cosine decay spans, counted from step 0 (nanoGPT's lr_decay_iters); later steps stay "
+        "at lr x min_lr_ratio (default: the whole run)",
+        OPTIM,
+        min=1,
+    )
+    limit_val_batches: int | None = knob(
+        None, "score at most N batches per validation (Lightning's limit_val_batches as a count)", LOG, min=1
+    )
+    # weight averaging and model knobs (issue 20; one block)
+    ema_decay: float | None = knob(
+        None,
+        "keep an exponential moving average (EMA) of the weights with this decay, e.g. 0.999, in [0, 1); "
+        "validation, best.pt and test use it, raw_<metric> = the trained weights' scores (default: off)",
+        "weight averaging",
+        min=0,
+    )
+    ema_every: int = knob(1, "update the EMA every N optimizer steps", "weight averaging", min=1)
+    ema_warmup: bool = knob(
+        True,
+        "ramp the EMA decay up as timm's ModelEmaV3: 1 - (1 + step)^-power, capped at ema_decay",
+        "weight averaging",
+    )
+    ema_warmup_power: float = knob(
+        0.75, "EMA warm-up power: 3/4 reaches 0.999 at ~10k steps, 2/3 at ~31.6k (timm)", "weight averaging", gt=0
+    )
+    channels_last: bool = knob(
+        False, "NHWC memory format for 4-D weights and batches (speeds convolutions on tensor-core GPUs)", PREC
+    )
+    deterministic: bool = knob(
+        False, "torch.use_deterministic_algorithms and seeded loader workers: repeatable runs, often slower", RUN
+    )
+    sync_batchnorm: bool = knob(False, "DDP: BatchNorm statistics over all processes (SyncBatchNorm)", PREC)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -507,6 +548,8 @@ class TrainConfig:
             raise ConfigError(f"{where}: give max_steps (optimizer steps) or max_batches (batches), not both")
         if self.val_check_steps is not None and self.val_check_batches is not None:
             raise ConfigError(f"{where}: give val_check_steps or val_check_batches, not both")
+        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
+            raise ConfigError(f"{where}: adam_betas={tuple(self.adam_betas)}; give two numbers in [0, 1)")
 
     # ---- what the loop runs -------------------------------------------------------------------------------
     def effective(self) -> TrainConfig:

@@ -6,6 +6,7 @@ each, never per step.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,9 +17,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from .config import TrainConfig, default_num_workers, usable_cpus
+from .knobs import deterministic_worker
 from .setup import Runtime
 from .signals import ignore_stop_signals
 from .task import Task
+from .usercode import StreamBatches, auto_workers_for, batch_sampler_state_note, is_stream, stream_steps_error
 
 
 class ShardedBatchSampler:
@@ -135,7 +138,8 @@ def loader_settings(cfg: TrainConfig, device: torch.device, world_size: int = 1)
         notes.append("pin_memory: off (no CUDA device; pinning only helps host-to-GPU copies)")
     kw: dict[str, Any] = {"num_workers": workers, "pin_memory": pin}
     if workers > 0:
-        kw["worker_init_fn"] = ignore_stop_signals  # a stop signal is the training process's to handle
+        # a stop signal is the training process's to handle; deterministic: workers also seed numpy and random
+        kw["worker_init_fn"] = deterministic_worker if cfg.deterministic else ignore_stop_signals
         kw["persistent_workers"] = cfg.persistent_workers
         kw["prefetch_factor"] = cfg.prefetch_factor
         ctx = cfg.multiprocessing_context
@@ -287,20 +291,53 @@ def build_data(task: Task, cfg: TrainConfig, rt: Runtime) -> TrainData:
                 f"the data is held on {rt.device.type}; device_cache off (--device_cache off) brings the loader back"
             )
     else:
-        loader_kw, more = loader_settings(cfg, rt.device, rt.world_size)
+        lcfg = cfg
+        if cfg.num_workers is None and is_stream(task.train_set):
+            lcfg = dataclasses.replace(cfg, num_workers=0, persistent_workers=False)
+            notes.append(
+                "num_workers: auto -> 0 for a stream (IterableDataset); give num_workers to read it in workers"
+            )
+        elif cfg.num_workers is None:  # an in-memory dataset cheap to index is faster without workers (measured)
+            workers, note = auto_workers_for(task.train_set)
+            if workers == 0 and note:
+                lcfg = dataclasses.replace(cfg, num_workers=0, persistent_workers=False)
+                notes.append(note)
+        loader_kw, more = loader_settings(lcfg, rt.device, rt.world_size)
         notes += more
     sampler: Any
+    if is_stream(task.train_set):
+        if cfg.max_steps is None:
+            raise ValueError(stream_steps_error(f"Task {task.name!r} train_set"))
+        stream = StreamBatches(
+            task.train_set,  # type: ignore[arg-type]  # checked by is_stream
+            cfg.batch_size,
+            cfg.max_steps * cfg.accumulate_grad_batches,
+            loader_kw,
+            task.collate_fn,
+            cfg.drop_last,
+            cfg.seed + rt.rank,
+        )
+        if loader_kw.get("num_workers"):
+            notes.append(
+                f"data: {type(task.train_set).__name__} is a stream read by {loader_kw['num_workers']} worker(s): "
+                f"each worker runs the whole stream unless it splits itself with torch.utils.data.get_worker_info()"
+            )
+        return TrainData(stream, stream, False, resident, loader_kw, notes)
     if task.batch_sampler_fn is not None:
         sampler = task.batch_sampler_fn(task.train_set, cfg.batch_size, cfg.seed, rt.rank, rt.world_size, cfg.drop_last)
     else:
         sampler = ShardedBatchSampler(
             len(task.train_set),  # type: ignore[arg-type]  # a map-style dataset has a length
             cfg.batch_size,
+            shuffle=cfg.shuffle,
             seed=cfg.seed,
             rank=rt.rank,
             world_size=rt.world_size,
             drop_last=cfg.drop_last,
         )
+    note = batch_sampler_state_note(sampler)
+    if note:
+        notes.append(note)
     kw = {} if on_device else dict(loader_kw, generator=torch.Generator().manual_seed(cfg.seed + rt.rank))
     loader = build_loader(task.train_set, sampler, rt.device, kw, task.collate_fn, gatherer)
     return TrainData(loader, sampler, on_device, resident, loader_kw, notes)

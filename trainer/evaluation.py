@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -12,6 +13,7 @@ from .config import TrainConfig
 from .data import ShardedBatchSampler, batch_size_of, build_loader, to_device
 from .setup import Runtime
 from .task import LossFn, Task
+from .usercode import eval_batches, is_stream
 
 
 def mean_loss(
@@ -92,6 +94,8 @@ class Evaluator:
     ) -> None:
         self.task, self.model, self.rt, self.loss_fn = task, model, rt, loss_fn
         self.cfg, self.loader_kw, self.resident = cfg, loader_kw, resident
+        # a Lightning-style model's own evaluation: (model, split, batches) -> scores (trainer/model_protocol.py)
+        self.own: Callable[[nn.Module, str, Iterator[tuple[int, Any]]], dict[str, float]] | None = None
 
     def __call__(self, split: str) -> dict[str, float]:
         """Scores on `split` ("val" or "test"); {} when the task has no such split."""
@@ -105,13 +109,34 @@ class Evaluator:
             with torch.no_grad(), rt.autocast():
                 if task.evaluate_fn is not None:
                     out = task.evaluate_fn(model, split, rt.device)
+                elif self.own is not None:
+                    out = self.own(model, split, self.batches(ds))
                 else:
-                    cfg = self.cfg
-                    loss = mean_loss(
-                        ds, model, rt, self.loss_fn, cfg.batch_size, self.loader_kw, self.resident, cfg.seed,
-                        task.collate_fn,
-                    )  # fmt: skip
-                    out = {f"{split}_loss": loss}
+                    total, count = torch.zeros((), device=rt.device), 0
+                    for _, batch in self.batches(ds):
+                        n = batch_size_of(batch)
+                        total += self.loss_fn(model, batch).float() * n
+                        count += n
+                    out = {f"{split}_loss": (total / max(count, 1)).item()}  # note: sync point (validation)
         finally:
             model.train(was_training)
         return {k: float(v) for k, v in out.items()}
+
+    def batches(self, ds: Any) -> Iterator[tuple[int, Any]]:
+        """(index, batch on the device) over a split in order, at most cfg.limit_val_batches of them; a private
+        generator, so evaluating never draws from the global RNG (exact resume)."""
+        cfg, rt = self.cfg, self.rt
+        if is_stream(ds):
+            for i, batch in enumerate(eval_batches(ds, cfg.batch_size, self.loader_kw, self.task.collate_fn,
+                                                   cfg.limit_val_batches)):  # fmt: skip
+                yield i, to_device(batch, rt.device)
+            return
+        gatherer = self.resident.get(id(ds))
+        sampler = ShardedBatchSampler(len(ds), min(cfg.batch_size, len(ds)), shuffle=False, drop_last=False)
+        kw = {k: v for k, v in self.loader_kw.items() if k != "persistent_workers"}
+        kw["generator"] = torch.Generator().manual_seed(cfg.seed)
+        loader = build_loader(ds, sampler, rt.device, kw, self.task.collate_fn, gatherer)
+        for i, batch in enumerate(loader):
+            if cfg.limit_val_batches is not None and i >= cfg.limit_val_batches:
+                break
+            yield i, (to_device(batch, rt.device) if gatherer is None else batch)

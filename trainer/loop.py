@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-import shlex
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,12 +28,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from . import knobs
 from .checkpointer import Checkpointer, Progress
 from .config import TrainConfig
 from .data import batch_size_of, build_data, close_loader, split_batch, to_device
+from .ema import EMA
 from .evaluation import BestTracker, Evaluator
 from .finish import TrainingDiverged, TrainingStopped, ddp_weight_diff, summary_of
 from .hooks import Hooks, Monitor
+from .model_protocol import ModelParts, model_parts
 from .optim import Schedule, build_optimizer
 from .options import write_config_file
 from .progress import epoch_line, open_bar
@@ -43,6 +45,7 @@ from .setup import Runtime, launch_prefix, resolve_runtime, seed_everything
 from .signals import StopRequest, agree_stop
 from .step import OptimizerStep
 from .task import LossFn, Task, pick_default_loss, read_step_metrics
+from .usercode import is_stream, rerun_hint, resume_hint
 
 _NULL = contextlib.nullcontext()  # stateless, so one instance serves every step
 
@@ -74,6 +77,7 @@ class Trainer:
     # model and optimization
     raw_model: nn.Module  # the user's module
     model: nn.Module  # raw_model, maybe wrapped in DDP and/or torch.compile: what the step calls
+    parts: ModelParts | None  # a Lightning-style model's training_step, hooks and self.log (model_protocol.py)
     loss_fn: LossFn
     global_batch: int  # samples per optimizer step over all processes
     optimizer: torch.optim.Optimizer
@@ -82,6 +86,7 @@ class Trainer:
     optimizer_hparams: dict[str, Any]  # the optimizer's real hyper-parameters (build_optimizer)
     opt: OptimizerStep  # backward and the guarded optimizer step
     chunks: int  # micro-batches each batch is cut into after a CUDA out-of-memory error
+    model_size: dict[str, Any]  # parameters (total, trainable) and MB of parameters + buffers (knobs.parameter_count)
     # the parts
     progress: Progress  # epoch, step, position in the epoch, validation bookkeeping
     best: BestTracker
@@ -99,6 +104,8 @@ class Trainer:
     last_row: dict[str, Any]  # the last train row (for the epoch line)
     last_val: dict[str, float]  # the last validation's scores (for the summary)
     stats: dict[str, float]  # samples, iterations and their timings (for the summary)
+    _t_val_end: float | None  # when the last validation ended (the slow-validation warning)
+    _warned_slow_val: bool
     _start_batches: int  # where this process's fit() began (ETA, steps_this_process)
     _start_step: int
 
@@ -117,6 +124,7 @@ class Trainer:
         self.progress, self.chunks = Progress(), 1
         self.run_dir, self.files, self.bar, self.stopping = None, None, None, None
         self.last_row, self.last_val = {}, {}
+        self._t_val_end, self._warned_slow_val = None, False
         self.stats = {"samples": 0, "data_s": 0.0, "iters": 0, "iter_s": 0.0}
         self._start_batches = self._start_step = 0
         cfg = self.cfg
@@ -130,6 +138,8 @@ class Trainer:
             torch.set_num_threads(cfg.num_threads)
         if self.requested.baseline:
             self.notes.append("baseline: fp32, num_workers=0, no pinning, .item() every step, validate every epoch")
+        if cfg.deterministic:  # before the model or the data touch a kernel (cuBLAS reads its setting once)
+            self.notes += knobs.deterministic(cfg.seed, rt.device)
 
         # data, and the run's length
         data = build_data(task, cfg, rt)
@@ -141,10 +151,23 @@ class Trainer:
         self.total_steps = cfg.max_steps or cfg.epochs * self.steps_per_epoch
         self.max_epochs = math.ceil(self.total_steps / self.steps_per_epoch)
 
-        # model and loss
+        # model and loss; the model knobs (trainer/knobs.py) before the optimizer sees the parameters
         self.model = self.raw_model = task.model.to(rt.device)
+        if cfg.sync_batchnorm:
+            self.model, note = knobs.sync_batchnorm(self.raw_model, rt.world_size, rt.device)
+            self.raw_model = self.model
+            self.notes += [note] if note else []
+        if cfg.channels_last:
+            self.notes.append(knobs.channels_last(self.raw_model, rt.device))
+        self.model_size = knobs.parameter_count(self.raw_model)
+        # a Lightning-style model brings its training_step and hooks (trainer/model_protocol.py)
+        self.parts = model_parts(self.raw_model)
+        if self.parts is not None:
+            self.callbacks.append(self.parts.hooks)  # before the schedulers' callback: on_train_epoch_end logs first
         if task.loss_fn is not None:
             self.loss_fn = task.loss_fn
+        elif self.parts is not None and self.parts.loss_fn is not None:
+            self.loss_fn = self.parts.loss_fn
         else:
             self.loss_fn, note = pick_default_loss(self.raw_model, _first_sample(task.train_set))
             if note:
@@ -157,6 +180,8 @@ class Trainer:
         self.warmup_steps = int(setup.hparams.get("warmup_steps", 0))
         self.notes += setup.notes
         self.callbacks += setup.callbacks
+        if self.parts is not None:
+            self.parts.bind(self.optimizer, self.scheduler, setup.callbacks)
         fp16 = rt.amp_dtype == torch.float16
         self.opt = OptimizerStep(
             self.optimizer,
@@ -171,9 +196,15 @@ class Trainer:
             self.notes.append(f"loss scale: static {cfg.scale_value():g}")
 
         # the parts: callbacks, evaluation, checkpoints
+        if cfg.ema_decay is not None and not any(isinstance(cb, EMA) for cb in self.callbacks):
+            ema = EMA.from_config(cfg)  # an ordinary callback; its state rides in the checkpoints
+            self.callbacks.append(ema)
+            self.notes.append(ema.describe())
         self.best = BestTracker(task.monitor_metric, task.monitor_mode)
         self.hooks = Hooks(self.callbacks, self, rt.is_main)
         self.evaluator = Evaluator(task, self.raw_model, rt, self.loss_fn, cfg, self.loader_kw, self.resident)
+        if self.parts is not None and self.parts.evaluates and task.evaluate_fn is None:
+            self.evaluator.own = self.parts.adapter.evaluate  # validation_step / test_step
         self.checkpointer = Checkpointer(
             model=self.raw_model,
             optimizer=self.optimizer,
@@ -190,6 +221,8 @@ class Trainer:
         if cfg.resume:
             path = Path(cfg.resume)
             self.run_dir = self.checkpointer.resume(path, self.total_steps, self.batches_per_epoch, self.notes)
+            if is_stream(task.train_set):  # a stream is one long epoch of this run's length: count its batches
+                self.progress.epoch, self.progress.batches_done = 0, self.progress.step * cfg.accumulate_grad_batches
 
         # wrappers last: checkpoints hold the raw model's state
         if rt.distributed:
@@ -274,6 +307,7 @@ class Trainer:
             self.monitor.start_monitoring()
             t0 = time.perf_counter()
             self._start_batches, self._start_step = self.batches_total_done(), self.progress.step
+            self._t_val_end = t0
             try:
                 self.bar = self._open_bar()
                 self.hooks("on_train_start")
@@ -330,15 +364,25 @@ class Trainer:
         cfg, p, hooks = self.cfg, self.progress, self.hooks
         self.model.train()
         start, nb = p.batches_done, self.batches_per_epoch
+        replay = 0
         if start == 0:
             self.sampler.set_epoch(p.epoch)
-        else:  # resuming mid-epoch: the sampler regenerates this epoch's order and skips what was consumed
+        elif hasattr(self.sampler, "load_state_dict"):
+            # resuming mid-epoch: the sampler regenerates this epoch's order and skips what was consumed
             self.sampler.load_state_dict({**self.sampler.state_dict(), "epoch": p.epoch, "batches_done": start})
+        else:  # a sampler without state: replay its epoch and drop the batches already trained
+            self.sampler.set_epoch(p.epoch)
+            replay = start
+        # the sampler's state before this epoch's order is drawn: a checkpoint mid-epoch saves it, so that a resume
+        # draws the same order again (a sampler with its own RNG) and skips the batches already trained
+        self.checkpointer.sampler_epoch_state = self.sampler.state_dict() if hasattr(self.sampler, "state_dict") else {}
         hooks("on_train_epoch_start", p.epoch)
         pending: list[torch.Tensor] = []  # per-batch losses, kept on the device until the next log point
         n_samples = n_iters = 0  # this epoch's totals, and since the last log point (i_*)
         data_s = iter_s = i_data = 0.0
         it: Iterator[Any] = iter(self.loader)
+        for _ in range(replay):
+            next(it)
         window_start, t0, agreed = start, time.perf_counter(), False
         i_samples, i_t = 0, t0
         norm: torch.Tensor | None = None
@@ -347,6 +391,8 @@ class Trainer:
             batch = next(it)
             if not self.on_device:
                 batch = to_device(batch, self.rt.device)
+            if cfg.channels_last:
+                batch = knobs.to_channels_last(batch)
             t_data = time.perf_counter() - t0
             if hooks.batch_start:
                 hooks("on_train_batch_start", batch, i)
@@ -466,6 +512,8 @@ class Trainer:
             "data_wait_frac": data_s / elapsed,
             "skipped_steps": skipped,
         }
+        if self.parts is not None:
+            row.update(self.parts.hooks.train_logs())  # the model's self.log values, averaged since the last point
         if norm is not None:
             row["grad_norm"] = norm.item()  # note: sync point (NORM_EVERY)
             row.update(read_step_metrics(self.task))
@@ -503,7 +551,9 @@ class Trainer:
         if self.task.val_set is None:
             return {}
         self.hooks("on_validation_start")
+        t_start = time.perf_counter()
         metrics = self._from_rank0(self.evaluate("val") if self.rt.is_main else {})  # also the barrier
+        self._warn_slow_validation(t_start, time.perf_counter())
         self.hooks("on_validation_end", metrics)  # may replace or add scores: what follows reads the dict after it
         metrics = self._from_rank0(metrics)
         improved = self.best.update(metrics)
@@ -521,6 +571,22 @@ class Trainer:
             if improved and self.cfg.save_best:
                 self._save("best.pt")
         return metrics
+
+    def _warn_slow_validation(self, t_start: float, t_end: float) -> None:
+        """Once per run: a validation that took longer than the training since the previous one, with the fixes."""
+        prev, self._t_val_end = self._t_val_end, t_end
+        if prev is None or self._warned_slow_val:
+            return
+        val_s, train_s = t_end - t_start, t_start - prev
+        if val_s > train_s > 0:
+            self._warned_slow_val = True
+            msg = (
+                f"validation took {val_s:.1f} s, longer than the {train_s:.1f} s of training since the previous "
+                f"one: validate less often (validation_interval, val_check_steps) or score fewer batches "
+                f"(limit_val_batches)"
+            )
+            self.notes.append(msg)
+            self.log(f"[plainloop] {msg}")
 
     def _validate_pending(self) -> dict[str, float]:
         """The validation last.pt announced; a stop during it writes last.pt again, without the pending mark."""
@@ -546,7 +612,8 @@ class Trainer:
 
     def _test(self) -> dict[str, float]:
         """Rank 0 scores the test split (with best.pt's weights under test_with_best); then on_test_end."""
-        if self.task.test_set is None or self.task.evaluate_fn is None or not self.rt.is_main:
+        own_test = self.parts is not None and self.parts.adapter.test_step is not None
+        if self.task.test_set is None or (self.task.evaluate_fn is None and not own_test) or not self.rt.is_main:
             return {}
         assert self.run_dir is not None
         best = self.run_dir / "checkpoints" / "best.pt"
@@ -598,8 +665,8 @@ class Trainer:
         name = self.stop.name
         msg = (
             f"{name}: stopped after step {self.progress.step} ({self.progress.position(self.batches_per_epoch)}); "
-            f"{self.run_dir / 'checkpoints' / 'last.pt'} written. Resume with: {launch_prefix()} train_optimized.py "
-            f"--resume {shlex.quote(str(self.run_dir))}"
+            f"{self.run_dir / 'checkpoints' / 'last.pt'} written. Resume with: "
+            f"{resume_hint(self.run_dir, launch_prefix())}"
         )
         self._row({"kind": "event", "step": self.progress.step, "event": "stopped", "signal": name})
         self.log(f"[plainloop] {msg}")
@@ -639,9 +706,9 @@ class Trainer:
         for n in self.notes:
             self.log(f"[plainloop] {n}")
         self.log(
-            f"[plainloop] {self.task.name}: {len(self.task.train_set)} train samples, "  # type: ignore[arg-type]
+            f"[plainloop] {self.task.name}: {_samples(self.task.train_set)} train samples, "
             f"{self.batches_per_epoch} batches/epoch, {self.total_steps} optimizer steps, device {rt.device}, "
-            f"precision {rt.precision}, run dir {self.run_dir}"
+            f"precision {rt.precision}, model {knobs.describe_parameters(self.model_size)}, run dir {self.run_dir}"
         )
 
     def _write_config(self, files: RunFiles, run_dir: Path) -> None:
@@ -668,6 +735,7 @@ class Trainer:
                     "notes": self.notes,
                 },
                 "task": {"name": self.task.name, **self.task.info},
+                "optimizer": self.optimizer_hparams,  # the real hyper-parameters of the optimizer that runs
             },
         )
         settings = {**self.config_sections, "train": resolved}
@@ -675,8 +743,7 @@ class Trainer:
         write_config_file(
             run_dir / "config.toml",
             settings,
-            f"Resolved configuration of this run: re-run it with\n"
-            f"python train_optimized.py --config {shlex.quote(str(run_dir / 'config.toml'))}",
+            rerun_hint(run_dir / "config.toml"),
         )
 
     def _on_row(self, row: dict[str, Any]) -> None:
@@ -710,6 +777,7 @@ class Trainer:
             total_steps=self.total_steps,
             row=self.last_row,
             eta_s=eta,
+            extra=self.parts.adapter.logger.train_names if self.parts is not None else (),
         )
 
     # ------------------------------------------------------------------ the summary
@@ -736,6 +804,11 @@ class Trainer:
 
     def _finish(self, train_time: float, test: dict[str, float], weight_diff: float | None) -> dict[str, Any]:
         summary = self._summary(train_time, self.last_val, test, weight_diff)
+        summary["model"] = {
+            "parameters": self.model_size["total"],
+            "trainable": self.model_size["trainable"],
+            "size_mb": self.model_size["size_mb"],
+        }
         self.hooks("on_fit_end", summary)
         if self.files is not None:
             self.files.write_json("summary.json", summary)
@@ -752,3 +825,10 @@ def _first_sample(ds: Any) -> Any:
     if isinstance(sample, list | tuple) and len(sample) > 1 and isinstance(sample[1], torch.Tensor):
         return sample
     return None
+
+
+def _samples(ds: Any) -> str:
+    try:
+        return str(len(ds))
+    except TypeError:  # a stream (IterableDataset)
+        return "streamed"

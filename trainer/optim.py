@@ -74,37 +74,40 @@ class OptimizerSetup:
 def build_optimizer(
     model: nn.Module, cfg: TrainConfig, runtime: Runtime, global_batch: int, total_steps: int
 ) -> OptimizerSetup:
-    """The model's own `configure_optimizers()` when it has one, else plainloop's AdamW; warmup + cosine on top."""
+    """The model's own `configure_optimizers()` (any of Lightning's forms, trainer/model_protocol.py) and its
+    schedulers, as they are; else plainloop's AdamW with warm-up + cosine and lr scaling."""
+    from .model_protocol import epoch_callbacks, model_optimizer
+
     fp16 = runtime.amp_dtype == torch.float16
     notes: list[str] = []
-    configure = getattr(model, "configure_optimizers", None)
-    if callable(configure):
-        optimizer = configure()
-        tensor_lr = isinstance(optimizer.param_groups[0]["lr"], torch.Tensor)
-        if runtime.device.type == "cuda" and not tensor_lr:
-            notes.append(
-                "schedule: the model's own optimizer has a float lr, so a skipped step still advances the schedule"
-            )
-        lr = float(optimizer.param_groups[0]["lr"])
-    else:
-        base_lr = getattr(model, "learning_rate", None) or cfg.lr
-        lr = scaled_lr(base_lr, global_batch, cfg.ref_batch_size, cfg.lr_scaling)
-        if lr != base_lr:
-            notes.append(
-                f"lr: {base_lr:.3g} -> {lr:.3g} ({cfg.lr_scaling} scaling, batch {cfg.ref_batch_size} "
-                f"-> {global_batch})"
-            )
-        # a device-side schedule never needs to ask whether a step was skipped (CUDA, and fp16 anywhere)
-        tensor_lr = runtime.device.type == "cuda" or fp16
-        optimizer = build_adamw(model, lr, cfg.weight_decay, runtime.device, tensor_lr)
-    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else min(500, int(0.05 * total_steps))
-    schedule = WarmupCosine(optimizer, total_steps, warmup, cfg.min_lr_ratio, on_device=tensor_lr)
+    base_lr = getattr(model, "learning_rate", None) or cfg.lr
+    own = model_optimizer(model, cfg, runtime.device, base_lr)
+    if own is not None:
+        # the model's optimizer and schedulers run unchanged: step-interval ones per optimizer step (own.schedule),
+        # epoch-interval and plateau ones from the model's hooks callback (they live in its state for resume)
+        return OptimizerSetup(own.optimizer, own.schedule, epoch_callbacks(own), own.notes, own.hparams)
+    lr = scaled_lr(base_lr, global_batch, cfg.ref_batch_size, cfg.lr_scaling)
+    if lr != base_lr:
+        notes.append(
+            f"lr: {base_lr:.3g} -> {lr:.3g} ({cfg.lr_scaling} scaling, batch {cfg.ref_batch_size} -> {global_batch})"
+        )
+    # a device-side schedule never needs to ask whether a step was skipped (CUDA, and fp16 anywhere)
+    tensor_lr = (runtime.device.type == "cuda" or fp16) and cfg.fused is not False
+    optimizer = build_adamw(model, lr, cfg.weight_decay, runtime.device, tensor_lr, cfg.adam_betas, cfg.adam_eps,
+                            cfg.fused)  # fmt: skip
+    horizon = cfg.lr_decay_steps or total_steps  # nanoGPT's lr_decay_iters: the cosine may end before the run
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else min(500, int(0.05 * horizon))
+    schedule = WarmupCosine(optimizer, horizon, warmup, cfg.min_lr_ratio, on_device=tensor_lr)
+    from .model_protocol import optimizer_hparams
+
     hparams = {
-        "optimizer": type(optimizer).__name__,
+        "source": "plainloop AdamW + warm-up/cosine",
+        **optimizer_hparams(optimizer),
         "lr": lr,
         "schedule": "warmup_cosine",
         "warmup_steps": warmup,
         "total_steps": total_steps,
+        "decay_steps": horizon,
         "min_lr_ratio": cfg.min_lr_ratio,
     }
     return OptimizerSetup(optimizer, schedule, [], notes, hparams)
@@ -126,7 +129,14 @@ def scaled_lr(lr: float, batch_size: int, ref_batch_size: int | None, rule: str)
 
 
 def build_adamw(
-    model: nn.Module, lr: float, weight_decay: float, device: torch.device, tensor_lr: bool
+    model: nn.Module,
+    lr: float,
+    weight_decay: float,
+    device: torch.device,
+    tensor_lr: bool,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    fused: bool | None = None,
 ) -> torch.optim.Optimizer:
     """AdamW with decay on matrices only (not on biases/norms); the fused kernel (CUDA and CPU)."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -137,7 +147,10 @@ def build_adamw(
     # A tensor lr lets the schedule skip steps without a host sync (fused AdamW accepts it). Fused on a CPU too:
     # one kernel per group instead of a Python loop over parameters (benchmarks/loop_overhead.py).
     lr_arg: float | torch.Tensor = torch.tensor(lr, device=device) if tensor_lr else lr
-    return torch.optim.AdamW(groups, lr=lr_arg, fused=True)
+    if fused is False and tensor_lr:
+        lr_arg = lr  # the for-each kernel wants a float lr unless capturable
+    b1, b2 = betas
+    return torch.optim.AdamW(groups, lr=lr_arg, betas=(b1, b2), eps=eps, fused=fused is not False)
 
 
 class WarmupCosine:

@@ -285,7 +285,7 @@ def check_keys(d: dict[str, Any], known: Iterable[str], where: str, valid: str |
     if hints:
         raise ConfigError(
             f"{where}: unknown setting(s) {'; '.join(hints)}. "
-            + (valid or "Valid settings are the --flags of train_optimized.py --help-all")
+            + (valid or "Valid settings are the TrainConfig fields (the --flags of train_optimized.py --help-all)")
         )
 
 

@@ -39,10 +39,21 @@ def open_bar(enabled: bool, total: int, initial: int) -> Any:
     )
 
 
-def epoch_line(*, epoch: int, max_epochs: int, step: int, total_steps: int, row: dict[str, Any], eta_s: float) -> str:
-    """One line per epoch checkpoint: where the run is, its last logged figures, and the time left."""
+def epoch_line(
+    *,
+    epoch: int,
+    max_epochs: int,
+    step: int,
+    total_steps: int,
+    row: dict[str, Any],
+    eta_s: float,
+    extra: tuple[str, ...] = (),
+) -> str:
+    """One line per epoch checkpoint: where the run is, its last logged figures (and the `extra` names of the row:
+    what the model's self.log gave), and the time left."""
+    more = "".join(f", {k} {row[k]:.4g}" for k in extra if isinstance(row.get(k), int | float))
     return (
         f"[epoch {epoch}/{max_epochs}] step {step}/{total_steps}: loss "
-        f"{row.get('loss', float('nan')):.4g}, {row.get('samples_per_s', 0):.0f} samples/s, data wait "
+        f"{row.get('loss', float('nan')):.4g}{more}, {row.get('samples_per_s', 0):.0f} samples/s, data wait "
         f"{100 * row.get('data_wait_frac', 0):.0f}%, ETA {_hms(eta_s)}; last.pt saved"
     )

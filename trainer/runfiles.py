@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shlex
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -24,6 +23,7 @@ import torch.distributed as dist
 from .checkpoint import remove_orphan_temps
 from .options import atomic_write_text
 from .setup import Runtime
+from .usercode import resume_hint
 
 
 class RunDirError(ValueError):
@@ -67,8 +67,7 @@ def claim_run_dir(output_dir: str | Path, name: str | None, prefix: str) -> tupl
             if name is not None and i > 1:
                 note = (
                     f"run dir: {root / base} already holds a run or is not a plainloop run; writing to {cand} "
-                    f"instead (to continue that run, resume from it: --resume {shlex.quote(str(root / base))}, or "
-                    f"BaseTrainer(checkpoint_path=...))"
+                    f"instead (to continue that run, resume from it: {resume_hint(root / base)})"
                 )
             return cand, note
     except OSError as e:  # a read-only or full file system, a name the file system refuses

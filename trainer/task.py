@@ -38,8 +38,10 @@ class Task:
     train_set: Dataset
     val_set: Dataset | None = None
     test_set: Dataset | None = None
-    loss_fn: LossFn | None = None  # None: model.loss(model(x), y) if it exists, else MSE (masked if y has NaN)
-    evaluate_fn: EvaluateFn | None = None  # None: mean loss over val_set
+    # None: the model's training_step, or forward(x, targets) returning the loss, or model.loss(model(x), y),
+    # else MSE (masked if y has NaN)
+    loss_fn: LossFn | None = None
+    evaluate_fn: EvaluateFn | None = None  # None: the model's validation_step/test_step, else mean loss over val_set
     batch_sampler_fn: BatchSamplerFn | None = None  # None: plainloop's shuffling (distributed) sampler
     collate_fn: Callable | None = None
     monitor_metric: str = "val_loss"  # metric that picks best.pt
@@ -80,13 +82,32 @@ def masked_mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     return (diff**2).sum() / finite.sum().clamp_min(1)
 
 
+def targets_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    """nanoGPT-style: forward(x, targets) computes the loss and returns (logits, loss), {"loss": ...} or it."""
+    from .model_protocol import forward_output_loss
+
+    return forward_output_loss(model(batch[0], batch[1]))
+
+
 def pick_default_loss(model: nn.Module, first_batch: Any) -> tuple[LossFn, str | None]:
-    """The model's own loss; else plain MSE, or MSE over finite targets when the first sample's target holds
-    NaN (one look, at start-up)."""
-    if hasattr(_inner(model), "loss"):
+    """The loss when the task gives no loss_fn, decided once at start-up from the model and the first sample:
+    forward(x, targets) computing it (nanoGPT); the model's `loss(pred, y)`; else MSE, over finite targets only
+    when the first sample's target holds NaN. A non-float target without either is an error naming loss_fn."""
+    from .model_protocol import forward_takes_targets
+
+    inner = _inner(model)
+    if forward_takes_targets(inner):
+        return targets_loss, f"loss: {type(inner).__name__}.forward(x, targets) computes it (the loss it returns)"
+    if hasattr(inner, "loss"):
         return mse_loss, None
     y = first_batch[1] if isinstance(first_batch, list | tuple) and len(first_batch) > 1 else None
-    if isinstance(y, torch.Tensor) and y.is_floating_point() and not bool(torch.isfinite(y).all()):
+    if isinstance(y, torch.Tensor) and not y.is_floating_point():
+        raise ValueError(
+            f"loss: the targets are {y.dtype} (class labels?) and {type(inner).__name__} has no loss, so the default "
+            f"MSE cannot score them. Give Task(loss_fn=...) with loss_fn(model, batch) -> scalar tensor (e.g. "
+            f"lambda m, b: F.cross_entropy(m(b[0]), b[1])), or a forward(x, targets) that returns (logits, loss)"
+        )
+    if isinstance(y, torch.Tensor) and not bool(torch.isfinite(y).all()):
         return (
             masked_mse_loss,
             "loss: targets hold NaN/inf, so the default MSE is taken over finite targets only",

@@ -5,6 +5,8 @@
     lim = LinearInverseModel.fit(anom, lats, mask=ocean)      # EOFs + one-month propagator G(1)
     f_dp = clim_target + dp.predict(last_anom)                # forecasts 3 months after the last input month
     f_lim = clim_target + lim.predict(last_anom, lead=3)      # LIM: G(1)^3 applied to the last state
+    hyb = HybridLIM.fit(anom, lats, lead=3, mask=ocean)       # LIM + damped persistence of the EOF residual
+    f_hyb = clim_target + hyb.predict(last_anom)
 
 Leads count months from the last input month to the target month (the dataset's `offset + 1`).
 
@@ -15,6 +17,13 @@ Leads count months from the last input month to the target month (the dataset's 
   G(τ0) = C(τ0) C(0)⁻¹ with τ0 = 1 month; a k-month forecast is G(τ0)^k x (= exp(L k τ0) x). The truncation
   keeps the EOFs that explain `variance` of the variance, at most `max_modes` and at most a tenth of the
   training months, so the propagator's m² numbers stay well determined.
+- Hybrid ("LIM + damped residual"): the LIM forecasts zero outside its EOFs, yet that remainder (grid-scale
+  and local anomalies) is persistent for a month or two. The hybrid adds r_k · residual(t), with r_k the
+  per-cell lag-k autocorrelation of the training residual (anomaly minus its EOF reconstruction): no tuning.
+- Ridge correction (`RidgeCorrection`): a linear regression, with a ridge penalty, of what a base forecast
+  misses on the leading principal components of the last 1-2 input months, optionally modulated by the
+  target's calendar month (each predictor also times cos and sin of its phase). Its settings are chosen on
+  held-out months by the caller (`benchmarks.skill`'s rolling hindcast).
 """
 
 from __future__ import annotations
@@ -121,6 +130,18 @@ class LinearInverseModel:
             raise ValueError(f"LinearInverseModel: lead={lead} must be an integer >= 1 (months)")
         return np.linalg.matrix_power(self.g1, int(lead))
 
+    def pcs(self, anom: np.ndarray) -> np.ndarray:
+        """(N, H, W) anomalies -> (N, m) principal components (land ignored)."""
+        a = np.asarray(anom, dtype=np.float64)
+        return (np.nan_to_num(a[:, self.mask]) * self.sqrt_w) @ self.eofs.T
+
+    def residual(self, anom: np.ndarray) -> np.ndarray:
+        """(N, H, W) anomalies minus their reconstruction from the kept EOFs (NaN off the mask)."""
+        a = np.asarray(anom, dtype=np.float64)
+        out = np.full(a.shape, np.nan)
+        out[:, self.mask] = np.nan_to_num(a[:, self.mask]) - (self.pcs(a) @ self.eofs) / self.sqrt_w
+        return out
+
     def predict(self, last_anom: np.ndarray, lead: int) -> np.ndarray:
         """(N, H, W) anomalies of the last input month -> anomalies `lead` months later (NaN off the mask)."""
         a = np.asarray(last_anom, dtype=np.float64)
@@ -133,13 +154,108 @@ class LinearInverseModel:
         return out[0] if squeeze else out
 
 
+@dataclass
+class HybridLIM:
+    """LIM forecast plus damped persistence of the part of the last anomaly the LIM's EOFs leave out."""
+
+    lim: LinearInverseModel
+    residual: DampedPersistence  # r_k of the EOF residual, per cell
+    lead: int
+
+    @classmethod
+    def fit(
+        cls,
+        anom: np.ndarray,
+        lats: np.ndarray,
+        lead: int,
+        mask: np.ndarray | None = None,
+        lim: LinearInverseModel | None = None,
+        **lim_kw: Any,
+    ) -> HybridLIM:
+        """`lim`: an already fitted LIM on the same anomalies (else one is fitted with `lim_kw`)."""
+        lim = lim if lim is not None else LinearInverseModel.fit(anom, lats, mask, **lim_kw)
+        res = lim.residual(anom)
+        return cls(lim, DampedPersistence.fit(res, lead, lim.mask), int(lead))
+
+    def predict(self, last_anom: np.ndarray) -> np.ndarray:
+        """(N, H, W) anomalies of the last input month -> anomalies `lead` months later (NaN off the mask)."""
+        a = np.asarray(last_anom, dtype=np.float64)
+        return self.lim.predict(a, self.lead) + self.residual.predict(self.lim.residual(a))
+
+
 def _fractional_power(g: np.ndarray, p: float) -> np.ndarray:
     """G^p through the eigen-decomposition (real part): the one-month propagator from G(τ0)."""
     vals, vecs = np.linalg.eig(g)
     return np.real(vecs @ np.diag(vals.astype(complex) ** p) @ np.linalg.inv(vecs))
 
 
-BASELINE_NAMES = ("persistence", "climatology", "anomaly_persistence", "damped_persistence", "lim")
+def calendar_features(months: np.ndarray, seasonal: bool) -> np.ndarray:
+    """(N,) calendar months 0..11 -> (N, 1) ones, or (N, 3) [1, cos, sin] of the month's phase."""
+    m = np.asarray(months, dtype=np.float64)
+    if not seasonal:
+        return np.ones((m.size, 1))
+    ang = 2 * np.pi * m / 12.0
+    return np.stack([np.ones_like(ang), np.cos(ang), np.sin(ang)], axis=1)
+
+
+@dataclass
+class RidgeCorrection:
+    """A ridge regression of a base forecast's error on the leading PCs of the last `months` input months,
+    each PC optionally times [1, cos, sin] of the target's calendar phase (`seasonal`)."""
+
+    lim: LinearInverseModel  # whose EOFs give the predictors
+    modes: int
+    months: int
+    seasonal: bool
+    alpha: float
+    coef: np.ndarray  # (features, cells)
+    scale: np.ndarray  # (features,) predictor standard deviations
+
+    @staticmethod
+    def features(
+        lim: LinearInverseModel, inputs: np.ndarray, target_cal: np.ndarray, modes: int, months: int, seasonal: bool
+    ) -> np.ndarray:
+        """inputs (N, T, H, W) anomalies of the input months (last = -1) -> (N, features)."""
+        x = np.asarray(inputs, dtype=np.float64)
+        if x.shape[1] < months:
+            raise ValueError(f"RidgeCorrection: {months} input months asked, the samples hold {x.shape[1]}")
+        pcs = [lim.pcs(x[:, -1 - k])[:, :modes] for k in range(months)]
+        base = np.concatenate(pcs, axis=1)  # (N, months * modes)
+        cal = calendar_features(target_cal, seasonal)  # (N, 1 or 3)
+        return (base[:, :, None] * cal[:, None, :]).reshape(base.shape[0], -1)
+
+    @classmethod
+    def fit(
+        cls,
+        lim: LinearInverseModel,
+        inputs: np.ndarray,
+        target_cal: np.ndarray,
+        error: np.ndarray,
+        modes: int = 10,
+        months: int = 1,
+        seasonal: bool = False,
+        alpha: float = 1.0,
+    ) -> RidgeCorrection:
+        """error: (N, H, W) what the base forecast missed on the training samples (truth - base anomaly)."""
+        modes = int(min(modes, lim.modes))
+        f = cls.features(lim, inputs, target_cal, modes, months, seasonal)
+        scale = f.std(axis=0) + 1e-12
+        fs = f / scale
+        y = np.nan_to_num(np.asarray(error, dtype=np.float64)[:, lim.mask])
+        n, p = fs.shape
+        coef = np.linalg.solve(fs.T @ fs + alpha * n * np.eye(p), fs.T @ y)  # alpha per sample: scale-free
+        return cls(lim, modes, int(months), bool(seasonal), float(alpha), coef, scale)
+
+    def predict(self, inputs: np.ndarray, target_cal: np.ndarray) -> np.ndarray:
+        """(N, T, H, W) input anomalies -> (N, H, W) correction to add to the base forecast (NaN off the mask)."""
+        f = self.features(self.lim, inputs, target_cal, self.modes, self.months, self.seasonal) / self.scale
+        x = np.asarray(inputs)
+        out = np.full((x.shape[0],) + x.shape[2:], np.nan)
+        out[:, self.lim.mask] = f @ self.coef
+        return out
+
+
+BASELINE_NAMES = ("persistence", "climatology", "anomaly_persistence", "damped_persistence", "lim", "hybrid")
 
 
 def unfitted_forecasts(last_input_c: Any, clim_target_c: Any, clim_input_c: Any) -> dict[str, np.ndarray]:
@@ -152,10 +268,12 @@ def unfitted_forecasts(last_input_c: Any, clim_target_c: Any, clim_input_c: Any)
 def fit_baselines(
     train_anom: np.ndarray, lats: np.ndarray, mask: np.ndarray, lead: int, **lim_kw: Any
 ) -> dict[str, Any]:
-    """The fitted statistical baselines for one lead: {"damped_persistence": ..., "lim": ...}."""
+    """The fitted statistical baselines for one lead: {"damped_persistence", "lim", "hybrid"}."""
+    lim = LinearInverseModel.fit(train_anom, lats, mask, **lim_kw)
     return {
         "damped_persistence": DampedPersistence.fit(train_anom, lead, mask),
-        "lim": LinearInverseModel.fit(train_anom, lats, mask, **lim_kw),
+        "lim": lim,
+        "hybrid": HybridLIM.fit(train_anom, lats, lead, mask, lim=lim),
     }
 
 
@@ -171,4 +289,6 @@ def baseline_forecasts(
     ct, anom = out["climatology"], out["persistence"] - np.asarray(clim_input_c, dtype=np.float64)
     out["damped_persistence"] = ct + fitted["damped_persistence"].predict(anom)
     out["lim"] = ct + fitted["lim"].predict(anom, lead)
+    if "hybrid" in fitted:
+        out["hybrid"] = ct + fitted["hybrid"].predict(anom)
     return out

@@ -1,0 +1,271 @@
+"""A user's own task on the CLI: `--task package.module:function` (tasks/__init__.py) and the doors it goes through."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import tasks
+from trainer import TrainConfig
+
+BUILDER = '''
+"""A regression task of the user's own, in a package outside plainloop."""
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from trainer import Task, TrainConfig
+
+TRAIN_DEFAULTS = {"epochs": 2, "batch_size": 16}
+
+
+def build(cfg: TrainConfig, *, hidden: int = 8, noise: float = 0.1, act: Literal["relu", "tanh"] = "relu",
+          dims: tuple[int, ...] = (4,), note: str | None = None, out: Path = Path("x"), scale=2, tag: str) -> Task:
+    """A toy regression.
+
+    Args:
+        hidden: width of the hidden layer
+        noise: standard deviation of the
+            label noise
+        act (str): activation
+        tag: a label for the run
+    """
+    g = torch.Generator().manual_seed(cfg.seed)
+    x = torch.randn(96, dims[0], generator=g)
+    y = x.sum(1, keepdim=True) * scale + noise * torch.randn(96, 1, generator=g)
+    torch.manual_seed(cfg.seed)
+    model = nn.Sequential(nn.Linear(dims[0], hidden), nn.ReLU() if act == "relu" else nn.Tanh(), nn.Linear(hidden, 1))
+    return Task("regress", model, TensorDataset(x, y), TensorDataset(x[:32], y[:32]),
+                info={"tag": tag, "out": str(out), "out_type": type(out).__name__, "note": note, "dims": list(dims)})
+
+
+def not_a_task(*, n: int = 1):
+    return n
+
+
+def positional_only(a: int, /, b: int = 2):
+    return None
+
+
+def bad_annotation(*, model: nn.Module = None):
+    return None
+
+
+def clash(*, lr: float = 0.1):
+    return None
+'''
+
+
+@pytest.fixture
+def user_pkg(tmp_path, monkeypatch):
+    """A package `userpkg` with module `regress` in a temporary folder, importable from the current directory."""
+    pkg = tmp_path / "userpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "regress.py").write_text(textwrap.dedent(BUILDER))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    yield tmp_path
+    for name in [m for m in sys.modules if m == "userpkg" or m.startswith("userpkg.")]:
+        del sys.modules[name]
+
+
+def test_flags_from_signature_and_docstring(user_pkg):
+    flags = {f.name: f for f in tasks.builder_flags("userpkg.regress:build")}
+    assert list(flags) == ["hidden", "noise", "act", "dims", "note", "out", "scale", "tag"]  # not cfg
+    assert flags["hidden"].annotation is int and flags["hidden"].default == 8 and not flags["hidden"].required
+    assert flags["noise"].help == "standard deviation of the label noise"  # the continued line joined
+    assert flags["act"].help == "activation" and flags["hidden"].help == "width of the hidden layer"
+    assert flags["scale"].annotation is int  # no annotation: the default's type
+    assert flags["tag"].required and flags["tag"].help == "a label for the run"
+
+
+def test_build_passes_cfg_and_converts_values(user_pkg):
+    cfg = TrainConfig(seed=3)
+    task = tasks.build_task("userpkg.regress:build", cfg, tag="t1", dims=(5,), out="o.txt", hidden=4)
+    assert task.name == "regress" and task.model[0].in_features == 5 and task.model[0].out_features == 4
+    assert task.info["out_type"] in ("PosixPath", "WindowsPath") and task.info["dims"] == [5]
+    assert tasks.user_train_defaults("userpkg.regress:build") == {"epochs": 2, "batch_size": 16}
+
+
+def test_a_file_path_works_too(user_pkg):
+    task = tasks.build_task("userpkg/regress.py:build", TrainConfig(), tag="f")
+    assert task.name == "regress"
+
+
+@pytest.mark.parametrize(
+    "spec,kw,needle",
+    [
+        ("userpkg.regress", {}, "unknown task; use era5, reid or your own builder as package.module:function"),
+        ("nopkg.mod:build", {}, "no module named 'nopkg'; run from the folder"),
+        ("userpkg.regress:missing", {}, "has no 'missing'; its functions: build, not_a_task"),
+        ("userpkg.regress:build", {}, "needs --tag"),
+        ("userpkg.regress:not_a_task", {}, "returned int, not a trainer.Task"),
+        ("userpkg.regress:positional_only", {}, "'a' is positional-only"),
+        ("userpkg.regress:bad_annotation", {}, "'model' is annotated"),
+        ("nowhere.py:build", {}, "no such file nowhere.py"),
+        (":build", {}, "not a module:function pair"),
+    ],
+)
+def test_bad_specs_are_one_clear_line(user_pkg, spec, kw, needle):
+    with pytest.raises(tasks.TaskSpecError) as e:
+        tasks.build_task(spec, TrainConfig(), **kw)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_parameter_may_not_shadow_a_training_flag(user_pkg):
+    flags = tasks.builder_flags("userpkg.regress:clash")
+    with pytest.raises(tasks.TaskSpecError, match=r"parameter 'lr' has the name of the training flag --lr.*cfg\.lr"):
+        tasks.check_flag_names("userpkg.regress:clash", flags, {"lr": "the training flag"})
+
+
+def test_typed_signature_is_what_options_reads(user_pkg):
+    from trainer.options import function_parameters
+
+    spec = "userpkg.regress:build"
+    params = function_parameters(tasks.typed_signature(spec, tasks.builder_flags(spec)))
+    assert params["scale"] == (int, 2) and params["tag"][1] is inspect.Parameter.empty
+
+
+def test_spec_from_argv_reads_flag_config_and_resumed_run(user_pkg):
+    assert tasks.spec_from_argv(["--task", "userpkg.regress:build"]) == "userpkg.regress:build"
+    assert tasks.spec_from_argv(["--task=reid"]) is None and tasks.spec_from_argv([]) is None
+    Path("c.toml").write_text('[run]\ntask = "userpkg.regress:build"\n')
+    assert tasks.spec_from_argv(["--config", "c.toml"]) == "userpkg.regress:build"
+    run = Path("runs/regress-1")
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.toml").write_text('[run]\ntask = "userpkg.regress:build"\n[task]\ntag = "a"\n')
+    assert tasks.spec_from_argv(["--resume", str(run)]) == "userpkg.regress:build"
+    assert tasks.spec_from_argv(["--resume", str(run / "checkpoints" / "last.pt")]) == "userpkg.regress:build"
+
+
+def test_find_resumable_user_task_matches_the_recorded_builder(user_pkg):
+    import os
+    import time
+
+    def make(name, spec, finished=False, age=0.0):
+        run = Path("runs") / name
+        (run / "checkpoints").mkdir(parents=True)
+        (run / "config.toml").write_text(f'[run]\ntask = "{spec}"\n')
+        (run / "checkpoints" / "last.pt").write_bytes(b"x")
+        t = time.time() - age
+        os.utime(run / "checkpoints" / "last.pt", (t, t))
+        if finished:
+            (run / "summary.json").write_text("{}")
+        return run
+
+    make("regress-old", "userpkg.regress:build", age=100)
+    newer = make("regress-new", "userpkg.regress:build", age=10)
+    make("regress-done", "userpkg.regress:build", finished=True)
+    make("other-1", "userpkg.other:build")
+    assert tasks.find_resumable_user_task("runs", "userpkg.regress:build") == newer
+    assert tasks.find_resumable_user_task("runs", "userpkg.none:build") is None
+
+
+def test_task_label_is_a_safe_folder_name():
+    assert tasks.task_label("userpkg.regress:build") == "userpkg.regress-build"
+    assert tasks.task_label("a/b.py:fn") == "a-b.py-fn"
+
+
+# ------------------------------------------------------------------------------------------- every door of the CLI
+@pytest.fixture
+def cli(user_pkg):
+    """train_optimized with the user task registry restored afterwards (registration is per process)."""
+    import train_optimized
+
+    builders, modules = dict(tasks.TASK_BUILDERS), dict(tasks.USER_MODULES)
+    yield train_optimized
+    tasks.TASK_BUILDERS.clear()
+    tasks.TASK_BUILDERS.update(builders)
+    tasks.USER_MODULES.clear()
+    tasks.USER_MODULES.update(modules)
+
+
+QUIET = ["--no-progress_bar", "--no-plots", "--output_dir", "runs"]
+SPEC = "userpkg.regress:build"
+
+
+def only_run(prefix: str = "regress-") -> Path:
+    (run,) = [p for p in Path("runs").iterdir() if p.name.startswith(prefix)]
+    return run
+
+
+def test_every_door_of_the_cli(cli, capsys, monkeypatch):
+    import json
+    import os
+    import subprocess
+
+    from trainer.options import load_config_file
+
+    # --help --task: the builder's parameters with their help and defaults
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--task", SPEC, "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "--hidden" in out and "width of the hidden layer (default: 8)" in out
+    assert "--tag" in out and "required" in out
+
+    # the flags: a required one missing is one line
+    assert cli.main(["--task", SPEC, *QUIET]) == 2
+    assert "needs --tag" in capsys.readouterr().err
+
+    # a run: flags, TRAIN_DEFAULTS (epochs 2, batch 16), the recorded task spec and arguments
+    assert cli.main(["--task", SPEC, "--tag", "a", "--hidden", "4", "--max_steps", "4", *QUIET]) == 0
+    run = only_run()
+    saved = load_config_file(run / "config.toml")
+    assert saved["task"] == SPEC and saved["hidden"] == 4 and saved["tag"] == "a" and saved["batch_size"] == 16
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["task"] == "regress"
+
+    # --resume RUN_DIR alone rebuilds the same task (hidden 4: the weights fit) and extends it
+    assert cli.main(["--resume", str(run), "--max_steps", "8", *QUIET]) == 0
+    assert json.loads((run / "summary.json").read_text())["steps"] == 8
+    capsys.readouterr()
+
+    # --resume auto finds the unfinished run of this task (a killed one: no summary.json)
+    (run / "summary.json").unlink()
+    assert cli.main(["--task", SPEC, "--resume", "auto", "--max_steps", "12", *QUIET]) == 0
+    assert "resume" in capsys.readouterr().out and json.loads((run / "summary.json").read_text())["steps"] == 12
+
+    # a config file naming the task; keys of its builder are config keys, a stray key is named
+    Path("c.toml").write_text(f'[run]\ntask = "{SPEC}"\n[task]\ntag = "c"\nact = "tanh"\n[train]\nmax_steps = 2\n')
+    assert cli.main(["--config", "c.toml", "--run_name", "fromfile", *QUIET]) == 0
+    assert load_config_file(Path("runs/fromfile/config.toml"))["act"] == "tanh"
+    Path("bad.toml").write_text(f'[run]\ntask = "{SPEC}"\n[task]\ntag = "c"\nhiden = 3\n')
+    assert cli.main(["--config", "bad.toml", *QUIET]) == 2
+    assert "hiden" in capsys.readouterr().err
+
+    # the system report measures the user's task
+    assert cli.main(["--task", SPEC, "--tag", "r", "--system_report", "--report_steps", "2", "--report_repeats", "1",
+                     "--max_steps", "2", *QUIET]) == 0  # fmt: skip
+    assert (only_run("userpkg.regress-build-report") / "report.md").is_file()
+    capsys.readouterr()
+
+    # the launcher, run from the folder that holds the package (it runs the CLI from the repository)
+    root = Path(cli.__file__).resolve().parent
+    env = {**os.environ, "SKIP_SETUP": "1", "TASK": SPEC, "OUTPUT_DIR": str(Path("runs").resolve()),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # fmt: skip
+    proc = subprocess.run(
+        ["bash", str(root / "optimize_training.sh"), "--tag", "l", "--run_name", "launched", "--max_steps", "2",
+         "--no-progress_bar", "--no-plots"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert load_config_file(Path("runs/launched/config.toml"))["task"] == SPEC
+
+
+def test_a_bad_spec_on_the_cli_is_one_line(cli, capsys):
+    assert cli.main(["--task", "userpkg.regress:nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --task userpkg.regress:nope: userpkg.regress has no 'nope'; its functions: build, not_a_task, "
+                   "positional_only, bad_annotation, clash"]  # fmt: skip
+    assert cli.main(["--task", "userpkg.regress:clash"]) == 2
+    assert "the training flag --lr" in capsys.readouterr().err
+    assert cli.main(["--task", "nonsense"]) == 2
+    assert "unknown task" in capsys.readouterr().err

@@ -1,0 +1,903 @@
+"""Your model as it is: a duck-typed LightningModule (or nanoGPT-style module) trained by plainloop unchanged.
+
+Nothing here imports Lightning. A module counts as "Lightning-style" when it defines `configure_optimizers` or
+`training_step`; what it defines is used, what it does not define falls back to plainloop's defaults:
+
+- `configure_optimizers()` in every form Lightning accepts -> the optimizer and schedule that run (plainloop's
+  warm-up/cosine and lr scaling are then not applied). Parameters named `weight_decay`, `learning_rate`/`lr`,
+  `betas`, `eps`, `device_type` (nanoGPT) get the run's values.
+- `training_step(batch, batch_idx)` -> the loss (a tensor, or a dict with "loss").
+- `validation_step` / `test_step` -> evaluation, scored by what they `self.log`.
+- `self.log` / `self.log_dict` -> values kept on the device, averaged and read back at log points and per
+  validation (no host sync per step).
+- `self.current_epoch`, `self.global_step`, `self.trainer.*` (a documented subset), `self.optimizers()`,
+  `self.lr_schedulers()` -> answered by a small stand-in for Lightning's trainer.
+- the usual hooks (on_fit_start ... on_load_checkpoint) -> called through one callback (`ModelHooks`).
+
+Anything else Lightning would do for the model fails with one line naming it (`UnsupportedLightningFeature`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+_SENTINEL = "_plainloop_training_step"  # routes a wrapped (DDP/compiled) call to training_step
+HOOKS = (
+    "on_fit_start", "on_fit_end", "on_train_start", "on_train_end", "on_train_epoch_start", "on_train_epoch_end",
+    "on_train_batch_start", "on_train_batch_end", "on_validation_epoch_start", "on_validation_epoch_end",
+    "on_before_optimizer_step", "on_save_checkpoint", "on_load_checkpoint",
+)  # fmt: skip
+
+
+class UnsupportedLightningFeature(AttributeError):
+    """A Lightning feature plainloop does not provide; the message names it and the way out.
+
+    An AttributeError, so `hasattr(self.trainer, "x")` in a model answers False instead of raising.
+    """
+
+
+class ModelProtocolError(ValueError):
+    """A model whose configure_optimizers / training_step cannot be used as it is; the message says why."""
+
+
+def is_lightning_style(model: nn.Module) -> bool:
+    """The module brings its own optimizer or training step (a LightningModule or any module shaped like one)."""
+    return _own(model, "configure_optimizers") is not None or _own(model, "training_step") is not None
+
+
+def _inner(model: nn.Module) -> nn.Module:
+    inner = getattr(model, "module", model)  # DDP
+    return getattr(inner, "_orig_mod", inner)  # torch.compile
+
+
+def _own(model: nn.Module, name: str) -> Callable | None:
+    """The model's method `name` when its class (not LightningModule's empty default) defines it."""
+    fn = getattr(model, name, None)
+    if fn is None or not callable(fn):
+        return None
+    for cls in type(model).__mro__:
+        if name in cls.__dict__:
+            mod = getattr(cls, "__module__", "") or ""
+            # Lightning's own classes define every hook as a no-op: those count as "not defined"
+            return None if mod.startswith(("lightning.", "pytorch_lightning.", "lightning_fabric.")) else fn
+    return fn  # an instance attribute
+
+
+# ------------------------------------------------------------------ configure_optimizers
+def _is_optimizer(x: Any) -> bool:
+    return isinstance(x, torch.optim.Optimizer) or (hasattr(x, "param_groups") and hasattr(x, "step"))
+
+
+def _is_plateau(s: Any) -> bool:
+    return isinstance(s, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+class SchedulerConfig:
+    """One model scheduler with Lightning's config keys: interval ("epoch" or "step"), frequency, monitor."""
+
+    def __init__(self, scheduler: Any, interval: str = "epoch", frequency: int = 1, monitor: str | None = None,
+                 strict: bool = True, name: str | None = None) -> None:  # fmt: skip
+        if interval not in ("epoch", "step"):
+            raise ModelProtocolError(
+                f"configure_optimizers: lr_scheduler interval={interval!r}; Lightning (and plainloop) accept "
+                f"'epoch' or 'step'"
+            )
+        if not (isinstance(frequency, int) and frequency >= 1):
+            raise ModelProtocolError(f"configure_optimizers: lr_scheduler frequency={frequency!r}; give an int >= 1")
+        self.scheduler, self.interval, self.frequency = scheduler, interval, frequency
+        self.monitor, self.strict, self.name = monitor, strict, name
+        self.plateau = _is_plateau(scheduler)
+        if self.plateau and not monitor:
+            raise ModelProtocolError(
+                f"configure_optimizers: a {type(scheduler).__name__} needs the metric it watches: return "
+                f'{{"optimizer": opt, "lr_scheduler": {{"scheduler": sched, "monitor": "val_loss"}}}}'
+            )
+
+    def describe(self) -> str:
+        what = f"{type(self.scheduler).__name__}"
+        if self.plateau:
+            return f"{what} on {self.monitor!r} (after each validation)"
+        unit = "optimizer step" if self.interval == "step" else "epoch"
+        return f"{what}, stepped every {unit if self.frequency == 1 else f'{self.frequency} {unit}s'}"
+
+    def hparams(self) -> dict[str, Any]:
+        return {"type": type(self.scheduler).__name__, "interval": self.interval, "frequency": self.frequency,
+                "monitor": self.monitor}  # fmt: skip
+
+
+_SCHED_KEYS = {"scheduler", "interval", "frequency", "monitor", "strict", "name", "reduce_on_plateau", "opt_idx"}
+
+
+def _scheduler_config(s: Any, monitor: str | None) -> SchedulerConfig:
+    if isinstance(s, dict):
+        if "scheduler" not in s:
+            raise ModelProtocolError(
+                f"configure_optimizers: the lr_scheduler dict has keys {sorted(s)} but no 'scheduler'; "
+                f'give {{"scheduler": sched, "interval": "epoch"}}'
+            )
+        unknown = sorted(set(s) - _SCHED_KEYS)
+        if unknown:
+            raise ModelProtocolError(
+                f"configure_optimizers: unknown lr_scheduler key(s) {unknown}; Lightning's keys are "
+                f"{sorted(_SCHED_KEYS - {'opt_idx', 'reduce_on_plateau'})}"
+            )
+        return SchedulerConfig(s["scheduler"], s.get("interval", "epoch"), s.get("frequency", 1),
+                               s.get("monitor", monitor), s.get("strict", True), s.get("name"))  # fmt: skip
+    if not hasattr(s, "step"):
+        raise ModelProtocolError(
+            f"configure_optimizers: lr_scheduler {type(s).__name__} has no step(); give a torch.optim.lr_scheduler "
+            f"object or a dict with 'scheduler'"
+        )
+    return SchedulerConfig(s, monitor=monitor)
+
+
+def parse_optimizers(conf: Any) -> tuple[Any, list[SchedulerConfig]]:
+    """Lightning's configure_optimizers return forms -> (the one optimizer or None, its scheduler configs)."""
+    several = (
+        "configure_optimizers returned {n} optimizers: several optimizers means Lightning's manual "
+        "optimization (self.automatic_optimization = False), which plainloop does not support. Return one "
+        "optimizer (use parameter groups for different learning rates)"
+    )
+    if conf is None:
+        return None, []
+    if _is_optimizer(conf):
+        return conf, []
+    if isinstance(conf, dict):
+        if "optimizer" not in conf:
+            raise ModelProtocolError(
+                f"configure_optimizers returned a dict with keys {sorted(conf)} and no 'optimizer'; return "
+                f'{{"optimizer": opt, "lr_scheduler": sched}}'
+            )
+        unknown = sorted(set(conf) - {"optimizer", "lr_scheduler", "monitor"})
+        if unknown:
+            raise ModelProtocolError(
+                f"configure_optimizers: unknown key(s) {unknown}; Lightning's are optimizer, lr_scheduler, monitor"
+            )
+        scheds = conf.get("lr_scheduler")
+        scheds = [] if scheds is None else scheds if isinstance(scheds, list | tuple) else [scheds]
+        return parse_optimizers(conf["optimizer"])[0], [_scheduler_config(s, conf.get("monitor")) for s in scheds]
+    if isinstance(conf, list | tuple):
+        if len(conf) == 2 and isinstance(conf[0], list | tuple) and all(_is_optimizer(o) for o in conf[0]):
+            opts, scheds = list(conf[0]), conf[1]
+            scheds = list(scheds) if isinstance(scheds, list | tuple) else [scheds]
+            if len(opts) != 1:
+                raise ModelProtocolError(several.format(n=len(opts)))
+            return opts[0], [_scheduler_config(s, None) for s in scheds]
+        if conf and all(isinstance(d, dict) for d in conf):
+            if len(conf) != 1:
+                raise ModelProtocolError(several.format(n=len(conf)))
+            return parse_optimizers(conf[0])
+        if conf and all(_is_optimizer(o) for o in conf):
+            if len(conf) != 1:
+                raise ModelProtocolError(several.format(n=len(conf)))
+            return conf[0], []
+    raise ModelProtocolError(
+        f"configure_optimizers returned {type(conf).__name__} {_short(conf)}, which is none of Lightning's forms: "
+        f"an optimizer, [optimizers], ([optimizers], [schedulers]), or "
+        f'{{"optimizer": opt, "lr_scheduler": sched or {{"scheduler": sched, "interval": "step"}}}}'
+    )
+
+
+def _short(x: Any) -> str:
+    r = repr(x)
+    return r if len(r) < 120 else r[:117] + "..."
+
+
+def run_values(cfg: Any, device: torch.device, lr: float) -> dict[str, Any]:
+    """What a nanoGPT-style `configure_optimizers(weight_decay, learning_rate, betas, device_type)` is given."""
+    betas = tuple(getattr(cfg, "adam_betas", (0.9, 0.999)))
+    return {"weight_decay": cfg.weight_decay, "learning_rate": lr, "lr": lr, "betas": betas,
+            "eps": getattr(cfg, "adam_eps", 1e-8), "device_type": device.type, "device": device}  # fmt: skip
+
+
+def call_configure_optimizers(model: nn.Module, values: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """Call configure_optimizers, giving its required parameters the run's values by name."""
+    fn: Callable[..., Any] = getattr(model, "configure_optimizers")  # noqa: B009 (a Module attribute to mypy)
+    try:
+        params = dict(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        params = {}
+    given: dict[str, Any] = {}
+    missing: list[str] = []
+    for name, p in params.items():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.default is not p.empty:
+            continue
+        if name in values:
+            given[name] = values[name]
+        else:
+            missing.append(name)
+    if missing:
+        raise ModelProtocolError(
+            f"{type(model).__name__}.configure_optimizers needs {missing}, which plainloop cannot fill: it gives "
+            f"parameters named {sorted(k for k in values if k != 'device')} the run's values. Give the others "
+            f"defaults, or build the optimizer yourself"
+        )
+    return fn(**given), given
+
+
+def optimizer_hparams(optimizer: Any) -> dict[str, Any]:
+    """The optimizer's real hyper-parameters, per parameter group (for config.json and summary.json)."""
+    groups = []
+    for g in optimizer.param_groups:
+        d = {}
+        for k, v in g.items():
+            if k == "params":
+                d["num_params"] = sum(p.numel() for p in v)
+            elif isinstance(v, torch.Tensor):
+                d[k] = v.tolist()  # note: sync point (start-up, once)
+            elif isinstance(v, int | float | str | bool | type(None)) or (
+                isinstance(v, tuple | list) and all(isinstance(x, int | float) for x in v)
+            ):
+                d[k] = list(v) if isinstance(v, tuple) else v
+        groups.append(d)
+    return {"type": type(optimizer).__name__, "param_groups": groups}
+
+
+def describe_optimizer(optimizer: Any) -> str:
+    g = optimizer.param_groups[0]
+    keys = [k for k in ("lr", "weight_decay", "betas", "momentum", "eps") if k in g]
+    vals = []
+    for k in keys:
+        v = g[k]
+        v = v.tolist() if isinstance(v, torch.Tensor) else v  # note: sync point (start-up, once)
+        vals.append(f"{k}={tuple(v) if isinstance(v, list) else v:g}" if isinstance(v, float) else f"{k}={v}")
+    more = f", {len(optimizer.param_groups)} groups" if len(optimizer.param_groups) > 1 else ""
+    return f"{type(optimizer).__name__}({', '.join(vals)}{more})"
+
+
+class ModelStepSchedule:
+    """The `Schedule` the optimizer step drives, for a model's step-interval schedulers (torch LR schedulers).
+
+    With no step-interval scheduler it does nothing, and `current_lr` reads the optimizer's param groups (an
+    epoch-interval or plateau scheduler is stepped by `ModelHooks`). A skipped step (non-finite gradients)
+    known on the host does not advance it; where only the device knows (fp16, or a fused optimizer on a GPU)
+    it advances, as under Lightning, so that no step waits for the device.
+    """
+
+    on_device = False
+
+    def __init__(self, optimizer: Any, configs: list[SchedulerConfig]) -> None:
+        self.optimizer = optimizer
+        self.configs = [c for c in configs if c.interval == "step" and not c.plateau]
+        self.steps = 0  # optimizer steps taken
+        # Lightning's `frequency` for a step interval counts the batches of the epoch (batch_idx + 1 of the batch
+        # that closed the accumulation window), not optimizer steps: the adapter tells which batch that was
+        self.batch_index: Callable[[], int] | None = None
+
+    def step(self, found_inf: torch.Tensor | None = None) -> None:
+        self.steps += 1
+        n = self.batch_index() + 1 if self.batch_index is not None else self.steps
+        for c in self.configs:
+            if n % c.frequency == 0:
+                c.scheduler.step()
+
+    def current_lr(self) -> float:
+        lr = self.optimizer.param_groups[0]["lr"]
+        return float(lr)  # note: sync point when lr is a device tensor; log points only
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "schedulers": [c.scheduler.state_dict() for c in self.configs]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = int(state.get("steps", 0))
+        for c, s in zip(self.configs, state.get("schedulers", [])):
+            c.scheduler.load_state_dict(s)
+
+
+class OptimizerChoice:
+    """What configure_optimizers decided: optimizer, per-step schedule, the scheduler configs, notes, hparams."""
+
+    def __init__(self, optimizer: Any, schedule: ModelStepSchedule, configs: list[SchedulerConfig],
+                 notes: list[str], hparams: dict[str, Any]) -> None:  # fmt: skip
+        self.optimizer, self.schedule, self.configs, self.notes, self.hparams = (
+            optimizer, schedule, configs, notes, hparams
+        )  # fmt: skip
+
+
+def model_optimizer(model: nn.Module, cfg: Any, device: torch.device, lr: float) -> OptimizerChoice | None:
+    """The model's own optimizer and schedule, or None when it has no configure_optimizers (or returns None)."""
+    if _own(model, "configure_optimizers") is None:
+        return None
+    if getattr(model, "automatic_optimization", True) is False:
+        raise ModelProtocolError(
+            f"{type(model).__name__}.automatic_optimization is False: Lightning's manual optimization "
+            f"(self.optimizers(), self.manual_backward) is not supported by plainloop; remove that line so the "
+            f"loop does backward, clipping and the optimizer step"
+        )
+    conf, given = call_configure_optimizers(model, run_values(cfg, device, lr))
+    optimizer, configs = parse_optimizers(conf)
+    if optimizer is None:
+        return None
+    names = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in names]
+    notes = []
+    if trainable:
+        notes.append(
+            f"optimizer: {len(trainable)} trainable parameter(s) are not in the model's optimizer and will not "
+            f"be updated (e.g. {trainable[:3]})"
+        )
+    filled = f" (given {', '.join(f'{k}={v}' for k, v in given.items())})" if given else ""
+    sched = "; ".join(c.describe() for c in configs) or "none (constant lr)"
+    notes.insert(
+        0,
+        f"optimizer: the model's own {describe_optimizer(optimizer)} from {type(model).__name__}."
+        f"configure_optimizers(){filled}; schedule: {sched}; plainloop's warm-up/cosine and lr scaling are off",
+    )
+    for c in configs:
+        if c.plateau and c.interval == "step":
+            notes.append(f"schedule: {c.describe()}: interval 'step' for a plateau scheduler is stepped per validation")
+    hparams = {"source": f"{type(model).__name__}.configure_optimizers", **optimizer_hparams(optimizer),
+               "schedulers": [c.hparams() for c in configs]}  # fmt: skip
+    return OptimizerChoice(optimizer, ModelStepSchedule(optimizer, configs), configs, notes, hparams)
+
+
+def epoch_callbacks(choice: OptimizerChoice) -> list[Any]:
+    """The callback that steps the model's epoch-interval and plateau schedulers, when it has any."""
+    cb = EpochSchedulers(choice.optimizer, choice.configs)
+    return [cb] if cb.configs else []
+
+
+# ------------------------------------------------------------------ self.log
+class LogStore:
+    """`self.log` values of one phase, kept on the device: sums and weights per name, read back in one go."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, Any] = {}
+        self.weights: dict[str, float] = {}
+
+    def add(self, name: str, value: Any, weight: float) -> None:
+        if isinstance(value, torch.Tensor):
+            value = value.detach()
+            if value.numel() != 1:
+                raise ModelProtocolError(
+                    f"self.log({name!r}, ...): a tensor of shape {tuple(value.shape)}; log a scalar (e.g. .mean())"
+                )
+            value = value.reshape(()).float()
+        elif not isinstance(value, int | float):
+            raise ModelProtocolError(
+                f"self.log({name!r}, {type(value).__name__}): plainloop logs numbers and scalar tensors (a "
+                f"torchmetrics Metric: log metric.compute() in on_validation_epoch_end)"
+            )
+        prev = self.sums.get(name)
+        self.sums[name] = value * weight if prev is None else prev + value * weight
+        self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def __bool__(self) -> bool:
+        return bool(self.sums)
+
+    def read(self) -> dict[str, float]:
+        """The weighted means; clears the store. One host read for all tensor values."""
+        names = list(self.sums)
+        if not names:
+            return {}
+        tens = [n for n in names if isinstance(self.sums[n], torch.Tensor)]
+        out = {n: float(self.sums[n]) / self.weights[n] for n in names if n not in tens}
+        if tens:
+            # note: sync point (log points, validation, epoch end): every logged tensor in one read
+            vals = torch.stack([self.sums[n].to(self.sums[tens[0]].device) for n in tens]).tolist()
+            out.update({n: v / self.weights[n] for n, v in zip(tens, vals)})
+        self.sums, self.weights = {}, {}
+        return {n: out[n] for n in names}
+
+
+class ModelLogger:
+    """Stands in for LightningModule.log / log_dict: routes values to the store of the phase running."""
+
+    def __init__(self) -> None:
+        self.phase = "train"
+        self.stores = {"train": LogStore(), "train_epoch": LogStore(), "val": LogStore(), "test": LogStore()}
+        self.last: dict[str, float] = {}  # everything read back so far (self.trainer.callback_metrics)
+        self.train_names: tuple[str, ...] = ()  # what training_step logs (shown on the epoch lines)
+        self.batch_size = 1
+
+    def log(self, name: str, value: Any, prog_bar: bool = False, logger: Any = None, on_step: bool | None = None,
+            on_epoch: bool | None = None, reduce_fx: Any = "mean", enable_graph: bool = False,
+            sync_dist: bool = False, sync_dist_group: Any = None, add_dataloader_idx: bool = True,
+            batch_size: int | None = None, metric_attribute: str | None = None,
+            rank_zero_only: bool = False) -> None:  # fmt: skip
+        if reduce_fx not in ("mean", torch.mean):
+            raise UnsupportedLightningFeature(
+                f"self.log({name!r}, reduce_fx={reduce_fx!r}): plainloop averages logged values (reduce_fx='mean')"
+            )
+        w = float(batch_size if batch_size is not None else self.batch_size)
+        if self.phase == "train":
+            if name not in self.train_names:
+                self.train_names += (name,)
+            self.stores["train"].add(name, value, w)
+            if on_epoch:
+                self.stores["train_epoch"].add(name, value, w)
+        else:
+            self.stores[self.phase].add(name, value, w)
+
+    def log_dict(self, dictionary: Any, **kw: Any) -> None:
+        for k, v in dictionary.items():
+            self.log(k, v, **kw)
+
+    def read(self, store: str) -> dict[str, float]:
+        vals = self.stores[store].read()
+        self.last.update(vals)
+        return vals
+
+
+# ------------------------------------------------------------------ the trainer stand-in
+class TrainerShim:
+    """What `self.trainer` answers inside the model (Lightning's LightningModule properties read it).
+
+    Provided: current_epoch, global_step, global_rank, local_rank, world_size, is_global_zero, max_epochs,
+    max_steps, num_training_batches, estimated_stepping_batches, optimizers, lr_scheduler_configs,
+    callback_metrics, logged_metrics, logger (None), loggers ([]), training, sanity_checking, accumulate_grad_batches,
+    precision, device, plainloop (the plainloop Trainer). Anything else: UnsupportedLightningFeature.
+    """
+
+    _PROVIDED = (
+        "current_epoch", "global_step", "global_rank", "local_rank", "world_size", "is_global_zero", "max_epochs",
+        "max_steps", "num_training_batches", "estimated_stepping_batches", "optimizers", "lr_scheduler_configs",
+        "callback_metrics", "logged_metrics", "logger", "loggers", "training", "validating", "testing",
+        "sanity_checking", "accumulate_grad_batches", "precision", "device", "plainloop", "num_devices",
+        "progress_bar_callback",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.plainloop: Any = None  # the plainloop Trainer, once the fit started
+        self.current_epoch = 0
+        self.global_rank = self.local_rank = 0
+        self.world_size = self.num_devices = 1
+        self.max_epochs: int | None = None
+        self.max_steps = -1
+        self.num_training_batches = 0
+        self.estimated_stepping_batches = 0
+        self.optimizers: list[Any] = []
+        self.lr_scheduler_configs: list[Any] = []
+        self.callback_metrics: dict[str, Any] = {}
+        self.logged_metrics: dict[str, Any] = {}
+        self.logger = self.progress_bar_callback = None
+        self.loggers: list[Any] = []
+        self.training, self.validating, self.testing, self.sanity_checking = True, False, False, False
+        self.accumulate_grad_batches = 1
+        self.precision = "32"
+        self.device = torch.device("cpu")
+
+    @property
+    def global_step(self) -> int:
+        t = self.plainloop
+        return int(t.step) if t is not None else 0
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __getattr__(self, name: str) -> Any:  # only called for what is not provided
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise UnsupportedLightningFeature(
+            f"self.trainer.{name} is a Lightning Trainer attribute plainloop does not provide; it provides "
+            f"{', '.join(self._PROVIDED)} (trainer/model_protocol.py). Read what you need from those, or from "
+            f"self.trainer.plainloop (the plainloop Trainer: cfg, step, epoch, run_dir)"
+        )
+
+
+# ------------------------------------------------------------------ loss and evaluation
+def _loss_of(out: Any, where: str) -> torch.Tensor:
+    """The loss in a training_step / forward output: a tensor, a dict with "loss", or (logits, loss)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, dict):
+        if "loss" in out:
+            return out["loss"]
+        raise ModelProtocolError(f"{where} returned a dict with keys {sorted(out)} and no 'loss'")
+    if out is None:
+        raise ModelProtocolError(
+            f"{where} returned None: skipping a batch that way (Lightning's automatic optimization) is not "
+            f"supported; return the loss"
+        )
+    raise ModelProtocolError(f"{where} returned {type(out).__name__}; return the loss tensor or a dict with 'loss'")
+
+
+_TARGET_NAMES = ("targets", "target", "y", "labels", "label", "tgt")
+
+
+def forward_takes_targets(model: nn.Module) -> bool:
+    """forward(x, targets) as nanoGPT's GPT: the second parameter is named like a target."""
+    try:
+        params = [p for p in inspect.signature(model.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]  # fmt: skip
+    except (TypeError, ValueError):
+        return False
+    return len(params) >= 2 and params[1].name in _TARGET_NAMES
+
+
+def forward_output_loss(out: Any, pred_target: Any = None) -> torch.Tensor:
+    """The loss a forward(x, targets) returned: (logits, loss), a dict with "loss", or a 0-dim tensor."""
+    if isinstance(out, tuple | list):
+        for v in [*out[1:], *out[:1]]:  # nanoGPT: (logits, loss)
+            if isinstance(v, torch.Tensor) and v.dim() == 0:
+                return v
+        raise ModelProtocolError(
+            f"forward(x, targets) returned a {type(out).__name__} of {len(out)} without a scalar loss; return "
+            f"(logits, loss), a dict with 'loss', or give Task(loss_fn=...)"
+        )
+    if isinstance(out, dict) and "loss" in out:
+        return out["loss"]
+    if isinstance(out, torch.Tensor) and out.dim() == 0:
+        return out
+    raise ModelProtocolError(
+        f"forward(x, targets) returned {type(out).__name__}"
+        f"{' of shape ' + str(tuple(out.shape)) if isinstance(out, torch.Tensor) else ''}, not a loss; return "
+        f"(logits, loss), a dict with 'loss' or a 0-dim tensor, or give Task(loss_fn=...)"
+    )
+
+
+def targets_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    """Loss of a nanoGPT-style model: forward(x, y) computes it."""
+    return forward_output_loss(model(batch[0], batch[1]))
+
+
+class ModelAdapter:
+    """A Lightning-style module made into plainloop's pieces: loss_fn, evaluate, optimizer choice, hooks.
+
+    The model object itself is unchanged except for attributes it reads from its trainer: `_trainer` (a
+    `TrainerShim`), `log`/`log_dict`/`optimizers`/`lr_schedulers` (instance attributes over the class's
+    methods) while the fit runs; `detach()` takes them away again.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.logger = ModelLogger()
+        self.shim = TrainerShim()
+        self.batch_idx = 0
+        self.last_output: Any = None  # the last training_step output, for on_train_batch_end
+        self.choice: OptimizerChoice | None = None
+        self.epoch_logs: dict[str, float] = {}  # what the model logged with on_epoch=True in the last epoch
+        self.training_step = _own(model, "training_step")
+        self.validation_step = _own(model, "validation_step")
+        self.test_step = _own(model, "test_step")
+        self._step_takes_idx = self._takes_idx(self.training_step)
+        self._routed = False
+        self.attached = False
+        self._hooks: dict[str, Callable | None] = {}
+
+    @staticmethod
+    def _takes_idx(fn: Callable | None) -> bool:
+        if fn is None:
+            return False
+        try:
+            ps = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            return True
+        return any(p.kind == p.VAR_POSITIONAL for p in ps) or len(ps) >= 2 or any(p.name == "batch_idx" for p in ps)
+
+    # ---- attach to / detach from the model
+    def attach(self) -> None:
+        """Let the model's self.log, self.trainer, self.current_epoch ... answer from plainloop."""
+        if self.attached:
+            return
+        for m in self.model.modules():  # nested LightningModules read their own _trainer
+            if "_trainer" in m.__dict__ or hasattr(type(m), "trainer"):
+                m.__dict__["_trainer"] = self.shim
+        d = self.model.__dict__
+        d["log"], d["log_dict"] = self.logger.log, self.logger.log_dict
+        d["optimizers"], d["lr_schedulers"] = self._optimizers, self._lr_schedulers
+        if not hasattr(type(self.model), "current_epoch"):  # a plain module shaped like a LightningModule
+            d["current_epoch"], d["global_step"] = 0, 0
+        self.attached = True
+
+    def detach(self) -> None:
+        """Give the model back as it was (a saved or pickled model carries nothing of plainloop)."""
+        for m in self.model.modules():
+            if m.__dict__.get("_trainer") is self.shim:
+                m.__dict__["_trainer"] = None
+        for k in ("log", "log_dict", "optimizers", "lr_schedulers", "forward"):
+            if k == "forward" and not self._routed:
+                continue
+            self.model.__dict__.pop(k, None)
+        self._routed = False
+        self.attached = False
+
+    def _optimizers(self, use_pl_optimizer: bool = True) -> Any:
+        if self.choice is None:
+            raise UnsupportedLightningFeature("self.optimizers(): the model's configure_optimizers gave no optimizer")
+        return self.choice.optimizer
+
+    def _lr_schedulers(self) -> Any:
+        scheds = [c.scheduler for c in (self.choice.configs if self.choice else [])]
+        return None if not scheds else scheds[0] if len(scheds) == 1 else scheds
+
+    def set_position(self, epoch: int | None = None) -> None:
+        if epoch is not None:
+            self.shim.current_epoch = epoch
+        if "global_step" in self.model.__dict__:  # plain module: plain attributes
+            self.model.__dict__["current_epoch"] = self.shim.current_epoch
+            self.model.__dict__["global_step"] = self.shim.global_step
+
+    # ---- the loss
+    def _route(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's forward, or training_step when a wrapper (DDP, torch.compile) was called for one."""
+        idx = kwargs.pop(_SENTINEL, None)
+        if idx is None:
+            return type(self.model).forward(self.model, *args, **kwargs)
+        return self._train_step(args[0], idx)
+
+    def _train_step(self, batch: Any, idx: int) -> Any:
+        step = self.training_step
+        if step is None:
+            raise ModelProtocolError(f"{type(self.model).__name__} has no training_step")
+        return step(batch, idx) if self._step_takes_idx else step(batch)
+
+    def loss_fn(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """training_step(batch, batch_idx) as the loss; through the wrapper when DDP or compile wrap the model."""
+        if model is self.model:
+            out = self._train_step(batch, self.batch_idx)
+        else:
+            if not self._routed:  # DDP must see the call to sync gradients: its forward leads to training_step
+                self.model.__dict__["forward"] = self._route
+                self._routed = True
+            out = model(batch, **{_SENTINEL: self.batch_idx})
+        self.last_output = out
+        return _loss_of(out, f"{type(self.model).__name__}.training_step")
+
+    def outputs(self) -> Any:
+        """on_train_batch_end's `outputs`, as Lightning gives them: {"loss": detached loss, **extras}."""
+        out = self.last_output
+        if isinstance(out, torch.Tensor):
+            return {"loss": out.detach()}
+        if isinstance(out, dict):
+            return {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+        return out
+
+    # ---- evaluation
+    def evaluate(self, model: nn.Module, split: str, batches: Iterator[tuple[int, Any]]) -> dict[str, float]:
+        """validation_step / test_step over `batches` (index, batch), scored by what they self.log.
+
+        Without a validation_step: training_step's loss averaged as `<split>_loss` (and its logs dropped).
+        """
+        step = self.validation_step if split == "val" else self.test_step
+        if split == "test" and step is None:
+            return {}
+        store = "val" if split == "val" else "test"
+        self.logger.phase = store if step is not None else "discard"
+        self.logger.stores["discard"] = LogStore()
+        self.shim.training, self.shim.validating, self.shim.testing = False, split == "val", split == "test"
+        hooks = split == "val" and step is not None
+        returned = LogStore()
+        try:
+            if hooks:
+                self.call("on_validation_epoch_start")
+            takes_idx = self._takes_idx(step)
+            for i, batch in batches:
+                n = _batch_size(batch)
+                self.logger.batch_size = n
+                if step is not None:
+                    out = step(batch, i) if takes_idx else step(batch)
+                else:
+                    out = self._train_step(batch, i)
+                loss = out.get("loss") if isinstance(out, dict) else out
+                if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+                    returned.add(f"{split}_loss", loss, n)
+            if hooks:
+                self.call("on_validation_epoch_end")
+        finally:
+            self.logger.phase = "train"
+            self.shim.training, self.shim.validating, self.shim.testing = True, False, False
+        metrics = self.logger.read(store) if step is not None else {}
+        if not metrics:  # nothing logged: the mean returned loss, as plainloop's default validation reports
+            metrics = returned.read()
+        self.shim.callback_metrics.update(metrics)
+        return metrics
+
+    # ---- hooks
+    def hook(self, name: str) -> Callable | None:
+        """The model's own hook `name` (looked up once)."""
+        if name not in self._hooks:
+            self._hooks[name] = _own(self.model, name)
+        return self._hooks[name]
+
+    def call(self, name: str, *args: Any) -> Any:
+        fn = self.hook(name)
+        return fn(*args) if fn is not None else None
+
+
+def _batch_size(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, list | tuple) and batch:
+        return _batch_size(batch[0])
+    if isinstance(batch, dict) and batch:
+        return _batch_size(next(iter(batch.values())))
+    return 1
+
+
+class EpochSchedulers:
+    """The model's epoch-interval and plateau schedulers, stepped where Lightning steps them: after each epoch
+    (every `frequency` epochs), a plateau one after each validation with its `monitor` metric (or at the epoch's
+    end with a value the model logged with on_epoch=True). Their state rides in every checkpoint."""
+
+    all_ranks = True
+    state_key = "model_schedulers"
+
+    def __init__(self, optimizer: Any, configs: list[SchedulerConfig]) -> None:
+        self.optimizer = optimizer
+        self.configs = [c for c in configs if c.interval == "epoch" or c.plateau]
+        self.epochs_done = 0  # epochs finished (epoch-interval frequency counts them)
+        self.plateau_steps = 0
+        self.lr_history: list[float] = []  # lr after each epoch's scheduler step
+        self.epoch_values: Callable[[], dict[str, float]] | None = None  # the model's on_epoch logs (ModelHooks)
+        self._warned = False
+
+    def on_train_epoch_end(self, trainer: Any, epoch: int) -> None:
+        vals = self.epoch_values() if self.epoch_values is not None else {}
+        self.epochs_done = epoch + 1
+        for c in self.configs:
+            if self.epochs_done % c.frequency:
+                continue
+            if not c.plateau:
+                c.scheduler.step()
+            elif c.monitor in vals:
+                c.scheduler.step(vals[c.monitor])
+                self.plateau_steps += 1
+        self.lr_history.append(_lr(self.optimizer))
+
+    def on_validation_end(self, trainer: Any, metrics: dict[str, float]) -> None:
+        missing = []
+        for c in self.configs:
+            if c.plateau and c.monitor in metrics:
+                c.scheduler.step(metrics[c.monitor])
+                self.plateau_steps += 1
+            elif c.plateau and metrics:
+                missing.append(c.monitor)
+        if missing and not self._warned:
+            self._warned = True
+            trainer.log(
+                f"[plainloop] schedule: the model's plateau scheduler watches {missing[0]!r}, which the validation "
+                f"did not report (it reported {sorted(metrics)}); the scheduler does not step"
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epochs_done": self.epochs_done, "plateau_steps": self.plateau_steps,
+                "schedulers": [c.scheduler.state_dict() for c in self.configs]}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epochs_done = int(state.get("epochs_done", 0))
+        self.plateau_steps = int(state.get("plateau_steps", 0))
+        for c, st in zip(self.configs, state.get("schedulers", [])):
+            c.scheduler.load_state_dict(st)
+
+
+class ModelHooks:
+    """The one callback that calls the model's own hooks at Lightning's points, on every rank, and hands the
+    model's `self.log` values to the metrics rows (`train_logs`, read at log points)."""
+
+    all_ranks = True
+
+    def __init__(self, adapter: ModelAdapter) -> None:
+        self.a = adapter
+
+    # -- fit
+    def on_fit_start(self, trainer: Any) -> None:
+        a, s = self.a, self.a.shim
+        a.attach()
+        s.plainloop = trainer
+        cfg = trainer.cfg
+        s.max_epochs = getattr(trainer, "max_epochs", None)
+        s.max_steps = cfg.max_steps if cfg.max_steps is not None else -1
+        s.num_training_batches = getattr(trainer, "batches_per_epoch", 0)
+        s.estimated_stepping_batches = getattr(trainer, "total_steps", 0)
+        s.accumulate_grad_batches = cfg.accumulate_grad_batches
+        rt = trainer.rt
+        s.global_rank, s.local_rank, s.world_size = rt.rank, getattr(rt, "local_rank", 0), rt.world_size
+        s.num_devices = rt.world_size
+        s.precision = rt.precision
+        s.device = rt.device
+        if a.choice is not None:
+            s.optimizers = [a.choice.optimizer]
+            s.lr_scheduler_configs = list(a.choice.configs)
+        s.current_epoch = trainer.epoch
+        a.set_position()
+        a.call("on_fit_start")
+
+    def on_train_start(self, trainer: Any) -> None:
+        self.a.call("on_train_start")
+
+    def on_train_epoch_start(self, trainer: Any, epoch: int) -> None:
+        self.a.set_position(epoch)
+        self.a.call("on_train_epoch_start")
+
+    def on_train_batch_start(self, trainer: Any, batch: Any, batch_idx: int) -> None:
+        a = self.a
+        a.batch_idx = batch_idx
+        a.logger.batch_size = _batch_size(batch)
+        if "global_step" in a.model.__dict__:
+            a.set_position()
+        if a.call("on_train_batch_start", batch, batch_idx) == -1:
+            raise UnsupportedLightningFeature(
+                "on_train_batch_start returned -1 (Lightning: skip the rest of the epoch); plainloop does not "
+                "support ending an epoch early from the model"
+            )
+
+    def on_before_optimizer_step(self, trainer: Any, optimizer: Any) -> None:
+        self.a.call("on_before_optimizer_step", optimizer)
+
+    def on_train_batch_end(self, trainer: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        a = self.a
+        if "global_step" in a.model.__dict__:
+            a.set_position()
+        if a.hook("on_train_batch_end") is not None:
+            a.call("on_train_batch_end", a.outputs(), batch, batch_idx)
+
+    def on_train_epoch_end(self, trainer: Any, epoch: int) -> None:
+        self.a.call("on_train_epoch_end")
+        vals = self.a.logger.read("train_epoch")  # note: sync point (epoch end)
+        self.a.epoch_logs = vals
+        if vals:
+            trainer._row({"kind": "train_epoch", "step": trainer.step, "epoch": epoch + 1, **vals})
+
+    def train_logs(self) -> dict[str, float]:
+        """The model's `self.log` values in training since the last log point, averaged (a log point's read)."""
+        return self.a.logger.read("train") if self.a.logger.stores["train"] else {}
+
+    def on_train_end(self, trainer: Any) -> None:
+        self.a.call("on_train_end")
+
+    def on_fit_end(self, trainer: Any, summary: dict[str, Any] | None = None) -> None:
+        self.a.call("on_fit_end")
+        self.a.detach()
+
+    # -- checkpoints
+    def on_save_checkpoint(self, trainer: Any, checkpoint: dict[str, Any]) -> None:
+        self.a.call("on_save_checkpoint", checkpoint)
+
+    def on_load_checkpoint(self, trainer: Any, checkpoint: dict[str, Any]) -> None:
+        self.a.shim.current_epoch = trainer.epoch
+        self.a.call("on_load_checkpoint", checkpoint)
+
+
+def _lr(optimizer: Any) -> float:
+    lr = optimizer.param_groups[0]["lr"]
+    return float(lr)  # note: sync point when a device tensor (epoch end only)
+
+
+class ModelParts:
+    """What a Lightning-style model brings, ready for the engine: the adapter, its loss, its hooks callback.
+
+    The optimizer comes from `build_optimizer` (trainer/optim.py, which calls `model_optimizer`); `bind` then
+    tells the adapter which optimizer and schedulers run (self.optimizers(), self.trainer.optimizers ...).
+    """
+
+    def __init__(self, adapter: ModelAdapter, hooks: ModelHooks) -> None:
+        self.adapter, self.hooks = adapter, hooks
+        self.loss_fn = adapter.loss_fn if adapter.training_step is not None else None
+
+    @property
+    def evaluates(self) -> bool:
+        """Evaluation goes through the model (validation_step, or training_step whose logs must stay apart)."""
+        a = self.adapter
+        return a.validation_step is not None or a.test_step is not None or a.training_step is not None
+
+    def bind(self, optimizer: Any, schedule: Any, callbacks: list[Any]) -> None:
+        """The optimizer and schedulers build_optimizer chose; a model's own ones are known to the adapter."""
+        a = self.adapter
+        configs: list[SchedulerConfig] = []
+        if isinstance(schedule, ModelStepSchedule):
+            configs += schedule.configs
+            schedule.batch_index = lambda: a.batch_idx  # Lightning's step frequency counts batches of the epoch
+        for cb in callbacks:
+            if isinstance(cb, EpochSchedulers):
+                configs += cb.configs
+                cb.epoch_values = lambda: a.epoch_logs
+        if isinstance(schedule, ModelStepSchedule) or configs:
+            a.choice = OptimizerChoice(optimizer, schedule, configs, [], {})
+
+
+def model_parts(model: nn.Module) -> ModelParts | None:
+    """The adapter, loss and hooks of a Lightning-style model; None for a plain nn.Module."""
+    if not is_lightning_style(model):
+        return None
+    adapter = ModelAdapter(model)
+    return ModelParts(adapter, ModelHooks(adapter))

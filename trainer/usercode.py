@@ -1,0 +1,193 @@
+"""Users' own code as it is: streams (IterableDataset), their samplers, cheap in-memory datasets, and messages
+that fit a repo where plainloop is only the copied `trainer/` folder (no train_optimized.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+_CLI = [False]  # set while train_optimized.main runs (also when a test calls it in-process)
+
+
+@contextlib.contextmanager
+def cli_session() -> Iterator[None]:
+    """Messages inside name plainloop's command line (train_optimized.py --resume ...), not the Python call."""
+    before, _CLI[0] = _CLI[0], True
+    try:
+        yield
+    finally:
+        _CLI[0] = before
+
+
+def uses_cli() -> bool:
+    """This process runs plainloop's own CLI script (train_optimized.py), so its flags mean something."""
+    return _CLI[0] or Path(sys.argv[0] if sys.argv else "").name == "train_optimized.py"
+
+
+def resume_hint(target: Any, prefix: str = "python") -> str:
+    """How to continue a run: the CLI line when the CLI runs, else the Python call (a repo with `trainer/` only)."""
+    if uses_cli():
+        return f"{prefix} train_optimized.py --resume {shlex.quote(str(target))}"  # pastes as itself
+    script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] not in ("", "-c") else ""
+    # a plain script of the user's names itself; `python -m pkg` and tools (pytest) run a __main__.py
+    again = f", then run {prefix} {script} again" if script.endswith(".py") and script != "__main__.py" else ""
+    return f"TrainConfig(..., resume={str(target)!r}) (BaseTrainer: checkpoint_path={str(target)!r}){again}"
+
+
+def rerun_hint(config_toml: Any) -> str:
+    """The header line of a run's config.toml."""
+    if uses_cli() or Path("train_optimized.py").is_file():
+        return (
+            "Resolved configuration of this run: re-run it with\n"
+            f"python train_optimized.py --config {shlex.quote(str(config_toml))}"
+        )
+    return (
+        "Resolved configuration of this run: the TrainConfig fields it ran with (TrainConfig(**values) rebuilds "
+        "it; read with tomllib)"
+    )
+
+
+# ------------------------------------------------------------------ IterableDataset
+def is_stream(dataset: Any) -> bool:
+    return isinstance(dataset, IterableDataset)
+
+
+class StreamBatches:
+    """An IterableDataset served as plainloop's loader and sampler at once: one "epoch" of `num_batches` batches.
+
+    The stream has no length, so the run is counted in steps (max_steps / max_batches). Resume: a dataset with
+    `state_dict()`/`load_state_dict()` is restored (it must then continue where it stopped); any other stream is
+    replayed from its start and the batches already trained are skipped (exact for a deterministic stream).
+    """
+
+    def __init__(self, dataset: IterableDataset, batch_size: int, num_batches: int, loader_kw: dict[str, Any],
+                 collate_fn: Any = None, drop_last: bool = True, seed: int = 0) -> None:  # fmt: skip
+        self.dataset, self.num_batches = dataset, num_batches
+        kw = {k: v for k, v in loader_kw.items() if k not in ("generator",)}
+        # a private generator: starting the loader must not draw from the global RNG (dropout after a resume)
+        self.loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, drop_last=drop_last,
+                                 generator=torch.Generator().manual_seed(seed), **kw)  # fmt: skip
+        self.epoch, self._skip = 0, 0
+        self.stateful = hasattr(dataset, "state_dict") and hasattr(dataset, "load_state_dict")
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        skip, self._skip = self._skip, 0
+        it = iter(self.loader)
+        for _ in range(skip):  # replay: the batches trained before the stop
+            next(it)
+        yield from it
+
+    def state_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"epoch": self.epoch, "batches_done": 0}
+        if self.stateful:
+            out["dataset"] = getattr(self.dataset, "state_dict")()  # noqa: B009 (duck-typed)
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch = int(state.get("epoch", 0))
+        if self.stateful and "dataset" in state:
+            getattr(self.dataset, "load_state_dict")(state["dataset"])  # noqa: B009 (duck-typed)
+        else:
+            self._skip = int(state.get("batches_done", 0))
+
+
+def stream_steps_error(name: str) -> str:
+    return (
+        f"{name} is an IterableDataset (a stream without a length), so an epoch has no end: give max_steps "
+        f"(optimizer steps) or max_batches, e.g. TrainConfig(max_steps=5000)"
+    )
+
+
+def eval_batches(dataset: Any, batch_size: int, loader_kw: dict[str, Any], collate_fn: Any,
+                 cap: int | None) -> Iterator[Any]:  # fmt: skip
+    """Batches of an evaluation split that is a stream, at most `cap` of them."""
+    kw = {k: v for k, v in loader_kw.items() if k not in ("persistent_workers", "generator")}
+    loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, generator=torch.Generator(), **kw)
+    for i, batch in enumerate(loader):
+        if cap is not None and i >= cap:
+            break
+        yield batch
+
+
+# ------------------------------------------------------------------ in-memory datasets
+def in_memory_cost(dataset: Any, probes: int = 64, budget_s: float = 0.05) -> float | None:
+    """Seconds per sample to index `dataset` in this process, measured on up to `probes` spread-out samples.
+
+    None when it cannot be measured cheaply (no length, an error, or slower than the budget: that data is read
+    from files and wants worker processes).
+    """
+    try:
+        n = len(dataset)
+    except TypeError:
+        return None
+    if n == 0:
+        return None
+    idx = [int(i * n / probes) for i in range(min(probes, n))]
+    t0 = time.perf_counter()
+    try:
+        for i in idx:
+            dataset[i]
+            if time.perf_counter() - t0 > budget_s:
+                return None
+    except Exception:  # noqa: BLE001 (a lazily opened dataset may only work in workers: keep them)
+        return None
+    return (time.perf_counter() - t0) / len(idx)
+
+
+# Indexing cheaper than this per sample (measured: benchmarks/user_loop.py) is faster in the main process than
+# handing batches over from a worker process (pickling, a queue, a pin thread).
+CHEAP_S_PER_SAMPLE = 2e-5
+
+
+def holds_arrays(dataset: Any) -> bool:
+    """The dataset (or the one a Subset cuts) keeps its data as tensors or arrays in memory (not memory-mapped
+    files): indexing it in the main process opens no file a forked worker would inherit."""
+    import numpy as np
+
+    base = getattr(dataset, "dataset", dataset) if hasattr(dataset, "indices") else dataset
+    values = list(vars(base).values()) if hasattr(base, "__dict__") else []
+    values += [x for v in values if isinstance(v, list | tuple) for x in v]
+    return any(
+        isinstance(v, torch.Tensor) or (isinstance(v, np.ndarray) and not isinstance(v, np.memmap)) for v in values
+    )
+
+
+def auto_workers_for(dataset: Any) -> tuple[int | None, str | None]:
+    """0 workers for a dataset held in memory (its tensors/arrays) that indexes cheaply (measured once at start-up),
+    else None (no view: the usual worker count)."""
+    if os.environ.get("PLAINLOOP_NO_WORKER_PROBE") or not holds_arrays(dataset):
+        return None, None
+    cost = in_memory_cost(dataset)
+    if cost is None or cost > CHEAP_S_PER_SAMPLE:
+        return None, None
+    return 0, (
+        f"num_workers: auto -> 0: {type(dataset).__name__} indexes in memory in {cost * 1e6:.1f} us per sample "
+        f"(measured), cheaper than a worker process hands a batch over"
+    )
+
+
+def batch_sampler_state_note(sampler: Any) -> str | None:
+    if hasattr(sampler, "state_dict") and hasattr(sampler, "load_state_dict"):
+        return None
+    return (
+        f"sampler: {type(sampler).__name__} has no state_dict/load_state_dict, so a resume mid-epoch replays its "
+        f"epoch from set_epoch and skips the batches already trained (exact only if its order depends on the "
+        f"epoch alone)"
+    )
