@@ -497,8 +497,9 @@ class TrainConfig:
     # your model as it is: training order, AdamW knobs, decay horizon, validation cap
     shuffle: bool = knob(True, "shuffle the training samples each epoch; off trains in time order", DATA)
     adam_betas: tuple[float, float] = knob(
-        (0.9, 0.999), "AdamW betas of the built-in optimizer (nanoGPT: 0.9 0.95)", OPTIM
-    )
+        (0.9, 0.999), "AdamW betas of the built-in optimizer (nanoGPT: 0.9 0.95)", OPTIM, min=0,
+        check=lambda b: None if all(x < 1 for x in b) else "each beta must be below 1; give two numbers in [0, 1)",
+    )  # fmt: skip
     adam_eps: float = knob(1e-8, "AdamW eps of the built-in optimizer", OPTIM, gt=0)
     fused: bool | None = knob(None, "fused AdamW kernel of the built-in optimizer: auto (on), on or off", OPTIM)
     lr_decay_steps: int | None = knob(
@@ -548,8 +549,6 @@ class TrainConfig:
             raise ConfigError(f"{where}: give max_steps (optimizer steps) or max_batches (batches), not both")
         if self.val_check_steps is not None and self.val_check_batches is not None:
             raise ConfigError(f"{where}: give val_check_steps or val_check_batches, not both")
-        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
-            raise ConfigError(f"{where}: adam_betas={tuple(self.adam_betas)}; give two numbers in [0, 1)")
 
     # ---- what the loop runs -------------------------------------------------------------------------------
     def effective(self) -> TrainConfig:
