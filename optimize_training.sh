@@ -6,12 +6,16 @@
 #   NNODES=2 NODE_RANK=0 MASTER_ADDR=10.0.0.1 NPROC_PER_NODE=8 ./optimize_training.sh
 #   MAX_RESTARTS=3 ./optimize_training.sh                          # torchrun restarts a dead worker, from last.pt
 #   PLAINLOOP_DRY_RUN=1 ./optimize_training.sh                     # print the environment and command only
-# Extra arguments are passed to train_optimized.py unchanged (they win over the variables).
+# Extra arguments are passed to train_optimized.py (they win over the variables). Relative paths, in the variables
+# and in the path flags (--config --resume --data_path --output_dir --cache_dir), are read from the directory you
+# ran this from, although it runs train_optimized.py from the repository.
 # A bad variable is an error that names it, with exit code 2 (the CLI's code for bad flags).
 set -euo pipefail
 # a task of your own (TASK=package.module:function) is imported from the directory you ran this from
 export PLAINLOOP_CALLER_DIR="${PLAINLOOP_CALLER_DIR:-$PWD}"
+caller_dir=$PLAINLOOP_CALLER_DIR
 cd "$(dirname "$0")"
+repo_dir=$PWD
 
 die() {
   echo "optimize_training.sh: error: $*" >&2
@@ -33,6 +37,35 @@ whole_number() {
     die "$name=$v is out of range: use $allowed"
   fi
   printf -v "$name" '%s' "$v"
+}
+
+# one_of NAME CHOICE...: empty stays empty (= the default)
+one_of() {
+  local name=$1 v=${!1-} c
+  shift
+  [ -z "$v" ] && return 0
+  for c in "$@"; do [ "$v" = "$c" ] && return 0; done
+  die "$name='$v' is not valid: use one of $*"
+}
+
+# plain_text NAME: no control characters (a newline or escape would break the command line or the terminal)
+plain_text() {
+  local name=$1 v=${!1-}
+  case "$v" in *[[:cntrl:]]*) die "$name holds a control character: give a plain value" ;; esac
+  return 0
+}
+
+# from_caller PATH [input]: a relative PATH is read from the caller's directory; an input that only exists in the
+# repository (e.g. configs/era5.toml, as the examples write it) is read from there, with a note
+from_caller() {
+  local v=$1 kind=${2:-}
+  case "$v" in "" | /* | auto) printf '%s' "$v"; return 0 ;; esac
+  if [ "$kind" = input ] && [ ! -e "$caller_dir/$v" ] && [ -e "$repo_dir/$v" ]; then
+    note "$v: not in $caller_dir; using the repository's $repo_dir/$v"
+    printf '%s' "$repo_dir/$v"
+    return 0
+  fi
+  printf '%s' "$caller_dir/$v"
 }
 
 # boolean NAME: 1/0, true/false, yes/no in any case -> 1 or 0 (bash 3.2 has no ${v,,}: tr)
@@ -80,7 +113,18 @@ whole_number MAX_RESTARTS 0 "" "worker restarts torchrun may make"
 boolean COMPILE
 boolean SKIP_SETUP
 boolean PLAINLOOP_DRY_RUN
-case "$RUN_NAME" in */* | . | ..) die "RUN_NAME='$RUN_NAME' is not valid: use a plain name (no '/'); OUTPUT_DIR sets the folder" ;; esac
+one_of TASK era5 reid
+one_of PRECISION auto 32 16-mixed bf16-mixed
+one_of COMPILE_MODE default reduce-overhead max-autotune
+for v in RUN_NAME OUTPUT_DIR DATA_PATH; do plain_text "$v"; done
+# the same rule as the CLI's --run_name (trainer/config.py run_name_problem): one plain name, at most 120 bytes
+case "$RUN_NAME" in
+  */* | *\\* | . | ..) die "RUN_NAME='$RUN_NAME' is not valid: use a plain name (no '/', not . or ..); OUTPUT_DIR sets the folder" ;;
+  -*) die "RUN_NAME='$RUN_NAME' is not valid: it starts with '-' (it would read as a flag); use a plain name" ;;
+esac
+[ "$(printf '%s' "$RUN_NAME" | wc -c)" -le 120 ] || die "RUN_NAME is longer than 120 bytes: use a shorter name"
+OUTPUT_DIR=$(from_caller "$OUTPUT_DIR")
+DATA_PATH=$(from_caller "$DATA_PATH" input)
 
 # Allocator: expandable segments cut fragmentation when batch shapes vary. A setting of the user's always wins:
 # PyTorch >= 2.9 reads PYTORCH_ALLOC_CONF and ignores the older PYTORCH_CUDA_ALLOC_CONF when both are set, so
@@ -156,7 +200,24 @@ if [ "$NPROC_PER_NODE" -gt 1 ] || [ "$NNODES" -gt 1 ] || [ "$MAX_RESTARTS" -gt 0
     cmd+=(--node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
   fi
 fi
-cmd+=(train_optimized.py ${args[@]+"${args[@]}"} "$@")
+# path flags among the extra arguments: relative to the caller's directory, like the variables
+extra=()
+path_next=""
+for a in "$@"; do
+  if [ -n "$path_next" ]; then
+    extra+=("$(from_caller "$a" "$path_next")")
+    path_next=""
+    continue
+  fi
+  case "$a" in
+    --config | --resume | --data_path) path_next=input; extra+=("$a") ;;
+    --output_dir | --cache_dir) path_next=output; extra+=("$a") ;;
+    --config=* | --resume=* | --data_path=*) extra+=("${a%%=*}=$(from_caller "${a#*=}" input)") ;;
+    --output_dir=* | --cache_dir=*) extra+=("${a%%=*}=$(from_caller "${a#*=}")") ;;
+    *) extra+=("$a") ;;
+  esac
+done
+cmd+=(train_optimized.py ${args[@]+"${args[@]}"} ${extra[@]+"${extra[@]}"})
 
 if [ "$PLAINLOOP_DRY_RUN" = "1" ]; then
   for name in "${exported[@]}"; do

@@ -6,13 +6,15 @@
     python train_optimized.py --config configs/era5.toml --epochs 5          # a config file; flags win
     python train_optimized.py --resume runs/era5-20261122-004404            # continue, with the run's settings
     python train_optimized.py --task reid                       # cross-modality re-ID on the synthetic set
-    python train_optimized.py --baseline                        # the seed guides' unoptimised "before" loop
+    python train_optimized.py --baseline                        # the unoptimised "before" loop, for comparison
     python train_optimized.py --system_report                   # measured bottleneck report, then exit
     torchrun --nproc_per_node 2 train_optimized.py ...          # DDP (or NPROC_PER_NODE=2 ./optimize_training.sh)
 
 Every flag comes from one place: TrainConfig's fields (trainer/config.py), the task builders' parameters
-(tasks/era5.py, tasks/reid.py) and RunOptions below. Exit codes: 0 done, 2 a bad input (one clear line; --debug
-for the traceback), 3 training diverged, 128 + N stopped by signal N after writing last.pt.
+(tasks/era5.py, tasks/reid.py) and RunOptions below; each value is checked by the rule beside its definition
+(trainer/config.py's `check_value`) before anything is written. Exit codes: 0 done, 2 a bad input (one clear line;
+--debug for the traceback), 3 training diverged, 128 + N stopped by signal N (after writing last.pt when training
+had started).
 """
 
 from __future__ import annotations
@@ -20,14 +22,29 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shlex
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-import torch
 
-from tasks import (
+def _early_stop(signum: int, frame: Any) -> None:
+    """A stop signal while Python imports torch and the tasks: nothing exists yet; one line and exit."""
+    os.write(2, f"[plainloop] {signal.Signals(signum).name} during start-up: stopped before training; nothing to "
+                f"resume\n".encode())  # fmt: skip
+    os._exit(128 + signum)
+
+
+SETUP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP") if hasattr(signal, n))
+if __name__ == "__main__":  # run as a program (not imported): covered from the first line on
+    for _s in SETUP_SIGNALS:
+        signal.signal(_s, _early_stop)
+
+import torch  # noqa: E402
+
+from tasks import (  # noqa: E402
     ERA5_MODEL_KEYS,
     TASK_BUILDERS,
     build_task,
@@ -40,22 +57,21 @@ from tasks import (
     task_module,
     train_defaults,
 )
-from trainer.checkpoint import CheckpointError
-from trainer.checkpointer import ResumeError
-from trainer.config import TrainConfig, knob
-from trainer.loggers import CSVLogger, WandbLogger, parse_logger_names
-from trainer.options import (
+from trainer.checkpoint import CheckpointError  # noqa: E402
+from trainer.checkpointer import ResumeError  # noqa: E402
+from trainer.config import TrainConfig, check_output_dirs, check_settings, field_rules, knob  # noqa: E402
+from trainer.loggers import CSVLogger, WandbLogger, parse_logger_names  # noqa: E402
+from trainer.options import (  # noqa: E402
     ConfigError,
     add_dataclass_arguments,
     add_function_arguments,
-    check_keys,
-    coerce,
+    add_help_flags,
     function_parameters,  # fmt: skip
     load_config_file,
 )
-from trainer.runfiles import RunDirError, find_resumable
-from trainer.setup import launch_prefix
-from trainer.usercode import cli_session
+from trainer.runfiles import RunDirError, find_resumable  # noqa: E402
+from trainer.setup import launch_prefix  # noqa: E402
+from trainer.usercode import cli_session  # noqa: E402
 
 RUN = "task and run"
 TOOLS = "measurement tools"
@@ -74,15 +90,16 @@ class RunOptions:
     )
     config: str | None = knob(
         None,
-        "a .toml/.json/.yaml file of settings, keys = flag names (seed 002's mmseg names too); flags given here win",
+        "a .toml/.json/.yaml file of settings, keys = flag names (mmseg config names too); flags given here win",
         RUN,
     )
     preset: str = knob(
         "auto",
-        "ERA5 model/grid preset: seed = seed 000's config (2 deg, d_model 512); cpu = "
-        "reduced; auto = seed on a GPU, cpu otherwise. Explicit flags override it",
+        "ERA5 model/grid preset: full = the full-size model (2 deg grid, d_model 512, 3 layers); cpu = "
+        "reduced (5 deg, d_model 64, 1 layer); auto = full on a GPU, cpu otherwise. Explicit flags override it",
         RUN,
-        choices=("auto", "cpu", "seed"),
+        check=lambda v: None if v in PRESETS else f"not a preset; use one of {', '.join(PRESETS[:3])}",
+        metavar="{auto,cpu,full}",
     )
     debug: bool = knob(False, "show the traceback of known errors too (also PLAINLOOP_DEBUG=1)", RUN)
     logger: str = knob(
@@ -94,7 +111,9 @@ class RunOptions:
         metavar="csv,tensorboard,wandb",
     )
     plots: bool = knob(True, "write plots after training (needs matplotlib)", RUN)
-    monitor_interval: float = knob(1.0, "seconds between TrainingMonitor samples of CPU/GPU use", TOOLS, gt=0)
+    monitor_interval: float = knob(
+        1.0, "seconds between TrainingMonitor samples of CPU/GPU use", TOOLS, gt=0, max=86400
+    )
     profile: bool = knob(False, "write a torch.profiler trace of a few steps into RUN_DIR/profile, then stop", TOOLS)
     profile_then_train: bool = knob(False, "with --profile: go on and train after profiling", TOOLS)
     system_report: bool = knob(
@@ -113,7 +132,7 @@ class RunOptions:
     price_per_gpu_hour: float | None = knob(
         None, "--system_report: price of one GPU hour (cloud), for the projection", TOOLS, gt=0
     )
-    currency: str = knob("", "--system_report: currency label of the prices, e.g. EUR", TOOLS)
+    currency: str = knob("", "--system_report: currency label of the prices, e.g. EUR", TOOLS, allow_empty=True)
     power_w: float | None = knob(
         None,
         "--system_report: the machine's power draw in watts when NVML/RAPL cannot measure it",
@@ -124,23 +143,30 @@ class RunOptions:
     auto_num_workers: bool = knob(False, "measure loader throughput and pick num_workers", TOOLS)
 
 
-KNOWN_ERRORS = (ConfigError, ResumeError, RunDirError, CheckpointError, FileNotFoundError, ValueError)
+PRESETS = ("auto", "cpu", "full", "seed")  # "seed": the earlier name of "full", still read (with a note)
+KNOWN_ERRORS = (ConfigError, ResumeError, RunDirError, CheckpointError, OSError, ValueError)
 NOT_IN_CONFIG_FILE = ("config", "debug", "resume")  # never written into a run's config.toml
+# the short --help: what most runs set; --help GROUP / --help-all show the rest
+COMMON_FLAGS = ("task", "config", "data_path", "output_dir", "run_name", "resume", "epochs", "max_steps",
+                "batch_size", "lr", "precision", "num_workers", "device", "compile_model", "preset", "debug")  # fmt: skip
 
 
 class _Parser(argparse.ArgumentParser):
     """A bad flag is one line (argparse would print its whole usage block, 80 lines, before it)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (--help lists every flag)\n")
+        self.exit(2, f"{self.prog}: error: {message} (--help-all lists every flag)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="train_optimized.py",
+        usage="%(prog)s [--flag VALUE ...]",
         description="plainloop: fast training in plain PyTorch.",
         epilog="Exit codes: 0 done, 2 bad input, 3 diverged, 128+N stopped by signal N.",
+        add_help=False,
     )
+    add_help_flags(p, COMMON_FLAGS)
     seen: set[str] = set()
     add_dataclass_arguments(p, RunOptions, seen)
     for name, builder in TASK_BUILDERS.items():
@@ -153,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
             skip=("seed", "device_cache", "learning_rate"),
             seen=seen,
             default_text={k: "from --preset" for k in ERA5_MODEL_KEYS} if name == "era5" else {},
+            rules=getattr(mod, "ARGS_RULES", {}),
         )
     add_dataclass_arguments(p, TrainConfig, seen)
     return p
@@ -160,25 +187,39 @@ def build_parser() -> argparse.ArgumentParser:
 
 def names() -> dict[str, dict[str, Any]]:
     """{"run" | "train" | task: {flag name: type}} — where each setting belongs."""
-    import typing
+    return {group: {k: tp for k, (tp, _) in r.items()} for group, r in rules().items()}
 
-    out = {"run": typing.get_type_hints(RunOptions), "train": typing.get_type_hints(TrainConfig)}
+
+def rules() -> dict[str, dict[str, tuple[Any, dict[str, Any]]]]:
+    """{"run" | "train" | task: {flag name: (type, rule)}}: every setting's type and rule, from its definition."""
+    out = {"run": field_rules(RunOptions), "train": field_rules(TrainConfig)}
     for name, builder in TASK_BUILDERS.items():
-        out[name] = {k: tp for k, (tp, _) in function_parameters(builder()).items()}
+        task_rules = getattr(task_module(name), "ARGS_RULES", {})
+        out[name] = {k: (tp, dict(task_rules.get(k, {}))) for k, (tp, _) in function_parameters(builder()).items()}
+    return out
+
+
+def all_rules() -> dict[str, tuple[Any, dict[str, Any]]]:
+    """One {flag name: (type, rule)} over every group (a name two groups share has one rule)."""
+    out: dict[str, tuple[Any, dict[str, Any]]] = {}
+    for group in rules().values():
+        for k, v in group.items():
+            out.setdefault(k, v)
     return out
 
 
 # ------------------------------------------------------------------------------------------- settings
 def resolve_settings(explicit: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     """defaults <- the resumed run's config.toml <- --config file <- flags typed on the command line."""
-    kinds = names()
-    all_types = {k: tp for group in kinds.values() for k, tp in group.items()}
+    known = all_rules()
     file_vals: dict[str, Any] = {}
     if explicit.get("config"):
+        where = f"--config {explicit['config']}"
         file_vals = load_config_file(explicit["config"], notes)
-        file_vals = {k: v for k, v in file_vals.items() if k not in NOT_IN_CONFIG_FILE}
-        check_keys(file_vals, all_types, f"--config {explicit['config']}")
-        file_vals = coerce(file_vals, all_types, f"--config {explicit['config']}")
+        for k in NOT_IN_CONFIG_FILE:
+            if k in file_vals:
+                raise ConfigError(f"{where}: {k!r} cannot be set in a config file; give --{k} on the command line")
+        file_vals = check_settings(file_vals, known, where, notes)
     given = {**file_vals, **explicit}
     resume = given.get("resume")
     saved: dict[str, Any] = {}
@@ -189,14 +230,16 @@ def resolve_settings(explicit: dict[str, Any], notes: list[str]) -> dict[str, An
         given["resume"] = resume if file_given else (str(run_dir) if run_dir else None)
         if run_dir is None:
             notes.append(f"resume auto: nothing to resume under {_auto_place(given)}; starting a new run")
-        if run_dir is not None and (run_dir / "config.toml").is_file():
-            saved = load_config_file(run_dir / "config.toml")
-            saved = coerce({k: v for k, v in saved.items() if k in all_types}, all_types, str(run_dir / "config.toml"))
+        if run_dir is not None:
+            ckpt = Path(given["resume"]) if file_given else run_dir / "checkpoints" / "last.pt"
+            saved = saved_settings(run_dir, notes, ckpt)
+            saved = {k: v for k, v in saved.items() if k not in NOT_IN_CONFIG_FILE}
             saved.pop("run_name", None)
             saved.pop("output_dir", None)
             for k, v in given.items():
                 if k in saved and saved[k] != v and k not in NOT_IN_CONFIG_FILE:
                     notes.append(f"resume: {k} {saved[k]!r} -> {v!r} (given now)")
+            check_resume_changes(ckpt, given)
     out = {**saved, **given}
     # one length (or validation interval) in two units: the one given with the higher priority wins, so
     # `--config seed002_mmseg.toml --max_steps 4` shortens the file's runner.max_iters (max_batches) run
@@ -215,6 +258,96 @@ def resolve_settings(explicit: dict[str, Any], notes: list[str]) -> dict[str, An
                 )
                 out.pop(lose)
     return out
+
+
+def saved_settings(run_dir: Path, notes: list[str], ckpt_path: Path | None = None) -> dict[str, Any]:
+    """A resumed run's settings: its config.toml, checked like any config file; when that file is missing, empty or
+    unreadable, the copy inside checkpoints/last.pt (written with every checkpoint), so no one file is needed."""
+    path = run_dir / "config.toml"
+    problem = None
+    try:
+        flat = load_config_file(path, what="resume: the run's settings file")
+        if flat:
+            return check_settings(flat, all_rules(), str(path))
+        problem = "is empty"
+    except ConfigError:
+        if path.is_file() and path.stat().st_size > 0:
+            raise  # a damaged or hand-edited file that says something: its own line, never silently ignored
+        problem = "is missing" if not path.exists() else "is empty"
+    ckpt_path = ckpt_path or run_dir / "checkpoints" / "last.pt"
+    from_ckpt = checkpoint_settings(ckpt_path)
+    if from_ckpt is not None:
+        notes.append(f"resume: {path} {problem}; the run's settings are read from its checkpoint")
+        return check_settings(from_ckpt, all_rules(), f"{ckpt_path} (settings)")
+    requested = _json_block(run_dir / "config.json", "requested")  # a checkpoint written before settings were kept
+    if requested:
+        notes.append(
+            f"resume: {path} {problem} and the checkpoint predates saved settings; the training settings are read "
+            f"from config.json, the task's from the flags given now (their defaults otherwise)"
+        )
+        return check_settings({k: v for k, v in requested.items() if k in field_rules(TrainConfig)},
+                              field_rules(TrainConfig), str(run_dir / "config.json"))  # fmt: skip
+    notes.append(f"resume: {path} {problem} and no saved settings were found; the flags given now and defaults apply")
+    return {}
+
+
+def _json_block(path: Path, key: str) -> dict[str, Any]:
+    import json
+
+    try:
+        block = json.loads(path.read_text(encoding="utf-8")).get(key)
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return block if isinstance(block, dict) else {}
+
+
+# settings a checkpoint's position depends on: its step count and its place in the epoch are counted in batches of
+# this size, in this order, so another value cannot continue the same run (refused; documented)
+FIXED_ON_RESUME = ("batch_size", "accumulate_grad_batches", "seed")
+
+
+def check_resume_changes(ckpt_path: Path, given: dict[str, Any]) -> None:
+    """Refuse, before anything is written, a resume that changes what the checkpoint's position is counted in
+    (batch size, accumulation, seed) or gives a step budget below the checkpoint's step."""
+    meta = _checkpoint_meta(ckpt_path)
+    if meta is None:
+        return  # no checkpoint yet (resume auto starting a run) or a damaged one: the engine reports it
+    old, step = meta.get("config") or {}, meta.get("step")
+    for k in FIXED_ON_RESUME:
+        if k in given and k in old and given[k] != old[k]:
+            raise ConfigError(
+                f"--{k} {given[k]}: the run at {ckpt_path} was trained with {k} {old[k]}, and its step count and "
+                f"place in the epoch are counted with it; resume without --{k}, or start a new run from its "
+                f"settings: --config {shlex.quote(str(ckpt_path.parent.parent / 'config.toml'))} --{k} {given[k]}"
+            )
+    if isinstance(step, int) and given.get("max_steps") is not None and given["max_steps"] < step:
+        raise ConfigError(
+            f"--max_steps {given['max_steps']}: the run at {ckpt_path} is already at step {step}; give at least "
+            f"--max_steps {step} (more continues it), or leave it out to keep the run's own length"
+        )
+
+
+def _checkpoint_meta(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # damaged or not a checkpoint: the resume itself says so, with its own message
+        return None
+    return ckpt if isinstance(ckpt, dict) else None
+
+
+def checkpoint_settings(path: Path) -> dict[str, Any] | None:
+    """The flat settings a checkpoint carries (key "settings": {table: {key: value}}), or None."""
+    ckpt = _checkpoint_meta(path)
+    sections = ckpt.get("settings") if ckpt is not None else None
+    if not isinstance(sections, dict):
+        return None
+    flat: dict[str, Any] = {}
+    for table in sections.values():
+        if isinstance(table, dict):
+            flat.update({k: v for k, v in table.items() if v is not None})
+    return flat
 
 
 def _resume_dir(resume: str, given: dict[str, Any]) -> Path | None:
@@ -243,6 +376,8 @@ def split_settings(values: dict[str, Any]) -> tuple[RunOptions, dict[str, Any], 
     kinds = names()
     run = RunOptions(**{k: v for k, v in values.items() if k in kinds["run"]})
     check_task_name(run.task)
+    if run.preset == "seed":
+        run.preset = "full"  # the earlier name; the note is printed by run()
     task_keys = kinds[run.task]
     other_tasks = {k for name, group in kinds.items() if name not in ("run", "train", run.task) for k in group}
     stray = [k for k in values if k in other_tasks and k not in task_keys and k not in kinds["train"]]
@@ -253,6 +388,21 @@ def split_settings(values: dict[str, Any]) -> tuple[RunOptions, dict[str, Any], 
     task_kw = {k: v for k, v in values.items() if k in task_keys and k not in ("seed", "device_cache")}
     train_kw = {k: v for k, v in values.items() if k in kinds["train"]}
     return run, task_kw, train_kw
+
+
+class StoppedInSetUp(BaseException):
+    """A stop signal before training started: nothing to save, exit 128 + N with one line."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_TRAINED: list[bool] = []
+
+
+def _setup_stop(signum: int, frame: Any) -> None:
+    raise StoppedInSetUp(signum)
 
 
 def use_task_flags(argv: list[str]) -> None:
@@ -273,27 +423,79 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     explicit = vars(parser.parse_args(argv))
     debug = explicit.get("debug") or os.environ.get("PLAINLOOP_DEBUG", "") not in ("", "0")
+    old = {}
+    _TRAINED.clear()
     try:
+        if threading_main():
+            # until the trainer installs its own handlers (which save last.pt), a signal ends set-up cleanly
+            old = {s: signal.signal(s, _setup_stop) for s in SETUP_SIGNALS}
         with cli_session():  # the engine's messages name this script's flags (not the Python call)
             return run(explicit)
+    except StoppedInSetUp as e:
+        name = signal.Signals(e.signum).name
+        what = (
+            "after training: the run is complete (summary.json written)"
+            if _TRAINED
+            else "during set-up: stopped before training started; nothing to resume"
+        )
+        print(f"[plainloop] {name} {what}", file=sys.stderr)
+        return 128 + e.signum
     except KNOWN_ERRORS as e:
         if debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        text = str(e).strip() or type(e).__name__
+        if isinstance(e, OSError) and not isinstance(e, FileNotFoundError) and e.filename:
+            text = f"{e.filename}: {e.strerror or e}"
+        print(f"error: {' '.join(text.splitlines()) if len(text.splitlines()) > 2 else text}", file=sys.stderr)
         print("(run with --debug or PLAINLOOP_DEBUG=1 for the traceback)", file=sys.stderr)
         return 2
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 def run(explicit: dict[str, Any]) -> int:
     notes: list[str] = []
+    opts, task_kw, train_kw = prepare(explicit, notes)
+    return train(opts, task_kw, train_kw, notes)
+
+
+def prepare(explicit: dict[str, Any], notes: list[str]) -> tuple[RunOptions, dict[str, Any], dict[str, Any]]:
+    """Every check of the settings, before anything is written: (run options, task kwargs, TrainConfig kwargs)."""
     values = resolve_settings(explicit, notes)
+    values = check_settings(values, all_rules(), "settings", notes, style="flag")  # the merged layers, once more
+    if values.get("preset") == "seed":
+        notes.append("--preset seed is now called --preset full (the same model); read as full")
     opts, task_kw, train_kw = split_settings(values)
+    TrainConfig.from_dict({k: v for k, v in train_kw.items()}, where="settings")  # cross-field rules, before writing
+    check_output_dirs(
+        [
+            ("--output_dir", train_kw.get("output_dir", TrainConfig.output_dir)),
+            ("--cache_dir", task_kw.get("cache_dir")),
+        ]
+    )
     parse_logger_names(opts.logger)  # a bad --logger is said before any work
-    on_gpu = torch.cuda.is_available() and str(train_kw.get("device") or "cuda").startswith("cuda")
+    on_gpu = _on_gpu(train_kw)
     task_kw, preset_note = resolve_task_args(opts.task, task_kw, opts.preset, on_gpu, train_kw.get("batch_size"))
     if preset_note:
         notes.append(preset_note)
     task_kw.update(seed=train_kw.get("seed", TrainConfig.seed), device_cache=train_kw.get("device_cache"))
+    return opts, task_kw, train_kw
+
+
+def _on_gpu(train_kw: dict[str, Any]) -> bool:
+    return torch.cuda.is_available() and str(train_kw.get("device") or "cuda").startswith("cuda")
+
+
+def train(opts: RunOptions, task_kw: dict[str, Any], train_kw: dict[str, Any], notes: list[str]) -> int:
+    """Build the task and train it (or run a measurement tool), with settings `prepare` checked."""
+    on_gpu = _on_gpu(train_kw)
     say = print if int(os.environ.get("RANK", "0")) == 0 else (lambda *a, **k: None)  # under torchrun: rank 0 speaks
     for n in notes:
         say(f"[plainloop] {n}")
@@ -336,6 +538,7 @@ def run(explicit: dict[str, Any]) -> int:
         ):
             say(f"[plainloop] sampler: {line}")  # the P x K sampler's cache summary, once (rank 0)
         summary = trainer.fit()
+        _TRAINED.append(True)  # a signal in the closing report no longer says "set-up"
     except ResumeError as e:
         changed = [n for n in notes if n.startswith("resume:")]
         raise ResumeError(
@@ -426,9 +629,11 @@ def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions, shown: 
 
 
 def rerun_command(config: Path, env: Any = os.environ) -> str:
-    """The command that runs this job again: under torchrun (WORLD_SIZE > 1) with its torchrun prefix."""
+    """The command that runs this job again: under torchrun (WORLD_SIZE > 1) with its torchrun prefix; the path is
+    shell-quoted, so a directory with a space or a `$(...)` in its name pastes as itself."""
     launch = launch_prefix(env)
-    return f"{launch} train_optimized.py --config {config}" + (" (on each node)" if "--nnodes" in launch else "")
+    cmd = f"{launch} train_optimized.py --config {shlex.quote(str(config))}"
+    return cmd + (" (on each node)" if "--nnodes" in launch else "")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ settings (10 deg grid, d_model 32, 1 layer, a checkpoint every 2 steps), one thr
   kill       kill -9 at a random moment of training (often while last.pt is being written), then
              `--resume RUN_DIR` alone; the final model and optimizer state must equal, bit for bit, those of
              an uninterrupted run, and no orphan temp file may be left behind
-  signal     SIGTERM / SIGINT / SIGUSR1 at a random moment: exit code 128 + signal, a resume command printed,
+  signal     SIGTERM / SIGINT / SIGUSR1 / SIGHUP at a random moment: exit code 128 + signal, a resume command printed,
              last.pt verified; running the printed command must end bit-identical to the uninterrupted run;
              also Ctrl-C twice (exits at once; the run still resumes)
   nan        NaN in one input batch, NaN out of the forward at one step (both injected into the real model),
@@ -18,6 +18,14 @@ settings (10 deg grid, d_model 32, 1 layer, a checkpoint every 2 steps), one thr
              live process on one run directory (refused by the lock, exit 2)
   bad input  bad data paths, damaged / pickled / missing checkpoints, bad flag values, bad launcher variables:
              exit 2 with a message of one or two lines and no traceback
+  hostile    run names that leave the output directory, NaN / negative knobs, paths that are files, FIFOs or
+             devices, a non-UTF-8 config, a zero-byte re-ID image, bad launcher variables: exit 2, one line naming
+             it, no run directory and nothing written outside
+  resume     config.toml emptied or deleted, a non-UTF-8 flag, a changed batch size or a step budget below the
+             checkpoint on resume (refused, nothing changed), a finished run whose file times were lost (never
+             re-scored); then `--resume RUN_DIR` alone must end bit-identical
+  outside    a user's directory named as --run_name (never reused), --resume auto beside a live run (skipped)
+  setup      a stop signal during set-up: exit 128 + N, one line, no traceback
   elastic    optimize_training.sh with NPROC_PER_NODE=2 MAX_RESTARTS=1 (torchrun, gloo): one worker killed
              mid-run, torchrun restarts both, they resume from last.pt; final weights must equal an
              uninterrupted two-process run's
@@ -62,7 +70,7 @@ TINY = [
     "--no-plots",
     "--no-progress_bar",
 ]
-SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT, "SIGUSR1": signal.SIGUSR1}
+SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT, "SIGUSR1": signal.SIGUSR1, "SIGHUP": signal.SIGHUP}
 EXIT_BAD_INPUT, EXIT_NON_FINITE = 2, 3
 
 
@@ -714,8 +722,8 @@ class Campaign:
             out.append(self._judge_bad(f"{var}={value}", res, var))
         return out
 
-    def _judge_bad(self, label: str, res: Proc, names: str) -> Case:
-        case = Case("bad_input", label, seconds=res.seconds)
+    def _judge_bad(self, label: str, res: Proc, names: str, kind: str = "bad_input") -> Case:
+        case = Case(kind, label, seconds=res.seconds)
         msg = message_lines(res.err)
         case.info.update(exit=res.rc, message=msg)
         problems = []
@@ -729,6 +737,218 @@ class Campaign:
             problems.append(f"message does not name {names}")
         case.ok = not problems
         case.detail = (msg[0][:160] if msg else "") + ("; " + "; ".join(problems) if problems else "")
+        return self.record(case)
+
+    def hostile_inputs(self) -> list[Case]:
+        """Values that used to train wrong, write outside the output directory or end in a traceback: each must
+        be exit 2 with one line naming the flag, file or variable, before any run directory exists."""
+        bad = self.work / "hostile"
+        bad.mkdir(exist_ok=True)
+        (bad / "a_file").write_text("x", encoding="utf-8")
+        (bad / "latin1.toml").write_bytes(b"[train]\nrun_name = '\xe9t\xe9'\n")
+        fifo = bad / "fifo.nc"
+        if not fifo.exists():
+            os.mkfifo(fifo)
+        market = bad / "market"
+        _tiny_market(market)
+        (market / "query" / "0003_c1s1_000009_00.jpg").write_bytes(b"")  # a zero-byte image among the queries
+        runs = bad / "runs"
+        cases = [
+            ("--run_name ../../escape", ["--run_name", "../../escape"], "--run_name"),
+            ("--run_name absolute", ["--run_name", str(bad / "abs")], "--run_name"),
+            ("--run_name .", ["--run_name", "."], "--run_name"),
+            ("--run_name too long", ["--run_name", "x" * 300], "--run_name"),
+            ("--min_lr_ratio -3", ["--min_lr_ratio", "-3"], "--min_lr_ratio"),
+            ("--weight_decay nan", ["--weight_decay", "nan"], "--weight_decay"),
+            ("--warmup_steps -5", ["--warmup_steps", "-5"], "--warmup_steps"),
+            ("--seed -1", ["--seed", "-1"], "--seed"),
+            ("--resolution nan", ["--resolution", "nan"], "--resolution"),
+            ("--device bogus", ["--device", "bogus"], "--device"),
+            ("--output_dir a file", ["--output_dir", str(bad / "a_file")], "--output_dir"),
+            ("--output_dir under a file", ["--output_dir", str(bad / "a_file" / "sub")], "--output_dir"),
+            ("--cache_dir under a file", ["--cache_dir", str(bad / "a_file" / "c")], "--cache_dir"),
+            ("--data_path FIFO", ["--data_path", str(fifo)], "--data_path"),
+            ("--data_path /dev/zero", ["--data_path", "/dev/zero"], "--data_path"),
+            ("--config directory", ["--config", str(bad)], "is a directory"),
+            ("--config non-UTF-8", ["--config", str(bad / "latin1.toml")], "latin1.toml"),
+            ("re-ID --margin nan", ["--task", "reid", "--margin", "nan"], "--margin"),
+            ("re-ID --image_size 0 0", ["--task", "reid", "--image_size", "0", "0"], "--image_size"),
+            ("re-ID --eval_workers -2", ["--task", "reid", "--eval_workers", "-2"], "--eval_workers"),
+            ("re-ID zero-byte query image",
+             ["--task", "reid", "--data_path", str(market), "--reid_format", "market1501"], "0003_c1s1_000009_00.jpg"),
+        ]  # fmt: skip
+        out: list[Case] = []
+        for label, args, names in cases:
+            extra = [] if "--output_dir" in args else ["--output_dir", str(runs)]
+            tiny = TINY if "reid" not in args else ["--no-plots", "--no-progress_bar"]  # TINY is ERA5's model
+            res = self.cli(*args, *extra, *tiny, tag=f"hostile-{len(out)}", inproc_ok=True)
+            case = self._judge_bad(label, res, names, kind="hostile")
+            made = sorted(p.name for p in runs.iterdir()) if runs.is_dir() else []
+            outside = sorted(p.name for p in bad.iterdir() if p.name not in ("a_file", "latin1.toml", "fifo.nc",
+                                                                             "market", "runs"))  # fmt: skip
+            if made or outside:
+                case.ok, case.lost = False, bool(outside)
+                case.detail += f"; written: {made + outside}"
+            out.append(case)
+        for var, value in (("RUN_NAME", "--help"), ("RUN_NAME", "../x"), ("TASK", "mnist"), ("PRECISION", "fp8")):
+            res = self.launcher(tag=f"hostile-{var}", env={var: value, "PLAINLOOP_DRY_RUN": "0"})
+            out.append(self._judge_bad(f"{var}={value}", res, var, kind="hostile"))
+        return out
+
+    # --------------------------------------------------------------------- resume never depends on one file
+    def stopped_run(self, name: str) -> tuple[Path, Proc | None]:
+        """A run stopped by SIGTERM right after its first checkpoint: the start of every resume case."""
+        p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *self.train_args(name)], name)
+        if self.wait_for(self.out / name / "checkpoints" / "last.pt", p) is not None and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+        res = self.finish(p, h, timeout=120)
+        return self.out / name, res if res.rc == 128 + signal.SIGTERM else None
+
+    def resume_case(self, what: str) -> Case:
+        """what: config_empty, config_missing, bad_flag (a non-UTF-8 value on resume), batch_size (changed on a
+        mid-run checkpoint), max_steps (below the checkpoint's step) or finished (a finished run whose file times
+        were lost). Each ends with `--resume RUN_DIR` alone, which must continue to the uninterrupted result."""
+        ref, _ = self.reference()
+        name = f"resume-{what.replace('_', '-')}"
+        case = Case("resume", name)
+        t0 = time.monotonic()
+        problems: list[str] = []
+        if what == "finished":
+            run_dir = self.out / name
+            first = self.cli(*self.train_args(name), tag=name)
+            if first.rc != 0:
+                case.detail = f"the run failed (exit {first.rc}); not counted"
+                case.info["counted"] = False
+                return self.record(case)
+            summary = (run_dir / "summary.json").read_bytes()
+            later = time.time() + 60
+            os.utime(run_dir / "checkpoints" / "last.pt", (later, later))  # a copy that did not keep file times
+            res = self.cli("--resume", str(run_dir), tag=f"{name}-resume")
+            case.info.update(exit=res.rc, message=message_lines(res.text)[-2:])
+            if (run_dir / "summary.json").read_bytes() != summary:
+                problems.append("summary.json rewritten (the run was scored again)")
+                case.lost = True
+            if res.rc not in (0, EXIT_BAD_INPUT) or "Traceback" in res.text:
+                problems.append(f"exit {res.rc}")
+            if not re.search(r"nothing left to train|already finished", res.text):
+                problems.append("no line saying the run had finished")
+            case.ok, case.seconds = not problems, time.monotonic() - t0
+            case.detail = "recognised as finished from its checkpoint; summary untouched" if case.ok else "; ".join(
+                problems)  # fmt: skip
+            return self.record(case)
+        run_dir, stopped = self.stopped_run(name)
+        if stopped is None:
+            case.detail = "the run ended before the stop; not counted"
+            case.info["counted"] = False
+            return self.record(case)
+        before = _snapshot(run_dir)
+        config = run_dir / "config.toml"
+        if what == "config_empty":
+            config.write_bytes(b"")
+        elif what == "config_missing":
+            config.unlink()
+        elif what in ("bad_flag", "batch_size", "max_steps"):
+            flag = {"bad_flag": ["--currency", "\udcff"], "batch_size": ["--batch_size", "16"],
+                    "max_steps": ["--max_steps", "1"]}[what]  # fmt: skip
+            res = self.cli("--resume", str(run_dir), *flag, tag=f"{name}-changed")
+            msg = message_lines(res.err)
+            case.info.update(changed_exit=res.rc, message=msg)
+            if res.rc != EXIT_BAD_INPUT or "Traceback" in res.text or not 1 <= len(msg) <= 2:
+                problems.append(f"{' '.join(flag)}: exit {res.rc}, {len(msg)} message lines (expected a refusal)")
+            if flag[0] not in " ".join(msg):
+                problems.append(f"the refusal does not name {flag[0]}")
+            after = _snapshot(run_dir)
+            changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k) and k != ".lock")
+            if changed:
+                problems.append(f"files changed by the refused resume: {changed}")
+        res = self.cli("--resume", str(run_dir), tag=f"{name}-resume")
+        case.info["resume_rc"] = res.rc
+        equal = res.rc == 0 and same_tree(self.final_state(run_dir), ref)
+        if not equal:
+            problems.append(f"resume alone: exit {res.rc}, {'different' if res.rc == 0 else 'failed'}: "
+                            f"{message_lines(res.err)[-1:]}")  # fmt: skip
+            case.lost = True
+        case.ok, case.seconds = not problems, time.monotonic() - t0
+        case.detail = "then --resume RUN_DIR alone: bit-identical" if case.ok else "; ".join(problems)
+        return self.record(case)
+
+    # ------------------------------------------------------------------------- nothing outside the run
+    def user_directory_case(self) -> Case:
+        """--run_name naming a directory of the user's (no checkpoint, not a run): never reused or written."""
+        case = Case("outside", "user's directory as --run_name")
+        t0 = time.monotonic()
+        mine = self.out / "mine"
+        mine.mkdir(exist_ok=True)
+        (mine / "config.json").write_text('{"mine": true}', encoding="utf-8")
+        before = _snapshot(mine)
+        res = self.cli(*self.train_args("mine", "--max_steps", "2"), tag="mine", inproc_ok=True)
+        case.seconds = time.monotonic() - t0
+        problems = []
+        if _snapshot(mine) != before:
+            problems.append("the user's directory was written")
+            case.lost = True
+        used = _run_dir_of(res.text)
+        if res.rc != 0 or used is None or used == mine:
+            problems.append(f"exit {res.rc}, run directory {used}")
+        case.ok = not problems
+        case.detail = f"trained in {used.name if used else '?'}, the user's files untouched" if case.ok else "; ".join(
+            problems)  # fmt: skip
+        return self.record(case)
+
+    def resume_auto_live_case(self) -> Case:
+        """--resume auto while another live process trains the newest resumable run: that run is skipped."""
+        case = Case("outside", "--resume auto beside a live run")
+        t0 = time.monotonic()
+        sub = self.out / "auto-live"
+        args = ["--output_dir", str(sub), "--checkpoint_every", "2", *TINY]
+        p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *args, "--run_name", "era5-live",
+                           "--epochs", str(self.epochs * 4)], "auto-live")  # fmt: skip
+        problems = []
+        if self.wait_for(sub / "era5-live" / "checkpoints" / "last.pt", p) is None:
+            problems.append("the live run ended before its first checkpoint")
+        res = self.cli(*args, "--resume", "auto", "--max_steps", "2", tag="auto-live-2", inproc_ok=True)
+        alive = p.poll() is None
+        if alive:
+            p.send_signal(signal.SIGTERM)
+        first = self.finish(p, h, timeout=120)
+        case.seconds = time.monotonic() - t0
+        used = _run_dir_of(res.text)
+        if not alive:
+            problems.append("the live run ended before the second start; not a real test")
+        if res.rc != 0 or used is None or used.name == "era5-live":
+            problems.append(f"second start: exit {res.rc}, run directory {used}")
+            case.lost = used is not None and used.name == "era5-live"
+        if first.rc not in (0, 128 + signal.SIGTERM):
+            problems.append(f"the live run: exit {first.rc}")
+        case.ok = not problems
+        case.detail = f"skipped the live run, started {used.name if used else '?'}" if case.ok else "; ".join(problems)
+        return self.record(case)
+
+    # ------------------------------------------------------------------------------ signal in set-up
+    def setup_signal_case(self, signame: str, delay: float) -> Case:
+        """A stop signal `delay` s after start, before training (imports, data, model): one line, exit 128+N."""
+        sig = SIGNALS[signame]
+        name = f"setup-{signame.lower()}"
+        case = Case("setup_signal", name)
+        t0 = time.monotonic()
+        p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *self.train_args(name)], name)
+        time.sleep(delay)
+        started = (self.out / name / "config.json").exists()
+        if p.poll() is None:
+            p.send_signal(sig)
+        res = self.finish(p, h, timeout=120)
+        case.seconds = time.monotonic() - t0
+        case.info.update(exit=res.rc, delay_s=delay, training_started=started, message=message_lines(res.err))
+        problems = []
+        if res.rc != 128 + int(sig):
+            problems.append(f"exit {res.rc}, expected {128 + int(sig)}")
+        if "Traceback" in res.text:
+            problems.append("traceback")
+        if not started and len(message_lines(res.err)) != 1:
+            problems.append(f"{len(message_lines(res.err))} message lines")
+        case.ok = not problems
+        case.detail = (message_lines(res.err)[-1][:120] if res.err.strip() else "") + (
+            "; " + "; ".join(problems) if problems else "")  # fmt: skip
         return self.record(case)
 
     # ---------------------------------------------------------------------------------- elastic
@@ -826,6 +1046,13 @@ class Campaign:
                 "clear": sum(c.ok for c in counted("bad_input")),
             },
             "elastic": {"tried": len(counted("elastic")), "survived": sum(c.ok for c in counted("elastic"))},
+            "hostile": {"tried": len(counted("hostile")), "clear": sum(c.ok for c in counted("hostile"))},
+            "resume": {"tried": len(counted("resume")), "survived": sum(c.ok for c in counted("resume"))},
+            "outside": {"tried": len(counted("outside")), "ok": sum(c.ok for c in counted("outside"))},
+            "setup_signal": {
+                "tried": len(counted("setup_signal")),
+                "clean": sum(c.ok for c in counted("setup_signal")),
+            },
             "runs_lost": sum(c.lost for c in self.cases),
             "failures": [
                 f"{c.kind}: {c.name}: {c.detail}" for c in self.cases if not c.ok and c.info.get("counted", True)
@@ -840,6 +1067,21 @@ class _Payload:
 
     def __reduce__(self):
         return (os.system, (f"touch {shlex.quote(self.marker)}",))
+
+
+def _tiny_market(root: Path) -> None:
+    """A Market-1501-shaped folder of tiny images: enough identities for a P x K batch."""
+    from PIL import Image
+
+    names = {
+        "bounding_box_train": [f"{pid:04d}_c{c}s1_00000{k}_01.jpg" for pid in range(1, 9) for c in (1, 2) for k in (1, 2)],
+        "query": ["0020_c1s1_000001_00.jpg"],
+        "bounding_box_test": ["0020_c2s1_000002_00.jpg", "0021_c2s1_000003_00.jpg"],
+    }  # fmt: skip
+    for folder, files in names.items():
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        for n in files:
+            Image.new("RGB", (8, 16), (200, 30, 30)).save(root / folder / n)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -950,7 +1192,7 @@ def render(result: dict[str, Any]) -> str:
             "kill",
         ),
         row(
-            "SIGTERM / SIGINT / SIGUSR1 (and Ctrl-C twice), then the printed resume command",
+            "SIGTERM / SIGINT / SIGUSR1 / SIGHUP (and Ctrl-C twice), then the printed resume command",
             "signals",
             f"{s['signals']['survived']} bit-identical ({by_sig})",
             "signal",
@@ -967,6 +1209,32 @@ def render(result: dict[str, Any]) -> str:
             "bad_inputs",
             f"{s['bad_inputs']['clear']} exit 2 with a 1-2 line message",
             None,  # rejected before training starts: no run to lose
+        ),
+        row(
+            "hostile values: run names outside the output dir, NaN/negative knobs, paths that are files, FIFOs, "
+            "devices, non-UTF-8 config, a zero-byte re-ID image, launcher variables",
+            "hostile",
+            f"{s['hostile']['clear']} exit 2 with one line naming it, before any run directory",
+            "hostile",
+        ),
+        row(
+            "resume: config.toml emptied / deleted, a non-UTF-8 flag, batch size changed mid-epoch, a step budget "
+            "below the checkpoint, a finished run whose file times were lost",
+            "resume",
+            f"{s['resume']['survived']} continued bit-identical (or recognised as finished)",
+            "resume",
+        ),
+        row(
+            "a user's directory as --run_name; --resume auto beside a live run",
+            "outside",
+            f"{s['outside']['ok']} left alone",
+            "outside",
+        ),
+        row(
+            "a stop signal during set-up (imports, data, model)",
+            "setup_signal",
+            f"{s['setup_signal']['clean']} exit 128+N with one line",
+            None,
         ),
         row(
             "torchrun x2 (gloo), one worker killed, MAX_RESTARTS=1",
@@ -1014,7 +1282,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kills", type=int, default=20, help="kill -9 cases (default: 20)")
     ap.add_argument(
-        "--signals", type=int, default=12, help="signal cases, cycling SIGTERM/SIGINT/SIGUSR1 (default: 12)"
+        "--signals", type=int, default=12, help="signal cases, cycling SIGTERM/SIGINT/SIGUSR1/SIGHUP (default: 12)"
     )
     ap.add_argument("--elastic", type=int, default=2, help="elastic restart cases (default: 2)")
     ap.add_argument("--no-elastic", dest="elastic", action="store_const", const=0)
@@ -1044,6 +1312,13 @@ def main(argv: list[str] | None = None) -> int:
         camp.collision_simultaneous(same_name=False)
         camp.collision_lock()
         camp.bad_inputs()
+        camp.hostile_inputs()
+        for what in ("config_empty", "config_missing", "bad_flag", "batch_size", "max_steps", "finished"):
+            camp.resume_case(what)
+        camp.user_directory_case()
+        camp.resume_auto_live_case()
+        for i, signame in enumerate(SIGNALS):
+            camp.setup_signal_case(signame, 0.5 + 1.5 * i)  # imports, then data and model
         for i in range(args.elastic):
             camp.elastic_case(i, tuple(shlex.split(args.elastic_args)))
         dcost = digest_cost(work, mb=args.digest_mb) if args.digest_mb else None

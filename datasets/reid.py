@@ -82,6 +82,41 @@ def load_image(path: str | os.PathLike, size: tuple[int, int]) -> np.ndarray:
         return np.asarray(im, dtype=np.float32) / 255.0
 
 
+def image_problem(path: str | os.PathLike) -> str | None:
+    """Why the file at `path` cannot be read as an image (None: it can), found cheaply: a JPEG is decoded in
+    Pillow's draft mode (1/8 scale, which still reads the whole compressed stream, so truncation shows)."""
+    from PIL import Image
+
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    if p.is_dir():
+        return "is a directory, not an image file"
+    if not p.is_file():
+        return "is not a regular file"
+    if st.st_size == 0:
+        return "is empty (0 bytes)"
+    try:
+        with Image.open(p) as im:
+            if im.format == "JPEG":
+                im.draft("RGB", (max(1, im.width // 8), max(1, im.height // 8)))
+            im.load()
+    except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError... for damaged files
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return f"is not a readable image ({text})"
+    return None
+
+
+def check_images(paths: Sequence[str], where: str) -> None:
+    """Scan every image of a split before training: a bad one is one line naming the file (and how many more)."""
+    bad = [(f, why) for f in paths if (why := image_problem(f))]
+    if bad:
+        more = f" (and {len(bad) - 1} more bad image(s) in {where})" if len(bad) > 1 else ""
+        raise ValueError(f"{bad[0][0]}: {bad[0][1]}; remove or replace it{more}")
+
+
 class ImageFileReID(_MetaMixin, Dataset):
     """Images listed by path with their pid / camid / modality; decoded on access (in loader workers)."""
 
@@ -183,6 +218,8 @@ def read_market1501(
     tr = _scan_market(root / "bounding_box_train")
     q = _scan_market(root / "query")
     g = _scan_market(root / "bounding_box_test")
+    for split, files in (("bounding_box_train", tr), ("query", q), ("bounding_box_test", g)):
+        check_images(files[0], str(root / split))  # every split before training, not the test images at the end
     tr_pids = np.asarray(tr[1])
     val_ids = _holdout_ids(tr_pids, val_fraction, seed, f"Market-1501 {root}")
     is_val = np.isin(tr_pids, val_ids)
@@ -209,7 +246,13 @@ def _read_id_list(path: Path) -> list[int]:
         raise FileNotFoundError(
             f"SYSU-MM01 id list {path} not found; expected exp/train_id.txt, exp/val_id.txt, exp/test_id.txt"
         )
-    return [int(t) for t in re.split(r"[,\s]+", path.read_text().strip()) if t]
+    try:
+        tokens = [t for t in re.split(r"[,\s]+", path.read_text(encoding="utf-8").strip()) if t]
+        return [int(t) for t in tokens]
+    except (UnicodeDecodeError, ValueError):
+        raise ValueError(
+            f"{path}: not a list of identity numbers (e.g. 1,2,4,...); restore the dataset's file"
+        ) from None
 
 
 def _scan_sysu(root: Path, ids: Sequence[int]) -> tuple[list[str], list[int], list[int], list[str]]:
@@ -255,12 +298,14 @@ def read_sysu_mm01(
     te = _scan_sysu(root, test_ids)
     if not tr[0] or not te[0]:
         raise ValueError(f"{root}: no SYSU-MM01 images found under cam1..cam6/<pid>/ for the listed ids")
+    va = _scan_sysu(root, val_ids) if val_ids else ([], [], [], [])
+    for split, files in (("train", tr), ("val", va), ("test", te)):
+        check_images(files[0], f"{root} ({split} identities)")  # every split before training
     train = ImageFileReID(*tr, image_size=image_size, train=True)
     test = ImageFileReID(*te, image_size=image_size)
     ranks = (1, 10, 20)  # what SYSU-MM01 papers report, beside mAP
     val = None
     if val_ids:
-        va = _scan_sysu(root, val_ids)
         if va[0]:
             val_ds = ImageFileReID(*va, image_size=image_size)
             val = ReIDEvalSet(val_ds, sysu_protocols(val_ds, trials, seed), SYSU_EXCLUDED_CAMERA_PAIRS, ranks)

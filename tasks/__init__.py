@@ -126,12 +126,12 @@ def resolve_task_args(
     if ratio is not None and (sum(ratio) > 1 + 1e-6 or any(r < 0 for r in ratio)):
         raise ValueError(f"--split_ratio {' '.join(map(str, ratio))}: fractions must be >= 0 and sum to at most 1")
     mod = task_module("era5")
-    name = preset if preset != "auto" else ("seed" if on_gpu else "cpu")
-    values = mod.SEED_PRESET if name == "seed" else mod.CPU_PRESET
+    name = {"auto": "full" if on_gpu else "cpu", "seed": "full"}.get(preset, preset)  # seed: full's earlier name
+    values = mod.SEED_PRESET if name == "full" else mod.CPU_PRESET
     kw = {**values, **{k: v for k, v in kw.items() if v is not None}}
     layers, depth = kw["num_layers"], kw["recursion_depth"]
     note = (
-        f"preset: {name} ({'seed 000 configuration' if name == 'seed' else 'reduced for a CPU'}: "
+        f"preset: {name} ({'the full-size model' if name == 'full' else 'reduced for a CPU'}: "
         f"{kw['resolution']:g} deg, d_model {kw['d_model']}, {_count(layers, 'layer')} x "
         f"{_count(depth, 'recursion')}); explicit settings override it"
     )

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from tasks.args import check_task_args, input_path_problem
 from trainer import Task
 
 # The seed's configuration (seed 000 quick start) and the reduced CPU preset of the demo.
@@ -62,7 +63,7 @@ ARGS_HELP: dict[str, str] = {
     "lon": "area longitudes W E; may cross the dateline, e.g. 170 -120",
     "lat": "area latitudes S N",
     "resolution": "grid in degrees (area-mean coarsening of the source data)",
-    "seq_len": "months per sample: seq_len-1 input months of context + 1 target (the seed used 2)",
+    "seq_len": "months per sample: seq_len-1 input months of context + 1 target",
     "offset": "extra months between the last input month and the target: lead = offset + 1 months",
     "split_ratio": "train/val/test fractions of the samples, in time order",
     "d_model": "transformer width",
@@ -84,6 +85,27 @@ ARGS_HELP: dict[str, str] = {
     "lim_variance": "fraction of the training anomalies' variance the LIM's EOFs keep (prior and baseline)",
     "lim_max_modes": "at most this many EOFs in the LIM (prior and baseline)",
     "calendar": "give the network the calendar month of the target and of every input month",
+}
+# Each parameter's rule (the knob keywords of trainer/config.py), checked by trainer.config.check_value for the
+# CLI, config files and build_era5_task alike (tasks/args.py); lon/lat ranges are checked with the area.
+ARGS_RULES: dict[str, dict[str, Any]] = {
+    "data_path": {"check": input_path_problem},
+    "resolution": {"gt": 0, "max": 90},
+    "seq_len": {"min": 2, "max": 1200},
+    "offset": {"min": 0, "max": 1200},
+    "split_ratio": {"min": 0, "max": 1},
+    "d_model": {"min": 1, "max": 65536},
+    "num_heads": {"min": 1, "max": 1024},
+    "num_layers": {"min": 1, "max": 1024},
+    "dim_feedforward": {"min": 1, "max": 2**20},
+    "dropout": {"min": 0, "max": 0.99},
+    "recursion_depth": {"min": 1, "max": 1024},
+    "patch_size": {"min": 1, "max": 1024},
+    "learning_rate": {"gt": 0},
+    "seed": {"min": 0, "max": 2**32 - 1},
+    "ensemble": {"min": 1, "max": 1024},
+    "lim_variance": {"gt": 0, "max": 1},
+    "lim_max_modes": {"min": 1, "max": 10**5},
 }
 
 
@@ -271,10 +293,7 @@ def build_era5_task(
     from utils.baselines import baseline_forecasts, fit_baselines
     from utils.metrics import score_forecasts, weighted_rmse
 
-    if prior not in PRIOR_CHOICES:
-        raise ValueError(f"prior={prior!r}: use one of {', '.join(PRIOR_CHOICES)}")
-    if isinstance(ensemble, bool) or int(ensemble) != ensemble or ensemble < 1:
-        raise ValueError(f"ensemble={ensemble!r}: must be an integer >= 1 (members of the ensemble)")
+    check_task_args(build_era5_task, ARGS_RULES, locals())
     common = dict(
         lon=list(lon),
         lat=list(lat),

@@ -7,7 +7,7 @@
 The loop sees only the `Task`: a loss that stays on the device, an evaluation that extracts features in
 eval mode and scores the query/gallery protocols, a batch-sampler factory that builds the cached
 P x K sampler (datasets/cached_sampler.py) with the loop's batch size, seed and DDP rank, and
-`step_metrics` (seed 004's feature-norm monitoring, read by the loop at NORM_EVERY).
+`step_metrics` (feature-norm monitoring, read by the loop at NORM_EVERY).
 
 Protocol: validation identities are held out from the training identities and choose best.pt; the test
 identities are used only for the final test scores. Metrics are "val_..." and "test_...".
@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader
 from datasets.cached_sampler import CachedModalAwarePKSampler, parse_epoch_length
 from datasets.reid import read_market1501, read_sysu_mm01, synthetic_reid
 from models.reid_net import ReIDLoss, ReIDNet
+from tasks.args import check_task_args, input_path_problem
 from trainer import Task
 from trainer.signals import ignore_stop_signals
 from utils.reid_eval import retrieval_metrics, score_names
@@ -54,12 +55,42 @@ ARGS_HELP: dict[str, str] = {
     "channel_aug": "probability that a training RGB image is replaced by one of its channels x3 (channel "
     "augmentation for visible-infrared re-ID; 0 = off)",
     "num_passes": "passes over the identities per epoch, instead of --epoch_length (default: none)",
-    "epoch_length": "auto (about one look per sample) | seed (one pass: identities / P batches, seed "
-    "004's epoch) | N batches per epoch (default: seed for the synthetic set, auto for image folders)",
+    "epoch_length": "batches per epoch: auto (about one look per sample) | seed (one pass over the identities: "
+    "identities / P batches) | N (default: seed for the synthetic set, auto for image folders)",
     "val_fraction": "share of identities held out for validation, which chooses best.pt (default: 0.125 "
     "extra identities for the synthetic set, 0.1 of the training ids for Market-1501, exp/val_id.txt "
     "for SYSU-MM01; 0 = no validation set, for SYSU: train on train + val ids as papers do)",
     "sysu_trials": "SYSU-MM01: random single-shot gallery draws, scored as mean and std (standard: 10)",
+}
+
+
+def _epoch_length_problem(v: str) -> str | None:
+    try:
+        parse_epoch_length(v)
+    except ValueError:
+        return "use auto, seed (one pass over the identities) or a whole number of batches >= 1"
+    return None
+
+
+# Each parameter's rule (the knob keywords of trainer/config.py): the CLI, config files and this builder check
+# every value with them through trainer.config.check_value, so a bad value is one line naming the flag.
+ARGS_RULES: dict[str, dict[str, Any]] = {
+    "data_path": {"check": input_path_problem},
+    "reid_format": {"choices": FORMATS},
+    "num_instances": {"min": 1, "max": 4096},
+    "image_size": {"min": 4, "max": 4096},
+    "seed": {"min": 0, "max": 2**32 - 1},
+    "num_identities": {"min": 2, "max": 10**6},
+    "width": {"min": 1, "max": 4096},
+    "label_smoothing": {"min": 0, "max": 0.99},
+    "ce_weight": {"min": 0, "max": 1e6},
+    "margin": {"min": 0, "max": 1e6},
+    "eval_workers": {"min": 0, "max": 256},
+    "channel_aug": {"min": 0, "max": 1},
+    "num_passes": {"min": 1, "max": 10**6},
+    "epoch_length": {"check": _epoch_length_problem},
+    "val_fraction": {"min": 0, "max": 0.99},
+    "sysu_trials": {"min": 1, "max": 10**4},
 }
 
 
@@ -126,10 +157,7 @@ def build_reid_task(
     1,200 steps of a hand loop: 0.36 without, 0.28 with p=0.5).
     Unknown keyword arguments are ignored (the CLI passes one set of flags to every task).
     """
-    if reid_format not in FORMATS:
-        raise ValueError(f"--reid_format {reid_format!r}: choose one of {', '.join(FORMATS)}")
-    if num_instances < 1:
-        raise ValueError(f"--num_instances {num_instances}: must be >= 1")
+    check_task_args(build_reid_task, ARGS_RULES, locals())
     if data_path is None and reid_format != "synthetic":
         raise ValueError(f"--reid_format {reid_format} reads image folders: give --data_path (the dataset root)")
     if data_path is not None and reid_format == "synthetic":
@@ -144,22 +172,9 @@ def build_reid_task(
         )
         what = "is a file, not a directory" if Path(data_path).exists() else "no such directory"
         raise FileNotFoundError(f"--data_path {data_path}: {what}; give {layout}")
-    if not 0.0 <= channel_aug <= 1.0:
-        raise ValueError(f"--channel_aug {channel_aug}: a probability in [0, 1]")
-    if margin < 0:
-        raise ValueError(f"--margin {margin}: the triplet margin must be >= 0")
-    if ce_weight is not None and ce_weight < 0:
-        raise ValueError(f"--ce_weight {ce_weight}: must be >= 0 (0 = triplet loss only)")
-    if val_fraction is not None and (isinstance(val_fraction, bool) or not 0.0 <= val_fraction < 1.0):
-        raise ValueError(f"--val_fraction {val_fraction}: must be in [0, 1); 0 = no validation set")
-    if epoch_length is not None:
-        if num_passes is not None:
-            raise ValueError(f"--epoch_length {epoch_length} and --num_passes {num_passes} both set the epoch; "
-                             "give one of them")  # fmt: skip
-        try:
-            parse_epoch_length(epoch_length)
-        except ValueError as e:
-            raise ValueError(f"--{e}") from None
+    if epoch_length is not None and num_passes is not None:
+        raise ValueError(f"--epoch_length {epoch_length} and --num_passes {num_passes} both set the epoch; "
+                         "give one of them")  # fmt: skip
     if reid_format == "synthetic":
         size = tuple(image_size) if image_size else (48, 24)
         n_ids = num_identities or 256
@@ -212,7 +227,7 @@ def build_reid_task(
         return criterion(out, batch["label"])  # on the device, no host sync
 
     def step_metrics() -> dict[str, torch.Tensor]:
-        """Seed 004's feature monitoring: mean L2 norm of the last batch's features before and after the
+        """Feature monitoring: mean L2 norm of the last batch's features before and after the
         BNNeck, as 0-dim device tensors (the loop reads them back at NORM_EVERY with the grad norm)."""
         if not last:
             return {}

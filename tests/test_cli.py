@@ -41,14 +41,14 @@ def test_seed001_command_line_parses():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--precision", "fp8"], "invalid choice: 'fp8'"),
-        (["--batch_size", "0"], "must be >= 1"),
+        (["--precision", "fp8"], "--precision: fp8: not allowed; use one of auto, 32, 16-mixed, bf16-mixed"),
+        (["--batch_size", "0"], "--batch_size: 0: out of range; use a whole number >= 1"),
         (["--loss_scale", "huge"], "use 'dynamic' or a positive number"),
-        (["--compile_mode", "fast"], "invalid choice: 'fast'"),
+        (["--compile_mode", "fast"], "--compile_mode: fast: not allowed; use one of default"),
         (["--lat", "10", "-10"], "S < N"),
         (["--lat", "100", "120"], "--lat 100 120: S N must each lie in [-90, 90] degrees"),  # not Area's lat=
         (["--lon", "-200", "10"], "--lon -200 10: W E must each lie in [-180, 360] degrees"),
-        (["--min_lr_ratio", "x"], "invalid float value: 'x'"),
+        (["--min_lr_ratio", "x"], "--min_lr_ratio: x: not a finite number; use a finite number in [0, 1]"),
     ],
 )
 def test_bad_values_are_clear_errors_with_exit_2(argv, message, capsys):
@@ -91,7 +91,7 @@ def test_preset_line_counts_layers_and_recursions_in_words():
 
 def test_help_shows_defaults(capsys):
     with pytest.raises(SystemExit):
-        cli.main(["--help"])
+        cli.main(["--help", "logging"])
     out = capsys.readouterr().out
     assert "(default: 100)" in out and "(default: 200)" in out and "LOG_EVERY" in out
 
@@ -395,3 +395,43 @@ def test_console_names_the_data_and_config_json_has_resolved_values(tmp_path, er
     assert "-> 1 torch intra-op thread(s)" in out or torch.get_num_threads() == 1  # the small CPU preset: 1 thread
     eff = json.loads((tmp_path / "d" / "config.json").read_text())["effective"]
     assert eff["num_workers"] == 0 and eff["warmup_steps"] == 0 and eff["precision"] == "32"
+
+
+def test_printed_commands_are_safe_to_paste(tmp_path):
+    """A run directory with a space, or named `$(touch …)`, pasted from the printed line, is that directory."""
+    import shlex
+
+    marker = tmp_path / "pwned"
+    for name in ("with space", f"$(touch {marker})", "it's"):
+        cfg = tmp_path / name / "config.toml"
+        line = cli.rerun_command(cfg, {})
+        assert shlex.split(line)[-1] == str(cfg)
+        subprocess.run(["bash", "-c", f"echo {line.split(' --config ', 1)[1]}"], check=True, capture_output=True)
+    assert not marker.exists()
+
+
+def _stopped_run(tmp_path: Path) -> Path:
+    """A run with a mid-run checkpoint: 4 of 8 steps (max_steps 4 then extended is the same schedule length)."""
+    argv = ["--max_steps", "8", "--checkpoint_every", "2", "--batch_size", "16", "--output_dir", str(tmp_path)]
+    assert cli.main([*argv, "--run_name", "r", *SMALL]) == 0
+    return tmp_path / "r"
+
+
+def test_resume_refuses_a_changed_batch_size_or_a_budget_below_its_step(tmp_path, era5_cache, capsys):
+    """`--resume RUN --batch_size 32` printed "batch 15 of 8", rewrote last.pt and ended in a StopIteration;
+    `--max_steps 10` on a run at step 32 declared it finished and scored the test split. Both are refused with
+    one line before any file changes."""
+    run = _stopped_run(tmp_path)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+    for flags, message in (
+        (["--batch_size", "32"], "--batch_size 32: the run at"),
+        (["--accumulate_grad_batches", "2"], "--accumulate_grad_batches 2: the run at"),
+        (["--seed", "7"], "--seed 7: the run at"),
+        (["--max_steps", "3"], "--max_steps 3: the run at"),
+    ):
+        capsys.readouterr()
+        assert exit_code(["--resume", str(run), *flags]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 2, err
+    after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+    assert after == before

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from pathlib import Path
 
@@ -20,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def flags() -> set[str]:
-    return {a.dest for a in cli.build_parser()._actions if a.option_strings and a.dest != "help"}
+    actions = cli.build_parser()._actions
+    return {a.dest for a in actions if a.option_strings and a.dest != "help"} | {"help_all"}  # --help-all
 
 
 def test_every_setting_has_a_flag():
@@ -38,6 +40,16 @@ def test_every_setting_has_a_flag():
 
 # flags of other programs that the README and the manual quote (pytest, pip, torchrun, benchmarks, the sample maker)
 OTHER_PROGRAMS = {
+    "hidden",  # docs/guides/extending.md: the example user task's own flags, and timm's --model-ema
+    "data_dir",
+    "act",
+    "model_ema",
+    "boxes",  # docs/tasks/sst.md: the skill benchmarks' flags
+    "network",
+    "network_leads",
+    "render",
+    "rolling",
+    "tag",
     "help",
     "elastic_args",
     "wait_load",
@@ -136,7 +148,7 @@ def test_the_flag_reference_is_generated_from_the_source():
 
 def test_help_has_groups_and_defaults(capsys):
     with pytest.raises(SystemExit):
-        cli.main(["--help"])
+        cli.main(["--help-all"])
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     for group in (
         "optimizer:",
@@ -163,8 +175,8 @@ def test_config_file_is_read_and_flags_win(tmp_path):
     "text, message",
     [
         ("batch_sise = 12\n", "'batch_sise' (did you mean batch_size"),
-        ("[train]\nepochs = 'ten'\n", "epochs='ten' is not a valid int"),
-        ("[train]\nepochs = 2.5\n", "epochs=2.5 is not a valid int"),
+        ("[train]\nepochs = 'ten'\n", "epochs='ten': not a whole number; use a whole number >= 1"),
+        ("[train]\nepochs = 2.5\n", "epochs=2.5: not a whole number"),
         ("[runner]\nmax_iter = 10\n", "unknown setting runner.max_iter"),
         ("epochs = \n", "not valid TOML"),
     ],
@@ -261,3 +273,145 @@ def test_a_flag_replaces_the_files_setting_of_the_same_thing_in_other_units(tmp_
     )
     with pytest.raises(ValueError, match="not both"):
         TrainConfig(**kw)
+
+
+def test_short_help_lists_common_flags_and_groups(capsys):
+    """--help is one screen of common flags and the group names; --help GROUP shows that group only."""
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    short = capsys.readouterr().out
+    assert "--batch_size" in short and "--lr " in short and "--help-all" in short
+    assert "--lim_max_modes" not in short and "--help GROUP" in short
+    assert len(short.splitlines()) < 80
+    with pytest.raises(SystemExit):
+        cli.main(["--help", "optimizer"])
+    group = capsys.readouterr().out
+    assert "--min_lr_ratio" in group and "--batch_size" not in group
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help", "nosuchgroup"])
+    assert e.value.code == 2 and "no such group" in capsys.readouterr().err
+
+
+def test_no_project_lore_in_help_or_messages(capsys):
+    """Users never read our design notes: no "seed 00x" in any flag help, and every frequency says its unit."""
+    with pytest.raises(SystemExit):
+        cli.main(["--help-all"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert not re.search(r"seed 00\d", out, re.I), re.findall(r".{40}seed 00\d.{20}", out)
+    units = ("optimizer steps", "batches", "epochs", "validations", "seconds")
+    for f in dataclasses.fields(TrainConfig):
+        if f.name.endswith(("_every", "_interval", "_steps", "_batches", "patience")) and f.name != "warmup_steps":
+            assert any(u in f.metadata["help"] for u in units), f"{f.name}: the help does not say its unit"
+
+
+def test_preset_seed_is_an_alias_of_full(tmp_path, capsys):
+    kw, note = cli.resolve_task_args("era5", {}, "seed", on_gpu=False)
+    assert "preset: full" in note and kw["d_model"] == 512
+    opts, _, _ = cli.split_settings({"preset": "seed"})
+    assert opts.preset == "full"
+
+
+# ------------------------------------------------------------------------------------------- one validator
+def test_a_new_field_gets_flag_check_and_message_from_its_knob():
+    """The metadata scheme other helpers' fields use: a knob's rule is enforced by every door with one message."""
+    import argparse
+
+    from trainer.config import check_settings, field_rules, knob
+    from trainer.options import add_dataclass_arguments
+
+    @dataclasses.dataclass
+    class Extra:
+        ema_decay: float = knob(0.999, "EMA decay per optimizer step", "ema", gt=0, max=1)
+        ema_every: int = knob(1, "optimizer steps between EMA updates", "ema", min=1)
+
+    p = argparse.ArgumentParser(exit_on_error=False)
+    add_dataclass_arguments(p, Extra)
+    assert p.parse_args(["--ema_decay", "0.5"]).ema_decay == 0.5
+    with pytest.raises(argparse.ArgumentError, match="nan: not finite; use a finite number > 0 and <= 1"):
+        p.parse_args(["--ema_decay", "nan"])
+    with pytest.raises(ConfigError, match=r"^f.toml: ema_every=0: out of range; use a whole number >= 1$"):
+        check_settings({"ema_every": 0}, field_rules(Extra), "f.toml")
+    with pytest.raises(ConfigError, match="'ema_dekay' \\(did you mean ema_decay"):
+        check_settings({"ema_dekay": 0.9}, field_rules(Extra), "f.toml")
+    with pytest.raises(TypeError, match="unknown rule keyword"):
+        knob(1, "x", "g", minimum=1)
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("lr", float("nan"), "lr=nan: not finite; use a finite number > 0"),
+        ("weight_decay", -5, "weight_decay=-5.0: out of range; use a finite number >= 0"),
+        ("min_lr_ratio", -3, "min_lr_ratio=-3.0: out of range; use a finite number in [0, 1]"),
+        ("warmup_steps", -5, "warmup_steps=-5: out of range; use a whole number >= 0"),
+        ("epochs", 10**30, "epochs=1000000000000000000000000000000: too large; use a whole number in [1, "),
+        ("epochs", "2", None),
+        ("save_best", "false", None),
+        ("save_best", "maybe", "save_best='maybe': not true or false"),
+        ("run_name", "../../x", "run_name='../../x': holds a path separator"),
+        ("run_name", ".", "run_name='.': not a name"),
+        ("run_name", "a\udcff", "not valid UTF-8"),
+        ("device", "bogus", "device='bogus': not a device"),
+        ("batch_size", True, "batch_size=True: not a whole number"),
+        ("gradient_clip_val", float("inf"), "gradient_clip_val=inf: not finite"),
+    ],
+)
+def test_trainer_params_dicts_are_checked_like_flags(key, value, message):
+    """BaseTrainer's door (TrainConfig.from_dict, which base.py calls): 'false' was taken as true, '2' ended in a
+    TypeError, NaN weight decay trained an epoch of NaN weights."""
+    if message is None:
+        cfg = TrainConfig.from_dict({key: value}, where="trainer_params")
+        assert getattr(cfg, key) == {"2": 2, "false": False}[value]
+        return
+    with pytest.raises(ConfigError) as e:
+        TrainConfig.from_dict({key: value}, where="trainer_params")
+    assert str(e.value).startswith(f"trainer_params: {key}=") and message in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"[train]\nlr = 'x'\n\xff\xfe", "not UTF-8 text"),
+        (b"[train]\nepochs = 9223372036854775807\n", "epochs=9223372036854775807: too large"),
+        (b"[train]\nresume = 'runs/x'\n", "'resume' cannot be set in a config file; give --resume"),
+        (b"config = 'other.toml'\n", "'config' cannot be set in a config file"),
+        (b"[train]\nlrr = 0.1\n", "'lrr' (did you mean lr?)"),
+        (b"[data]\nsamples_per_gpu = 'many'\n", "data.samples_per_gpu = 'many': not a int"),
+    ],
+)
+def test_config_files_are_checked_by_the_same_rules(tmp_path, capsys, content, message):
+    f = tmp_path / "c.toml"
+    f.write_bytes(content)
+    assert cli.main(["--config", str(f), "--output_dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 2, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_config_path_that_is_not_a_file_says_what_it_is(tmp_path, capsys):
+    os.mkfifo(tmp_path / "fifo.toml")
+    for path, what in ((tmp_path, "is a directory"), (tmp_path / "fifo.toml", "is not a regular file")):
+        assert cli.main(["--config", str(path)]) == 2
+        assert what in capsys.readouterr().err
+
+
+def test_config_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """config.toml was truncated, then written: a bad value or a kill in between left it empty, and the next
+    resume then ran with defaults. Now a temp file is renamed over it, and text that cannot be written fails
+    before the old file is touched."""
+    from trainer import options
+
+    path = tmp_path / "config.toml"
+    options.write_config_file(path, {"train": {"lr": 0.5}})
+    before = path.read_bytes()
+    with pytest.raises(UnicodeEncodeError):
+        options.write_config_file(path, {"train": {"run_name": "a\udcff"}})
+    assert path.read_bytes() == before
+
+    def killed(*_a):
+        raise KeyboardInterrupt  # a stop between the write and the rename
+
+    monkeypatch.setattr(options.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        options.write_config_file(path, {"train": {"lr": 0.25}})
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["config.toml"]

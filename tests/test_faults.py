@@ -58,6 +58,19 @@ def results(tmp_path_factory, era5_cache) -> dict[str, Case | list[Case]]:
         out["reuse"] = camp.collision_reuse_name()
         out["lock"] = camp.collision_lock()
         out["bad"] = camp.bad_inputs()
+        out["hostile"] = camp.hostile_inputs()
+        out["user_dir"] = camp.user_directory_case()
+        out.update({k: f.result() for k, f in futures.items()})
+    # the second wave: resume robustness, a live run beside --resume auto, SIGHUP, a signal during set-up
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {
+            "resume-config_empty": pool.submit(camp.resume_case, "config_empty"),
+            "resume-batch_size": pool.submit(camp.resume_case, "batch_size"),
+            "resume-finished": pool.submit(camp.resume_case, "finished"),
+            "sighup": pool.submit(counted, lambda i: camp.signal_case(100 + i, "SIGHUP")),
+            "setup": pool.submit(camp.setup_signal_case, "SIGTERM", 1.0),
+        }
+        out["auto_live"] = camp.resume_auto_live_case()
         out.update({k: f.result() for k, f in futures.items()})
     return out
 
@@ -142,3 +155,33 @@ def test_message_lines_drops_the_argparse_usage_block():
         "train_optimized.py: error: argument --batch_size: 0 is not a positive integer\n"
     )
     assert message_lines(err) == ["train_optimized.py: error: argument --batch_size: 0 is not a positive integer"]
+
+
+def test_hostile_values_are_refused_with_one_line_before_any_run_directory(results):
+    bad = [explain(c) for c in results["hostile"] if not c.ok]
+    assert len(results["hostile"]) >= 20 and not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("what", ["config_empty", "batch_size", "finished"])
+def test_resume_never_depends_on_one_fragile_file(results, what):
+    """config.toml emptied: settings from the checkpoint; a changed batch size: refused, nothing changed; a finished
+    run whose file times were lost: recognised from its checkpoint, never scored again."""
+    case = results[f"resume-{what}"]
+    assert case.info.get("counted", True), explain(case)
+    assert case.ok and not case.lost, explain(case)
+
+
+def test_a_users_directory_and_a_live_run_are_left_alone(results):
+    for key in ("user_dir", "auto_live"):
+        assert results[key].ok and not results[key].lost, explain(results[key])
+
+
+def test_sighup_saves_and_resumes_bit_identical(results):
+    case = results["sighup"]
+    assert case.info.get("counted", True), explain(case)
+    assert case.ok and case.info["exit"] == 129, explain(case)
+
+
+def test_a_signal_during_set_up_is_one_line(results):
+    case = results["setup"]
+    assert case.ok, explain(case)

@@ -227,9 +227,47 @@ def test_multi_node_restarts_need_one_name_on_every_node():
     assert flag(cmd, "--rdzv_backend") == "c10d" and flag(cmd, "--rdzv_endpoint") == "10.0.0.1:29500"
 
 
-def test_run_name_must_be_a_plain_name():
-    p = launch(RUN_NAME="a/b")
-    assert p.returncode == 2 and "RUN_NAME='a/b'" in p.stderr
+@pytest.mark.parametrize("name", ["a/b", ".", "..", "--help", "-x", "a\\b", "x" * 121, "a\nb", "a\x1bb"])
+def test_run_name_must_be_a_plain_name(name):
+    """The CLI's --run_name rule (trainer/config.py run_name_problem), checked before anything runs."""
+    p = launch(RUN_NAME=name)
+    assert p.returncode == 2 and "RUN_NAME" in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and not p.stdout
+
+
+@pytest.mark.parametrize("name, value", [("TASK", "mnist"), ("PRECISION", "fp8"), ("COMPILE_MODE", "fast")])
+def test_choice_variables_name_themselves(name, value):
+    p = launch(**{name: value})
+    assert p.returncode == 2 and f"{name}='{value}' is not valid: use one of" in p.stderr
+
+
+def caller_launch(cwd: Path, *args: str, **env: str):
+    e = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    e.update({"SKIP_SETUP": "1", "PLAINLOOP_DRY_RUN": "1", **env})
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=cwd, env=e, capture_output=True, text=True, timeout=60)
+
+
+def test_relative_paths_are_read_from_the_callers_directory(tmp_path):
+    """The launcher runs from the repository; a relative OUTPUT_DIR, DATA_PATH or path flag still means the
+    caller's directory (it used to land under the repository, and DATA_PATH=sst.nc was 'not found')."""
+    (tmp_path / "sst.nc").write_bytes(b"")
+    (tmp_path / "my.toml").write_text("", encoding="utf-8")
+    p = caller_launch(
+        tmp_path, "--config", "my.toml", "--cache_dir=cache", "--resume", "auto", OUTPUT_DIR="out", DATA_PATH="sst.nc"
+    )
+    assert p.returncode == 0, p.stderr
+    _, cmd = parse(p.stdout)
+    assert flag(cmd, "--output_dir") == str(tmp_path / "out")
+    assert flag(cmd, "--data_path") == str(tmp_path / "sst.nc")
+    assert flag(cmd, "--config") == str(tmp_path / "my.toml")
+    assert flag(cmd, "--resume") == "auto" and f"--cache_dir={tmp_path / 'cache'}" in cmd
+
+
+def test_a_repository_input_still_works_from_elsewhere(tmp_path):
+    """`--config configs/era5.toml` (as the examples write it) from another directory: the repository's file."""
+    p = caller_launch(tmp_path, "--config", "configs/era5.toml")
+    assert p.returncode == 0, p.stderr
+    assert flag(parse(p.stdout)[1], "--config") == str(ROOT / "configs/era5.toml") and "repository" in p.stderr
 
 
 # ------------------------------------------------------------------------------------------- allocator

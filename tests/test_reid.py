@@ -497,3 +497,76 @@ def test_missing_data_path_names_the_flag_and_the_layout(tmp_path: Path) -> None
     f.write_text("1")
     with pytest.raises(FileNotFoundError, match="is a file, not a directory; give the extracted Market-1501"):
         build_reid_task(data_path=str(f), reid_format="market1501")
+
+
+def _market(root: Path) -> None:
+    for folder, names in {
+        "bounding_box_train": ["0002_c1s1_000451_03.jpg", "0002_c2s1_000551_01.jpg", "0007_c3s1_000001_01.jpg",
+                               "0007_c1s1_000002_01.jpg", "0009_c1s1_000003_01.jpg", "0009_c2s1_000004_01.jpg"],
+        "query": ["0003_c1s1_000001_00.jpg"],
+        "bounding_box_test": ["0003_c2s1_000002_00.jpg", "0004_c2s1_000004_00.jpg"],
+    }.items():  # fmt: skip
+        for n in names:
+            _write_img(root / folder / n, (200, 30, 30))
+
+
+@pytest.mark.parametrize("split", ["bounding_box_train", "query", "bounding_box_test"])
+@pytest.mark.parametrize("damage", ["empty", "truncated", "directory", "not_an_image"])
+def test_bad_image_in_any_split_is_one_line_before_training(tmp_path: Path, split: str, damage: str) -> None:
+    """A zero-byte or truncated JPEG, a directory named *.jpg or a text file was a traceback (and a bad query/
+    image met only after all training); every split is scanned when the task is built."""
+    pytest.importorskip("PIL")
+    from tasks.reid import build_reid_task
+
+    _market(tmp_path)
+    bad = tmp_path / split / "0005_c1s1_000009_01.jpg"
+    if damage == "directory":
+        bad.mkdir()
+    elif damage == "empty":
+        bad.write_bytes(b"")
+    elif damage == "not_an_image":
+        bad.write_text("hello", encoding="utf-8")
+    else:
+        from PIL import Image
+
+        Image.effect_noise((64, 128), 60).convert("RGB").save(bad, quality=95)
+        bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])  # cut in the middle of the scan data
+    with pytest.raises(ValueError) as e:
+        build_reid_task(data_path=str(tmp_path), reid_format="market1501", val_fraction=0, width=4)
+    msg = str(e.value)
+    assert msg.startswith(str(bad)) and "\n" not in msg and "remove or replace it" in msg
+
+
+def test_bad_sysu_image_and_id_list_are_named(tmp_path: Path) -> None:
+    pytest.importorskip("PIL")
+    (tmp_path / "exp").mkdir()
+    for name, ids in (("train_id.txt", "1,2"), ("val_id.txt", "3"), ("test_id.txt", "4")):
+        (tmp_path / "exp" / name).write_text(ids)
+    for pid in (1, 2, 3, 4):
+        for cam in (1, 3):
+            _write_img(tmp_path / f"cam{cam}" / f"{pid:04d}" / "0001.jpg", (90, 90, 90))
+    for cam in (2, 4, 5, 6):
+        (tmp_path / f"cam{cam}").mkdir()
+    bad = tmp_path / "cam3" / "0003" / "0002.jpg"  # a validation identity's image
+    bad.write_bytes(b"")
+    with pytest.raises(ValueError, match=f"^{bad}: is empty"):
+        read_sysu_mm01(tmp_path, image_size=(16, 8))
+    bad.unlink()
+    (tmp_path / "exp" / "test_id.txt").write_bytes(b"\xff\xfe4")
+    with pytest.raises(ValueError, match="test_id.txt: not a list of identity numbers"):
+        read_sysu_mm01(tmp_path, image_size=(16, 8))
+
+
+@pytest.mark.parametrize(
+    "kw, flag",
+    [({"margin": float("nan")}, "--margin"), ({"image_size": (0, 0)}, "--image_size"),
+     ({"eval_workers": -2}, "--eval_workers"), ({"label_smoothing": float("inf")}, "--label_smoothing"),
+     ({"num_instances": 0}, "--num_instances"), ({"width": 2.5}, "--width")],
+)  # fmt: skip
+def test_builder_checks_its_arguments_by_their_rules(kw: dict, flag: str) -> None:
+    """The builder checks with ARGS_RULES, the rules the CLI and config files use: one line naming the flag."""
+    from tasks.reid import build_reid_task
+
+    with pytest.raises(ValueError) as e:
+        build_reid_task(num_identities=16, **kw)
+    assert str(e.value).startswith(flag) and "use" in str(e.value)

@@ -389,9 +389,22 @@ def test_a_run_dir_left_without_checkpoint_is_reused(tmp_path):
     """An earlier start killed before its first checkpoint left nothing to lose: the name is reused."""
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     (tmp_path / "run" / "metrics.jsonl").write_text("")
+    (tmp_path / "run" / ".plainloop-run").write_text("1234\n")  # the mark of a directory plainloop claimed
     t = Trainer(toy_config(tmp_path, epochs=1), Task("toy", toy(), TensorDataset(*data())))
     t.fit()
     assert t.run_dir == tmp_path / "run" and any("reusing" in n for n in t.notes)
+
+
+def test_a_directory_that_is_not_a_run_is_never_reused(tmp_path):
+    """A folder of the user's with the run's name (no checkpoint, their own config.json) was "reused" and its
+    config.json overwritten; it is left alone and the run goes to NAME-2."""
+    mine = tmp_path / "run"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"mine": true}')
+    t = Trainer(toy_config(tmp_path, epochs=1), Task("toy", toy(), TensorDataset(*data())))
+    t.fit()
+    assert t.run_dir == tmp_path / "run-2" and sorted(p.name for p in mine.iterdir()) == ["config.json"]
+    assert (mine / "config.json").read_text() == '{"mine": true}'
 
 
 def test_nan_targets_get_the_masked_loss_and_others_the_plain_one(tmp_path):

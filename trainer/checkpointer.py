@@ -28,6 +28,10 @@ from .usercode import resume_hint
 FORMAT = "plainloop-2"  # plainloop-1 (the scaler at the top level, no opt_step) still loads
 
 
+# what a checkpoint's position is counted in: another value cannot continue the run exactly (refused)
+FIXED_ON_RESUME = ("batch_size", "accumulate_grad_batches", "seed")
+
+
 class ResumeError(ValueError):
     """A checkpoint that cannot continue this run (other model shapes, another task)."""
 
@@ -70,6 +74,9 @@ class Checkpointer:
         self.model, self.optimizer, self.schedule, self.opt_step = model, optimizer, schedule, opt_step
         self.sampler, self.best, self.progress, self.hooks = sampler, best, progress, hooks
         self.cfg, self.task_name, self.rt = cfg, task_name, rt
+        # the run's full resolved settings ({table: {key: value}}, as config.toml holds them): every checkpoint
+        # carries them, so `--resume RUN_DIR` alone restores the run even with config.toml missing or empty
+        self.settings: dict[str, dict[str, Any]] | None = None
         self.sampler_epoch_state: dict[str, Any] | None = None  # the sampler's state at this epoch's start
 
     # ------------------------------------------------------------------ out
@@ -96,6 +103,8 @@ class Checkpointer:
             "launch": launch_prefix(),
             "format": FORMAT,
         }
+        if self.settings is not None:
+            state["settings"] = self.settings
         callbacks = self.hooks.state_dict()
         if callbacks:  # only when a callback keeps state: checkpoints without one stay as they were
             state["callbacks"] = callbacks
@@ -185,12 +194,18 @@ class Checkpointer:
         if in_run_dir and p.val_pending is None:  # a pending validation is redone from the checkpoint's own best
             self._read_best_json(run_dir)
         old = ckpt.get("config", {})
-        for k in ("batch_size", "accumulate_grad_batches", "seed"):
+        for k in FIXED_ON_RESUME:
             if k in old and old[k] != getattr(self.cfg, k):
-                notes.append(
-                    f"resume: {k} was {old[k]} in the checkpoint, now {getattr(self.cfg, k)}; the run will not "
-                    f"match an uninterrupted one"
+                raise ResumeError(
+                    f"{path} was trained with {k} {old[k]}, and this run has {getattr(self.cfg, k)}: the step count, "
+                    f"the place in the epoch and the data order are counted with it, so the run cannot continue "
+                    f"exactly. Resume with {k} {old[k]}, or start a new run with the new value"
                 )
+        if p.step > total_steps:
+            raise ResumeError(
+                f"{path} is at step {p.step}, beyond this run's {total_steps} optimizer steps: give at least as many "
+                f"steps (--max_steps {p.step} or more --epochs), or leave the length as the run had it"
+            )
         old_total = ckpt["scheduler"].get("total_steps")
         now_total = getattr(self.schedule, "total_steps", total_steps)  # lr_decay_steps: the schedule's own horizon
         if old_total is not None and int(old_total) != now_total:
@@ -199,8 +214,9 @@ class Checkpointer:
                 f"cosine are recomputed for the new length and continue from step {p.step}"
             )
         # a finished run's last.pt still announces its final validation (written right before it): finished wins
-        if p.step >= total_steps and (p.val_pending is None or (in_run_dir and finished(run_dir))):
-            if not in_run_dir or finished(run_dir):
+        done = in_run_dir and finished(run_dir, p.step)  # from the checkpoint's step and the summary, not file times
+        if p.step >= total_steps and (p.val_pending is None or done):
+            if not in_run_dir or done:
                 raise ResumeError(
                     f"{path} is already at step {p.step} of {total_steps}: nothing left to train. Give more "
                     f"--epochs or --max_steps to extend it"

@@ -1,8 +1,24 @@
-"""TrainConfig: every knob of the loop in one dataclass, the one source of flags, config files and docs.
+"""TrainConfig: every knob of the loop in one dataclass, the one source of flags, config files, checks and docs.
 
-Each field carries its help text and argparse group in its metadata; `trainer/options.py` turns the fields
-into `--flags` and reads/writes config files from them. Defaults are the optimised setup; `baseline=True`
-turns every optimisation off and reproduces the seed guides' "before" run, so the two differ by one flag.
+Each field is declared with `knob(default, help, group, **rule)`. The metadata holds its help text, its
+argparse group and its rule, so flags, config files and the checks come from one line:
+
+    lr: float = knob(1e-3, "learning rate", OPTIM, gt=0)          # a finite float > 0
+    warmup_steps: int | None = knob(None, "...", OPTIM, min=0)     # None or a whole number >= 0
+
+The rule keywords (any mix; a tuple field applies them to each element):
+    choices=(...)   one of these values                  min= / max=   inclusive bounds
+    gt=             exclusive lower bound                 allow_inf=True  floats may be +-inf (default: finite)
+    allow_empty=True   "" is allowed for a str field     check=fn      fn(value) -> error text or None
+    aliases=("old",)   earlier names, still accepted with a one-line note
+The type comes from the annotation: ints are whole numbers in [-2**31, 2**31) unless min/max say otherwise,
+floats are finite, strings are valid UTF-8 without control characters and, unless allow_empty, not empty.
+`check_value` converts and checks one value and is the only validator: the CLI's argparse types, config files,
+a resumed run's config.toml, BaseTrainer's dicts (`TrainConfig.from_dict(d, where=...)`) and
+`TrainConfig.__post_init__` all call it, so a bad value is the same one line (naming the flag or key, the value
+and the allowed range) whichever door it came through. A field added later gets all of this from its `knob`.
+Defaults are the optimised setup; `baseline=True` turns every optimisation off and reproduces the unoptimised
+"before" loop, so the two differ by one flag.
 """
 
 from __future__ import annotations
@@ -10,19 +26,336 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import shutil
+import types
+import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from .options import ConfigError, check_keys
 
 PRECISIONS = ("auto", "32", "16-mixed", "bf16-mixed")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 CLIP_ALGORITHMS = ("norm", "value")
 LR_SCALING = ("sqrt", "linear", "none")
 MP_CONTEXTS = ("spawn", "fork", "forkserver")
+INT_LIMIT = 2**31  # whole numbers live in [-INT_LIMIT, INT_LIMIT) unless a field's min/max say otherwise
+RULE_KEYS = ("choices", "min", "max", "gt", "allow_inf", "allow_empty", "check", "aliases")
+NAME_MAX = 120  # run names: well under NAME_MAX 255, leaving room for "-N" suffixes and temp names
 
 
-def knob(default: Any, help: str, group: str, **meta: Any) -> Any:  # noqa: A002 (argparse's word)
-    """A dataclass field with its help text and flag group (meta: choices, metavar, min)."""
-    return field(default=default, metadata={"help": help, "group": group, **meta})
+def knob(default: Any, help: str, group: str, **rule: Any) -> Any:  # noqa: A002 (argparse's word)
+    """A dataclass field with its help text, flag group and rule (keywords: see the module docstring)."""
+    unknown = set(rule) - set(RULE_KEYS) - {"metavar"}
+    if unknown:
+        raise TypeError(f"knob(): unknown rule keyword(s) {sorted(unknown)}; use {', '.join(RULE_KEYS)}")
+    return field(default=default, metadata={"help": help, "group": group, **rule})
+
+
+# ------------------------------------------------------------------------------------------- the validator
+def unwrap(tp: Any) -> tuple[Any, bool]:
+    """(the type without None, whether None is allowed)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return (args[0] if len(args) == 1 else str), type(None) in typing.get_args(tp)
+    return tp, False
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, str):
+        if len(v) > 80:  # the message stays one readable line
+            return f"{_show(v[:60])}... ({len(v)} characters)"
+        return repr(v) if (not v or any(c.isspace() or not c.isprintable() for c in v)) else v
+    if isinstance(v, list | tuple):
+        return " ".join(_show(x) for x in v)
+    return str(v)
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
+
+
+def _at(label: str, v: Any) -> str:
+    """'--lr nan' for a flag; "where: key=value" (Python's repr for text) for a file or dict key."""
+    if label.endswith("="):
+        shown = _show(v) if not isinstance(v, str) or len(v) > 80 else repr(v)
+        return f"{label}{shown}"
+    return f"{label} {_show(v)}"
+
+
+def describe(tp: Any, rule: dict[str, Any], implicit: bool = False) -> str:
+    """What a value of this type and rule may be, in words: 'a finite number > 0', 'a whole number >= 1'."""
+    base, optional = unwrap(tp)
+    if typing.get_origin(base) is typing.Literal:
+        rule = {"choices": typing.get_args(base), **rule}
+        base = type(typing.get_args(base)[0])
+    if "choices" in rule:
+        text = "one of " + ", ".join(str(c) for c in rule["choices"])
+    elif base is bool:
+        text = "true or false" + (" or auto" if optional else "")
+    elif typing.get_origin(base) in (tuple, list):
+        args = typing.get_args(base)
+        n = "" if (not args or args[-1] is Ellipsis or typing.get_origin(base) is list) else f"{len(args)} "
+        elem = describe(args[0] if args else str, rule)
+        text = f"{n}values, each {elem}"
+    elif base in (int, float):
+        what = "a whole number" if base is int else ("a number" if rule.get("allow_inf") else "a finite number")
+        lo, hi, gt = rule.get("min"), rule.get("max"), rule.get("gt")
+        if base is int and implicit:  # the implicit bounds of a whole number, said when a value broke them
+            hi = INT_LIMIT - 1 if hi is None else hi
+            lo = -INT_LIMIT if (lo is None and gt is None) else lo
+        if lo is not None and hi is not None:
+            text = f"{what} in [{_num(lo)}, {_num(hi)}]"
+        elif gt is not None:
+            text = f"{what} > {_num(gt)}" + (f" and <= {_num(hi)}" if hi is not None else "")
+        elif lo is not None:
+            text = f"{what} >= {_num(lo)}"
+        elif hi is not None:
+            text = f"{what} <= {_num(hi)}"
+        else:
+            text = what
+    else:
+        text = "a text value" if rule.get("allow_empty") else "a non-empty text value"
+    return text
+
+
+def _convert(v: Any, base: Any) -> Any:
+    """One value to `base` (bool, int, float, str); TypeError/ValueError when it is not one."""
+    if base is bool:
+        if isinstance(v, bool):
+            return v
+        if isinstance(v, str):
+            s = v.strip().lower()
+            if s in ("1", "true", "yes", "on"):
+                return True
+            if s in ("0", "false", "no", "off"):
+                return False
+        raise ValueError(v)
+    if base is int:
+        if isinstance(v, bool):
+            raise TypeError(v)
+        if isinstance(v, int):
+            return v
+        if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+            return int(v)
+        if isinstance(v, str) and v.strip().lstrip("+-").isdigit() and len(v.strip()) <= 40:
+            return int(v.strip(), 10)
+        raise ValueError(v)
+    if base is float:
+        if isinstance(v, bool):
+            raise TypeError(v)
+        if isinstance(v, int | float):
+            return float(v)
+        if isinstance(v, str) and len(v) <= 100:
+            return float(v.strip())
+        raise ValueError(v)
+    if isinstance(v, str):
+        return v
+    if isinstance(v, int | float) and not isinstance(v, bool) and base is str:
+        return str(v)  # a config file's `loss_scale = 1024`
+    if isinstance(v, os.PathLike):
+        return os.fspath(v)
+    raise TypeError(v)
+
+
+def _problem(v: Any, base: Any, rule: dict[str, Any]) -> str | None:
+    """Why a converted value breaks the rule (None: it does not)."""
+    if "choices" in rule and v not in rule["choices"]:
+        return "not allowed"
+    if isinstance(v, float) and not rule.get("allow_inf") and not math.isfinite(v):
+        return "not finite"
+    if isinstance(v, float) and math.isnan(v):
+        return "not a number"
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        lo, hi, gt = rule.get("min"), rule.get("max"), rule.get("gt")
+        if base is int and lo is None and gt is None and v < -INT_LIMIT:
+            return "too small"
+        if base is int and hi is None and v >= INT_LIMIT:
+            return "too large"
+        if (lo is not None and v < lo) or (gt is not None and not v > gt) or (hi is not None and v > hi):
+            return "out of range"
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return "not valid UTF-8"
+        if any(ord(c) < 32 or ord(c) == 127 for c in v):
+            return "holds a control character"
+        if not v and not rule.get("allow_empty") and "choices" not in rule:
+            return "empty"
+    return None
+
+
+def check_value(label: str, value: Any, tp: Any, rule: dict[str, Any] | None = None) -> Any:
+    """Convert `value` to the type `tp` and check `rule` (a knob's metadata); returns the converted value.
+
+    A bad value raises ConfigError("<label> <value>: <why>; use <what is allowed>"), e.g.
+    "--lr nan: not finite; use a finite number > 0". `label` names the flag or key as the user wrote it."""
+    rule = rule or {}
+    base, optional = unwrap(tp)
+    if typing.get_origin(base) is typing.Literal:
+        rule = {"choices": typing.get_args(base), **rule}
+        base = type(typing.get_args(base)[0])
+    allowed = describe(tp, rule)
+    if value is None or (optional and base is bool and isinstance(value, str) and value.strip().lower() in
+                         ("auto", "none")):  # fmt: skip
+        if optional:
+            return None
+        raise ConfigError(f"{label}: cannot be empty; use {allowed}")
+    origin = typing.get_origin(base)
+    try:
+        if origin in (tuple, list):
+            args = typing.get_args(base)
+            elem = args[0] if args else str
+            if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+                raise TypeError(value)
+            items = list(value)
+            fixed = args and args[-1] is not Ellipsis and origin is tuple
+            if fixed and len(items) != len(args):
+                raise ConfigError(f"{_at(label, items)}: give {len(args)} values; use {allowed}")
+            out = []
+            for x in items:
+                cx = _convert(x, elem)
+                why = _problem(cx, elem, rule)
+                if why:
+                    raise ConfigError(f"{_at(label, items)}: {_show(x)} is {why}; use {allowed}")
+                out.append(cx)
+            extra = rule.get("check")
+            msg = extra(tuple(out)) if extra else None
+            if msg:
+                raise ConfigError(f"{_at(label, items)}: {msg}")
+            return tuple(out)
+        converted = _convert(value, base)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, OverflowError):
+        kind = type(value).__name__
+        if isinstance(value, str | int | float):
+            shown = _at(label, value)
+        else:
+            shown = f"{label}({kind})" if label.endswith("=") else f"{label} ({kind})"
+        raise ConfigError(f"{shown}: not {allowed.split(' in ')[0].split(' >')[0]}; use {allowed}") from None
+    why = _problem(converted, base, rule)
+    if why:
+        if why in ("too large", "too small"):
+            allowed = describe(tp, rule, implicit=True)
+        raise ConfigError(f"{_at(label, converted)}: {why}; use {allowed}")
+    extra = rule.get("check")
+    msg = extra(converted) if extra else None
+    if msg:
+        raise ConfigError(f"{_at(label, converted)}: {msg}")
+    return converted
+
+
+_RULES: dict[type, dict[str, tuple[Any, dict[str, Any]]]] = {}
+
+
+def field_rules(cls: type) -> dict[str, tuple[Any, dict[str, Any]]]:
+    """{field name: (type, metadata)} of a dataclass whose fields are knobs (computed once per class)."""
+    if cls not in _RULES:
+        hints = typing.get_type_hints(cls)
+        _RULES[cls] = {f.name: (hints[f.name], dict(f.metadata)) for f in dataclasses.fields(cls)}
+    return _RULES[cls]
+
+
+def aliases(rules: dict[str, tuple[Any, dict[str, Any]]]) -> dict[str, str]:
+    """{old name: current name} from the rules' `aliases`."""
+    return {old: name for name, (_, rule) in rules.items() for old in rule.get("aliases", ())}
+
+
+def check_settings(
+    values: dict[str, Any],
+    rules: dict[str, tuple[Any, dict[str, Any]]],
+    where: str,
+    notes: list[str] | None = None,
+    style: str = "key",
+) -> dict[str, Any]:
+    """Check a whole dict of settings (a config file, a dict from code): unknown keys name the nearest valid
+    ones, old names become the current ones (a note each), every value is converted and checked by its rule.
+    style "key" labels a value "<where>: <key> =", "flag" labels it "--<key>"."""
+    old = aliases(rules)
+    out: dict[str, Any] = {}
+    for k, v in values.items():
+        if isinstance(k, str) and k in old and k not in rules:
+            if notes is not None:
+                notes.append(f"{where}: {k} is now called {old[k]}; read as {old[k]}")
+            k = old[k]
+        out[k] = v
+    check_keys(out, list(rules) + list(old), where)
+    for k, v in list(out.items()):
+        tp, rule = rules[k]
+        label = f"--{k}" if style == "flag" else f"{where}: {k}="
+        out[k] = check_value(label, v, tp, rule)
+    return out
+
+
+# ------------------------------------------------------------------------------------------- special rules
+def run_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a run directory (None: it can): one plain path component, no '.'/'..'."""
+    if name in (".", ".."):
+        return "not a name: a run directory is named, '.' and '..' would write outside it"
+    if "/" in name or "\\" in name or (os.altsep and os.altsep in name):
+        return "holds a path separator; give a plain name (--output_dir chooses the folder)"
+    if name.startswith("-"):
+        return "starts with '-' (it would read as a flag); give a plain name"
+    if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
+        return f"longer than {NAME_MAX} bytes; give a shorter name"
+    return None
+
+
+def _device_problem(device: str) -> str | None:
+    import torch
+
+    try:
+        torch.device(device)
+    except (RuntimeError, ValueError):
+        return "not a device; use e.g. cpu, cuda, cuda:0 or mps"
+    return None
+
+
+def _loss_scale_problem(scale: str) -> str | None:
+    if scale == "dynamic":
+        return None
+    try:
+        v = float(scale)
+    except ValueError:
+        v = -1.0
+    return None if (v > 0 and math.isfinite(v)) else "use 'dynamic' or a positive number such as 1024"
+
+
+def writable_dir_problem(path: str | os.PathLike) -> str | None:
+    """Why a run could not write under directory `path` (created if missing), or None. Checked before anything
+    is written, so a file in the way, a read-only or full file system is one line instead of a traceback."""
+    p = Path(os.path.abspath(path))
+    if any(len(os.fsencode(part)) > 255 for part in p.parts):
+        return "a name in it is longer than 255 bytes, more than file systems allow"
+    cur = p
+    while not os.path.lexists(cur) and cur != cur.parent:
+        cur = cur.parent
+    if not cur.is_dir():
+        if cur == p:
+            return "exists and is not a directory"
+        return f"lies under {cur}, which is not a directory"
+    if not os.access(cur, os.W_OK | os.X_OK):
+        return f"{'it' if cur == p else cur} is not writable (permissions or a read-only file system)"
+    try:
+        if shutil.disk_usage(cur).free < 16 * 2**20:
+            return f"the file system of {cur} is full (less than 16 MiB free)"
+    except OSError:
+        pass
+    return None
+
+
+def check_output_dirs(pairs: Iterable[tuple[str, str | os.PathLike | None]]) -> None:
+    """ConfigError naming the first (label, directory) a run cannot write to."""
+    for label, path in pairs:
+        if path is None:
+            continue
+        why = writable_dir_problem(path)
+        if why:
+            raise ConfigError(f"{label} {_show(os.fspath(path))}: {why}")
 
 
 RUN, SCHED, OPTIM, PREC, DATA, LOG, SAFE = (
@@ -34,12 +367,14 @@ RUN, SCHED, OPTIM, PREC, DATA, LOG, SAFE = (
 @dataclass
 class TrainConfig:
     # run
-    seed: int = knob(42, "seeds python, numpy and torch; data order derives from it", RUN)
+    seed: int = knob(42, "seeds python, numpy and torch; data order derives from it", RUN, min=0, max=2**32 - 1)
     output_dir: str = knob("runs", "each run writes into OUTPUT_DIR/RUN_NAME", RUN)
     run_name: str | None = knob(
         None,
-        "run directory name; an existing one gets a -2, -3 ... suffix (default: <task>-<timestamp>)",
+        "run directory name, a plain name without '/'; an existing one gets a -2, -3 ... suffix "
+        "(default: <task>-<timestamp>)",
         RUN,
+        check=run_name_problem,
     )
     resume: str | None = knob(
         None,
@@ -49,7 +384,7 @@ class TrainConfig:
     )
     baseline: bool = knob(
         False,
-        "the seed guides' unoptimised loop: fp32, num_workers=0, no pinning, .item() every "
+        "the unoptimised 'before' loop, for comparison: fp32, num_workers=0, no pinning, .item() every "
         "step, validation every epoch",
         RUN,
     )
@@ -63,22 +398,27 @@ class TrainConfig:
         SCHED,
         min=1,
     )
-    batch_size: int = knob(150, "samples per batch per process (seed 000 moved 50 -> 150)", SCHED, min=1)
+    batch_size: int = knob(150, "samples per batch per process", SCHED, min=1)
     accumulate_grad_batches: int = knob(
         1, "micro-batches per optimizer step; effective batch = batch_size x this x world size", SCHED, min=1
     )
     early_stopping_patience: int | None = knob(
-        None, "stop after N validations without improvement of the task's monitor metric", SCHED, min=1
+        None, "stop after N validations (not epochs) without improvement of the task's monitor metric", SCHED, min=1
     )
     # optimiser
     lr: float = knob(1e-3, "learning rate at ref_batch_size (a model's own learning_rate wins)", OPTIM, gt=0)
     ref_batch_size: int | None = knob(None, "batch size lr was tuned for; enables lr_scaling", OPTIM, min=1)
     lr_scaling: str = knob(
-        "sqrt", "how lr follows the batch size: seed 000's sqrt, linear or none", OPTIM, choices=LR_SCALING
+        "sqrt",
+        "how lr follows the batch size: sqrt (for Adam-type optimizers), linear (for SGD) or none",
+        OPTIM,
+        choices=LR_SCALING,
     )
-    weight_decay: float = knob(0.01, "AdamW weight decay (not on biases and norms)", OPTIM)
-    warmup_steps: int | None = knob(None, "linear warm-up steps (default: 5%% of the steps, at most 500)", OPTIM)
-    min_lr_ratio: float = knob(0.05, "the cosine schedule decays to lr x this", OPTIM)
+    weight_decay: float = knob(0.01, "AdamW weight decay (not on biases and norms)", OPTIM, min=0)
+    warmup_steps: int | None = knob(
+        None, "optimizer steps of linear warm-up (default: 5%% of the steps, at most 500)", OPTIM, min=0
+    )
+    min_lr_ratio: float = knob(0.05, "the cosine schedule decays to lr x this", OPTIM, min=0, max=1)
     gradient_clip_val: float | None = knob(None, "clip threshold (default: no clipping)", OPTIM, gt=0)
     gradient_clip_algorithm: str = knob(
         "norm", "clip by total norm or by value; after unscaling", OPTIM, choices=CLIP_ALGORITHMS
@@ -90,7 +430,9 @@ class TrainConfig:
         PREC,
         choices=PRECISIONS,
     )
-    loss_scale: str = knob("dynamic", "fp16 GradScaler: dynamic or a fixed number such as 1024", PREC)
+    loss_scale: str = knob(
+        "dynamic", "fp16 GradScaler: dynamic or a fixed number such as 1024", PREC, check=_loss_scale_problem
+    )
     tf32: bool = knob(True, "TF32 matmul/cudnn on Ampere+ (CUDA only)", PREC)
     cudnn_benchmark: bool = knob(True, "cudnn autotuner for fixed shapes (CUDA only)", PREC)
     compile_model: bool = knob(False, "torch.compile the model (the first steps pay the compile time)", PREC)
@@ -98,7 +440,9 @@ class TrainConfig:
     num_threads: int | None = knob(
         None, "torch intra-op threads on a CPU (default: torch's, one per core)", PREC, min=1
     )
-    device: str | None = knob(None, "e.g. cuda:0 or cpu (default: cuda:LOCAL_RANK when available, else cpu)", PREC)
+    device: str | None = knob(
+        None, "e.g. cuda:0 or cpu (default: cuda:LOCAL_RANK when available, else cpu)", PREC, check=_device_problem
+    )
     # data loading
     num_workers: int | None = knob(
         None,
@@ -118,18 +462,28 @@ class TrainConfig:
     log_every: int = knob(
         100, "LOG_EVERY: optimizer steps between loss read-backs (the hot path's only sync)", LOG, min=1
     )
-    norm_every: int = knob(200, "NORM_EVERY: steps between gradient-norm (and task step-metric) read-backs", LOG, min=1)
-    progress_every: int = knob(10, "refresh the progress bar every N batches (and at every epoch end)", LOG, min=1)
+    norm_every: int = knob(
+        200, "NORM_EVERY: optimizer steps between gradient-norm (and task step-metric) read-backs", LOG, min=1
+    )
+    progress_every: int = knob(10, "batches between progress-bar refreshes (and at every epoch end)", LOG, min=1)
     progress_bar: bool = knob(
         True, "show the tqdm progress bar (rank 0) when stderr is a terminal; piped or redirected it stays off", LOG
     )
     validation_interval: int = knob(
-        20, "validate every N epochs (seed 001); the last epoch always validates", LOG, min=1
+        20,
+        "epochs between validations (Lightning's check_val_every_n_epoch); the last epoch always validates",
+        LOG,
+        min=1,
     )
-    val_check_steps: int | None = knob(None, "validate every N optimizer steps instead of by epoch", LOG, min=1)
-    val_check_batches: int | None = knob(None, "validate every N batches (mmseg's evaluation.interval)", LOG, min=1)
+    val_check_steps: int | None = knob(None, "optimizer steps between validations, instead of epochs", LOG, min=1)
+    val_check_batches: int | None = knob(
+        None, "batches between validations, instead of epochs (mmseg's evaluation.interval)", LOG, min=1
+    )
     checkpoint_every: int | None = knob(
-        None, "also write last.pt every N optimizer steps (mid-epoch resume)", LOG, min=1
+        None,
+        "optimizer steps between extra last.pt writes (mid-epoch resume); last.pt is also written every epoch",
+        LOG,
+        min=1,
     )
     save_best: bool = knob(True, "keep best.pt by the task's validation metric", LOG)
     test_with_best: bool = knob(False, "score the test split with best.pt's weights instead of the last ones", LOG)
@@ -143,8 +497,9 @@ class TrainConfig:
     # your model as it is: training order, AdamW knobs, decay horizon, validation cap
     shuffle: bool = knob(True, "shuffle the training samples each epoch; off trains in time order", DATA)
     adam_betas: tuple[float, float] = knob(
-        (0.9, 0.999), "AdamW betas of the built-in optimizer (nanoGPT: 0.9 0.95)", OPTIM
-    )
+        (0.9, 0.999), "AdamW betas of the built-in optimizer (nanoGPT: 0.9 0.95)", OPTIM, min=0,
+        check=lambda b: None if all(x < 1 for x in b) else "each beta must be below 1; give two numbers in [0, 1)",
+    )  # fmt: skip
     adam_eps: float = knob(1e-8, "AdamW eps of the built-in optimizer", OPTIM, gt=0)
     fused: bool | None = knob(None, "fused AdamW kernel of the built-in optimizer: auto (on), on or off", OPTIM)
     lr_decay_steps: int | None = knob(
@@ -185,36 +540,15 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.validate()
 
-    def validate(self) -> None:
-        """Raise ValueError naming the knob, the value and what is allowed."""
-        for f in dataclasses.fields(self):
-            v, meta = getattr(self, f.name), f.metadata
-            if v is None:
-                continue
-            if "choices" in meta and v not in meta["choices"]:
-                raise ValueError(f"TrainConfig: {f.name}={v!r}; use one of {', '.join(meta['choices'])}")
-            if isinstance(v, bool) or not isinstance(v, int | float):
-                continue
-            if "min" in meta and not v >= meta["min"]:
-                raise ValueError(f"TrainConfig: {f.name}={v}; must be >= {meta['min']}")
-            if "gt" in meta and not v > meta["gt"]:
-                raise ValueError(f"TrainConfig: {f.name}={v}; must be > {meta['gt']}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"TrainConfig: lr={self.lr}; must be a positive number")
-        if self.loss_scale != "dynamic":
-            try:
-                scale = float(self.loss_scale)
-            except (TypeError, ValueError):
-                scale = -1.0
-            if not scale > 0:
-                raise ValueError(f"TrainConfig: loss_scale={self.loss_scale!r}; use 'dynamic' or a positive number")
-            self.loss_scale = str(self.loss_scale)
+    def validate(self, where: str = "TrainConfig") -> None:
+        """Convert and check every field by its rule (ConfigError, a ValueError, naming the knob, the value and
+        what is allowed), then the rules between fields."""
+        for name, (tp, rule) in field_rules(type(self)).items():
+            setattr(self, name, check_value(f"{where}: {name}=", getattr(self, name), tp, rule))
         if self.max_steps is not None and self.max_batches is not None:
-            raise ValueError("TrainConfig: give max_steps (optimizer steps) or max_batches (batches), not both")
+            raise ConfigError(f"{where}: give max_steps (optimizer steps) or max_batches (batches), not both")
         if self.val_check_steps is not None and self.val_check_batches is not None:
-            raise ValueError("TrainConfig: give val_check_steps or val_check_batches, not both")
-        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
-            raise ValueError(f"TrainConfig: adam_betas={tuple(self.adam_betas)}; give two numbers in [0, 1)")
+            raise ConfigError(f"{where}: give val_check_steps or val_check_batches, not both")
 
     # ---- what the loop runs -------------------------------------------------------------------------------
     def effective(self) -> TrainConfig:
@@ -241,12 +575,10 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        """Build from a dict; unknown keys are an error naming the nearest valid names."""
-        from .options import check_keys
-
-        check_keys(d, [f.name for f in dataclasses.fields(cls)], "TrainConfig")
-        return cls(**d)
+    def from_dict(cls, d: dict[str, Any], where: str = "TrainConfig", notes: list[str] | None = None) -> TrainConfig:
+        """Build from a dict (BaseTrainer's trainer_params, a checkpoint's settings): unknown keys name the nearest
+        valid names, every value is converted and checked by its rule; `where` starts each message."""
+        return cls(**check_settings(dict(d), field_rules(cls), where, notes))
 
 
 def default_num_workers(world_size: int = 1) -> int:

@@ -273,7 +273,10 @@ class Trainer:
 
     def log(self, msg: str) -> None:
         if self.rt.is_main:  # printed above a live bar; a log= callable of the caller's gets every line itself
-            (self.bar.write if self.bar is not None and self._print is print else self._print)(msg)
+            try:
+                (self.bar.write if self.bar is not None and self._print is print else self._print)(msg)
+            except OSError:  # the terminal is gone (SIGHUP, a closed pipe): the run's files still say it all
+                pass
 
     def batches_total_done(self) -> int:
         return self.progress.epoch * self.batches_per_epoch + self.progress.batches_done
@@ -298,21 +301,22 @@ class Trainer:
     def _fit(self) -> dict[str, Any]:
         self.hooks.resolve()  # callbacks added since the constructor count too
         self.opt.before_step = self._before_optimizer_step if self.hooks.before_optimizer_step else None
-        self._open_run()
-        self.monitor.start_monitoring()
-        t0 = time.perf_counter()
-        self._start_batches, self._start_step = self.batches_total_done(), self.progress.step
-        self._t_val_end = t0
-        try:
-            with StopRequest() as self.stop:
+        # from the run directory's first file on, a stop signal is the loop's: it saves last.pt and says how to resume
+        with StopRequest() as self.stop:
+            self._open_run()
+            self.monitor.start_monitoring()
+            t0 = time.perf_counter()
+            self._start_batches, self._start_step = self.batches_total_done(), self.progress.step
+            self._t_val_end = t0
+            try:
                 self.bar = self._open_bar()
                 self.hooks("on_train_start")
                 stopped = self._train(t0)
-        finally:
-            self.monitor.stop_monitoring()
-            if self.bar is not None:
-                self.bar.close()
-                self.bar = None
+            finally:
+                self.monitor.stop_monitoring()
+                if self.bar is not None:
+                    self.bar.close()
+                    self.bar = None
         train_time = time.perf_counter() - t0
         if not stopped and self._validation_left():
             self.validate()
@@ -331,8 +335,10 @@ class Trainer:
         if p.val_pending is not None:  # resumed from a checkpoint written right before a validation
             self._validate_pending()
             halted = self._early_stop()
-        else:
-            self._agree_stop()  # a stop during set-up: no epoch starts
+        elif self._agree_stop():  # a stop during set-up: no epoch starts
+            assert self.run_dir is not None
+            if self.rt.is_main and not (self.run_dir / "checkpoints" / "last.pt").is_file():
+                self._save("last.pt")  # the weights the run starts from: the printed resume line continues from them
         while not halted and not self.stopping and p.epoch < self.max_epochs and p.step < self.total_steps:
             self._train_epoch()
             # DDP: agree once more, so a signal that reached one rank after the epoch's last log point
@@ -732,9 +738,11 @@ class Trainer:
                 "optimizer": self.optimizer_hparams,  # the real hyper-parameters of the optimizer that runs
             },
         )
+        settings = {**self.config_sections, "train": resolved}
+        self.checkpointer.settings = settings  # every checkpoint carries them: config.toml is not the only copy
         write_config_file(
             run_dir / "config.toml",
-            {**self.config_sections, "train": resolved},
+            settings,
             rerun_hint(run_dir / "config.toml"),
         )
 

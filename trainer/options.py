@@ -7,8 +7,10 @@
     values = {**load_config_file("run.toml"), **explicit}   # explicit flags win over the file
 
 Config files: TOML (stdlib `tomllib`; `tomli` on Python 3.10), JSON, or YAML when PyYAML is installed. Keys are
-the flag names, at the top level or in [train] / [task] / [run] tables; seed 002's mmseg/mmcv names are accepted
-as aliases, each with a one-line note.
+the flag names, at the top level or in [train] / [task] / [run] tables; mmseg/mmcv config names (data.samples_per_gpu,
+runner.max_iters, ...) are accepted as aliases, each with a one-line note. Every value, typed on the command line or
+read from a file, is checked by the one validator, `trainer.config.check_value`, with the rule of its field.
+`--help` is short (the common flags and the list of groups); `--help GROUP` shows one group, `--help-all` every flag.
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ import difflib
 import inspect
 import json
 import math
+import os
+import re
+import socket
+import sys
+import tempfile
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -81,6 +88,8 @@ def _spec(tp: Any) -> dict[str, Any]:
 def _help(text: str, default: Any) -> str:
     if default is None or default is inspect.Parameter.empty:
         return text if "default:" in text else f"{text} (default: none)"
+    if default == "":
+        return f"{text} (default: empty)"
     if isinstance(default, bool):
         default = "on" if default else "off"
     elif isinstance(default, tuple | list):
@@ -88,20 +97,30 @@ def _help(text: str, default: Any) -> str:
     return f"{text} (default: {default})".replace("%", "%%").replace("%%%%", "%%")
 
 
-def _ranged(conv: Callable[[str], Any], name: str, lo: float | None, gt: float | None) -> Callable[[str], Any]:
+def _checked(name: str, tp: Any, rule: dict[str, Any]) -> Callable[[str], Any]:
+    """An argparse `type` that converts and checks one value with the field's rule (the one validator); a tuple
+    field's elements are checked one by one here, the whole tuple again when the settings are checked."""
+    from .config import check_value
+
+    elem_rule = {k: v for k, v in rule.items() if k != "check"} if nargs_of(tp) else rule
+
     def parse(s: str) -> Any:
         try:
-            v = conv(s)
-        except (TypeError, ValueError):
-            raise argparse.ArgumentTypeError(f"{s!r} is not a valid {conv.__name__}") from None
-        if lo is not None and not v >= lo:
-            raise argparse.ArgumentTypeError(f"{s} must be >= {lo:g}")
-        if gt is not None and not (v > gt and math.isfinite(v)):
-            raise argparse.ArgumentTypeError(f"{s} must be > {gt:g}")
-        return v
+            return check_value(f"--{name}", s, nargs_of(tp) or tp, elem_rule)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e).removeprefix(f"--{name} ")) from None
 
-    parse.__name__ = conv.__name__
+    parse.__name__ = name
     return parse
+
+
+def nargs_of(tp: Any) -> Any:
+    """The element type of a tuple/list field (None for a scalar one)."""
+    base, _ = _unwrap(tp)
+    if typing.get_origin(base) in (tuple, list):
+        args = typing.get_args(base)
+        return args[0] if args else str
+    return None
 
 
 def _add(group: Any, name: str, tp: Any, default: Any, text: str, meta: dict[str, Any], seen: set[str]) -> None:
@@ -109,17 +128,23 @@ def _add(group: Any, name: str, tp: Any, default: Any, text: str, meta: dict[str
         return
     seen.add(name)
     kw = _spec(tp)
-    if "choices" in meta:
-        kw["choices"] = meta["choices"]
-    if kw.get("type") in (int, float) and ("min" in meta or "gt" in meta):
-        kw["type"] = _ranged(kw["type"], name, meta.get("min"), meta.get("gt"))
+    base, _ = _unwrap(tp)
+    choices = meta.get("choices") or (typing.get_args(base) if typing.get_origin(base) is typing.Literal else None)
+    kw.pop("choices", None)
+    if "type" in kw and kw.get("type") is not parse_auto_bool:
+        kw["type"] = _checked(name, tp, meta)
+    elif kw.get("type") is parse_auto_bool:
+        kw["type"] = _checked(name, tp, meta)
+    if choices:
+        kw["metavar"] = "{" + ",".join(str(c) for c in choices) + "}"
     if "metavar" in meta:
         kw["metavar"] = meta["metavar"]
-    group.add_argument(f"--{name}", dest=name, default=argparse.SUPPRESS, help=_help(text, default), **kw)
+    flags = [f"--{name}", *(f"--{old}" for old in meta.get("aliases", ()))]
+    group.add_argument(*flags, dest=name, default=argparse.SUPPRESS, help=_help(text, default), **kw)
 
 
 def _groups(parser: argparse.ArgumentParser) -> dict[str, Any]:
-    return {g.title: g for g in parser._action_groups}  # argparse keeps its groups here; read-only use
+    return {g.title or "": g for g in parser._action_groups}  # argparse keeps its groups here; read-only use
 
 
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, seen: set[str] | None = None) -> list[str]:
@@ -128,6 +153,8 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, seen: se
     hints = typing.get_type_hints(cls)
     names = []
     for f in dataclasses.fields(cls):
+        if f.metadata.get("cli") is False:
+            continue
         title = f.metadata.get("group", "options")
         group = _groups(parser).get(title) or parser.add_argument_group(title)
         _add(group, f.name, hints[f.name], f.default, f.metadata.get("help", ""), dict(f.metadata), seen)
@@ -151,8 +178,11 @@ def add_function_arguments(
     skip: Iterable[str] = (),
     seen: set[str] | None = None,
     default_text: dict[str, str] | None = None,
+    rules: dict[str, dict[str, Any]] | None = None,
 ) -> list[str]:
-    """One `--flag` per keyword parameter of `fn` (a task builder), help text from `helps`."""
+    """One `--flag` per keyword parameter of `fn` (a task builder), help text from `helps`, rule (the knob
+    keywords of trainer/config.py) from `rules`."""
+    rules = rules or {}
     default_text = default_text or {}
     seen = set() if seen is None else seen
     group = _groups(parser).get(title) or parser.add_argument_group(title)
@@ -160,28 +190,106 @@ def add_function_arguments(
     for name, (tp, default) in function_parameters(fn).items():
         if name in skip:
             continue
-        _add(group, name, tp, default_text.get(name, default), helps.get(name, ""), {}, seen)
+        _add(group, name, tp, default_text.get(name, default), helps.get(name, ""), dict(rules.get(name, {})), seen)
         names.append(name)
     return names
 
 
+# ------------------------------------------------------------------------------------------- help
+def format_help(
+    parser: argparse.ArgumentParser,
+    groups: Iterable[str] | None = None,
+    only: Iterable[str] | None = None,
+    section: str | None = None,
+    footer: str | None = None,
+) -> str:
+    """argparse's help for some groups (titles in `groups`) or some flags (dests in `only`, in one `section`)."""
+    fmt = parser._get_formatter()
+    fmt.add_usage(parser.usage, [], [])
+    fmt.add_text(parser.description)
+    wanted = None if groups is None else set(groups)
+    picked = None if only is None else list(only)
+    if picked is not None:
+        by_dest = {a.dest: a for a in parser._actions if a.option_strings and a.dest != "help"}
+        fmt.start_section(section or "common flags")
+        fmt.add_arguments([by_dest[d] for d in picked if d in by_dest])
+        fmt.end_section()
+    else:
+        for g in parser._action_groups:
+            actions = [a for a in g._group_actions if a.dest != "help"]
+            if actions and (wanted is None or g.title in wanted):
+                fmt.start_section(g.title)
+                fmt.add_arguments(actions)
+                fmt.end_section()
+    fmt.add_text(footer if footer is not None else parser.epilog)
+    return fmt.format_help()
+
+
+def group_titles(parser: argparse.ArgumentParser) -> list[str]:
+    return [g.title for g in parser._action_groups if any(a.dest != "help" for a in g._group_actions) and g.title]
+
+
+def _matches(key: str, title: str) -> bool:
+    words = title.lower().replace(",", " ").split()
+    return any(w.startswith(key.lower()) for w in words if w != "and")
+
+
+def add_help_flags(parser: argparse.ArgumentParser, common: Iterable[str]) -> None:
+    """`--help` (the `common` flags and the list of groups), `--help GROUP` (one group), `--help-all` (all)."""
+    common = list(common)
+
+    class Help(argparse.Action):
+        def __call__(self, p: argparse.ArgumentParser, ns: Any, value: Any, opt: str | None = None) -> None:
+            titles = group_titles(p)
+            count = sum(1 for a in p._actions if a.option_strings and a.dest != "help")
+            keys = ", ".join(t.replace(",", "").split()[0] if not t.endswith(" task") else t.split()[0]
+                             for t in titles)  # fmt: skip
+            if opt == "--help-all" or value == "all":
+                text = format_help(p)
+            elif value:
+                picked = [t for t in titles if _matches(value, t)]
+                if not picked:
+                    p.error(f"--help {value}: no such group; use one of {keys}, or all")
+                text = format_help(p, groups=picked)
+            else:
+                more = (
+                    f"More: --help GROUP shows one group ({keys}); --help-all shows all {count} flags. {p.epilog or ''}"
+                )
+                text = format_help(p, only=common, footer=more)
+            p._print_message(text, sys.stdout)
+            p.exit()
+
+    parser.add_argument("-h", "--help", nargs="?", metavar="GROUP", action=Help, dest="help",
+                        default=argparse.SUPPRESS, help="the common flags; with GROUP, that group's flags")  # fmt: skip
+    parser.add_argument("--help-all", nargs=0, action=Help, dest="help", default=argparse.SUPPRESS,
+                        help="every flag, by group")  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------- config files
-def check_keys(d: dict[str, Any], known: Iterable[str], where: str) -> None:
-    """Unknown keys are an error that names each one and the nearest valid names."""
+def did_you_mean(key: Any, known: Iterable[str]) -> str:
+    """ " (did you mean a, b?)" with the nearest known names, or "" — for every unknown-key message."""
+    near = difflib.get_close_matches(str(key), list(known), n=3, cutoff=0.6)
+    return f" (did you mean {', '.join(near)}?)" if near else ""
+
+
+def unknown_keys(d: Iterable[Any], known: Iterable[str]) -> list[str]:
+    """'key (did you mean ...?)' for each key of `d` not in `known`."""
     known = list(known)
-    unknown = [k for k in d if k not in known]
-    if unknown:
-        hints = []
-        for k in unknown:
-            near = difflib.get_close_matches(k, known, n=3, cutoff=0.6)
-            hints.append(f"{k!r}" + (f" (did you mean {', '.join(near)}?)" if near else ""))
+    return [f"{k!r}{did_you_mean(k, known)}" for k in d if k not in known]
+
+
+def check_keys(d: dict[str, Any], known: Iterable[str], where: str, valid: str | None = None) -> None:
+    """Unknown keys are one error that names each one and the nearest valid names; `valid` says where the
+    valid ones are listed (default: the CLI's --help-all)."""
+    hints = unknown_keys(d, known)
+    if hints:
         raise ConfigError(
-            f"{where}: unknown setting(s) {'; '.join(hints)}. Valid settings are the TrainConfig "
-            f"fields (the --flags of train_optimized.py --help)"
+            f"{where}: unknown setting(s) {'; '.join(hints)}. "
+            + (valid or "Valid settings are the TrainConfig fields (the --flags of train_optimized.py --help-all)")
         )
 
 
-# seed 002's mmseg/mmcv names: (table, key) -> (our key, converter)
+# mmseg/mmcv config names: (table, key) -> (our key, converter)
 _MMSEG: dict[tuple[str, str], tuple[str, Callable[[Any], Any]]] = {
     ("data", "samples_per_gpu"): ("batch_size", int),
     ("data", "workers_per_gpu"): ("num_workers", int),
@@ -214,7 +322,16 @@ _IGNORED_MMSEG = {
 
 def _read(path: Path) -> dict[str, Any]:
     suffix = path.suffix.lower()
-    text = path.read_text(encoding="utf-8")
+    if suffix not in (".toml", ".json", ".yaml", ".yml"):
+        raise ConfigError(f"{path}: unknown config format {suffix or '(no suffix)'!r}; use .toml, .json or .yaml")
+    try:
+        text = path.read_bytes()[: 16 * 2**20 + 1].decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if len(text) > 16 * 2**20:
+        raise ConfigError(f"{path}: larger than 16 MiB; a config file is a few lines of settings")
     try:
         if suffix == ".toml":
             try:
@@ -239,15 +356,23 @@ def _read(path: Path) -> dict[str, Any]:
     except ConfigError:
         raise
     except Exception as e:  # the parsers' own messages carry line and column
-        raise ConfigError(f"{path}: not valid {suffix[1:].upper()}: {e}") from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{path}: not valid {suffix[1:].upper()}: {first}") from None
     raise ConfigError(f"{path}: unknown config format {suffix!r}; use .toml, .json or .yaml")
 
 
-def load_config_file(path: str | Path, notes: list[str] | None = None) -> dict[str, Any]:
+def load_config_file(path: str | Path, notes: list[str] | None = None, what: str = "--config") -> dict[str, Any]:
     """Flat {flag name: value} from a config file; mmseg aliases translated (one note each into `notes`)."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"--config {path}: no such file")
+        why = (
+            "is a directory; give the config file inside it"
+            if path.is_dir()
+            else "is not a regular file (a FIFO or device?)"
+            if path.exists()
+            else "no such file"
+        )
+        raise ConfigError(f"{what} {path}: {why}")
     raw = _read(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a table of settings")
@@ -264,10 +389,10 @@ def load_config_file(path: str | Path, notes: list[str] | None = None) -> dict[s
             for sub, v in value.items():
                 if (key, sub) in _MMSEG:
                     ours, conv = _MMSEG[(key, sub)]
-                    flat[ours] = conv(v)
+                    flat[ours] = _mm(conv, v, path, f"{key}.{sub}")
                     notes.append(f"config: mmseg {key}.{sub}={v} -> {ours}={flat[ours]}")
                 elif key == "optimizer_config" and sub == "grad_clip" and isinstance(v, dict) and "max_norm" in v:
-                    flat["gradient_clip_val"] = float(v["max_norm"])
+                    flat["gradient_clip_val"] = _mm(float, v["max_norm"], path, f"{key}.{sub}.max_norm")
                     notes.append(
                         f"config: mmseg optimizer_config.grad_clip.max_norm={v['max_norm']} -> gradient_clip_val"
                     )
@@ -278,46 +403,28 @@ def load_config_file(path: str | Path, notes: list[str] | None = None) -> dict[s
                     )
         elif ("", key) in _MMSEG:
             ours, conv = _MMSEG[("", key)]
-            flat[ours] = conv(value)
+            flat[ours] = _mm(conv, value, path, key)
             notes.append(f"config: mmseg {key}={value} -> {ours}={flat[ours]}")
         else:
             flat[key] = value
     return flat
 
 
+def _mm(conv: Callable[[Any], Any], v: Any, path: Path, key: str) -> Any:
+    if isinstance(v, bool) or not isinstance(v, int | float | str) or (conv is bool and not isinstance(v, bool)):
+        if not (conv is bool and isinstance(v, bool)):
+            raise ConfigError(f"{path}: {key} = {v!r}: not a {conv.__name__}")
+    try:
+        return conv(v)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{path}: {key} = {v!r}: not a {conv.__name__}") from None
+
+
 def coerce(values: dict[str, Any], types_: dict[str, Any], where: str) -> dict[str, Any]:
-    """Check and convert file values to the fields' types (lists -> tuples); a wrong type names the key."""
-    out = {}
-    for k, v in values.items():
-        tp, optional = _unwrap(types_[k])
-        if v is None:
-            if not optional:
-                raise ConfigError(f"{where}: {k} cannot be empty")
-            out[k] = None
-            continue
-        origin = typing.get_origin(tp)
-        try:
-            if tp is bool:
-                out[k] = v if isinstance(v, bool) else parse_bool(v)
-            elif origin in (tuple, list):
-                if not isinstance(v, list | tuple):
-                    raise TypeError
-                elem = (typing.get_args(tp) or (str,))[0]
-                out[k] = tuple(elem(x) for x in v)
-            elif tp in (int, float):
-                if isinstance(v, bool) or (tp is int and isinstance(v, float) and not v.is_integer()):
-                    raise TypeError
-                out[k] = tp(v)
-            else:
-                out[k] = str(v) if not isinstance(v, dict | list) else _bad(v)
-        except (TypeError, ValueError, argparse.ArgumentTypeError):
-            want = getattr(tp, "__name__", str(tp))
-            raise ConfigError(f"{where}: {k}={v!r} is not a valid {want}") from None
-    return out
+    """Convert and check file values by type only (no rules): kept for callers with plain type maps."""
+    from .config import check_value
 
-
-def _bad(v: Any) -> Any:
-    raise TypeError(v)
+    return {k: check_value(f"{where}: {k}=", v, types_[k]) for k, v in values.items()}
 
 
 def _toml_value(v: Any) -> str:
@@ -338,6 +445,34 @@ def write_config_file(path: str | Path, sections: dict[str, dict[str, Any]], hea
         for k, v in values.items():
             lines.append(f"{k} = {_toml_value(v)}" if v is not None else f"# {k}: unset")
         lines.append("")
+    return atomic_write_text(path, "\n".join(lines))
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write a file whole or not at all: a temp file beside it, fsync, rename. A kill or a bad value mid-write
+    leaves the previous file (never an empty one, which a resume would read as "no settings")."""
     path = Path(path)
-    path.write_text("\n".join(lines), encoding="utf-8")
+    data = text.encode("utf-8")  # fails before anything is touched when the text cannot be written
+    # named as checkpoint temps are (.NAME.host~pid.random.tmp): a killed writer's file is removed on the next start
+    host = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:40]
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.{host}~{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    if os.name == "posix":  # the rename itself survives a power cut once the directory is synced
+        try:
+            fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
     return path

@@ -10,6 +10,7 @@ same directory fail with a clear message.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from typing import Any
 import torch.distributed as dist
 
 from .checkpoint import remove_orphan_temps
+from .options import atomic_write_text
 from .setup import Runtime
 from .usercode import resume_hint
 
@@ -28,69 +30,142 @@ class RunDirError(ValueError):
     """The run directory cannot be used (taken by a live process, or not a run)."""
 
 
+MARKER = ".plainloop-run"  # written into a claimed directory while its lock is held: "this is a plainloop run"
+_HELD: dict[str, RunLock] = {}  # run directories this process has claimed and locked, until RunFiles takes over
+
+
 def claim_run_dir(output_dir: str | Path, name: str | None, prefix: str) -> tuple[Path, str | None]:
-    """Create and return a fresh run directory; (path, note when the name had to change)."""
+    """Create (or take over an unused one of ours), lock and mark a run directory; (path, note when the name had
+    to change). The lock is taken before the marker is written, so a directory another launch has just created
+    but not yet locked is never taken: it is not marked yet, and once marked its lock is held."""
+    from .config import run_name_problem, writable_dir_problem
+
+    if name is not None and (why := run_name_problem(name)):
+        raise RunDirError(f"run name {name!r}: {why}")  # checked by TrainConfig too: this covers direct callers
     base = name or f"{prefix}-{datetime.now():%Y%m%d-%H%M%S}"
     root = Path(output_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    for i in range(1, 10_000):
-        cand = root / (base if i == 1 else f"{base}-{i}")
-        try:
-            cand.mkdir()  # atomic: of two simultaneous launches exactly one gets each name
-        except FileExistsError:
-            if i == 1 and name is not None and _unused(cand):
-                why = (
-                    "it holds the profiler's trace, profile/, and no checkpoint: training writes beside it"
-                    if (cand / "profile").is_dir()  # --profile --profile_then_train: its own profiling pass
-                    else "an earlier start left no checkpoint and no summary there"
+    if why := writable_dir_problem(root):
+        raise RunDirError(f"output directory {root}: {why}")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for i in range(1, 10_000):
+            cand = root / (base if i == 1 else f"{base}-{i}")
+            try:
+                cand.mkdir()  # atomic: of two simultaneous launches exactly one gets each name
+            except FileExistsError:
+                if i == 1 and name is not None and _take_if_unused(cand):
+                    why = (
+                        "it holds the profiler's trace, profile/, and no checkpoint: training writes beside it"
+                        if (cand / "profile").is_dir()  # --profile --profile_then_train: its own profiling pass
+                        else "an earlier start left no checkpoint and no summary there"
+                    )
+                    return cand, f"run dir: reusing {cand} ({why})"
+                continue
+            _HELD[str(cand.resolve())] = RunLock(cand)
+            _mark(cand)
+            note = None
+            if name is not None and i > 1:
+                note = (
+                    f"run dir: {root / base} already holds a run or is not a plainloop run; writing to {cand} "
+                    f"instead (to continue that run, resume from it: {resume_hint(root / base)})"
                 )
-                return cand, f"run dir: reusing {cand} ({why})"
-            continue
-        note = None
-        if name is not None and i > 1:
-            note = (
-                f"run dir: {root / base} already holds a run; writing to {cand} instead (to continue that run, "
-                f"resume from it: {resume_hint(root / base)})"
-            )
-        return cand, note
+            return cand, note
+    except OSError as e:  # a read-only or full file system, a name the file system refuses
+        raise RunDirError(f"output directory {root}: cannot create a run directory there ({e.strerror or e})") from None
     raise RunDirError(f"no free run directory name under {root} for {base!r}")
 
 
-def _unused(run_dir: Path) -> bool:
-    """A directory a run started in but left nothing to lose in: no checkpoint, no summary, no live writer."""
-    if (run_dir / "summary.json").exists() or any((run_dir / "checkpoints").glob("*.pt")):
+def _mark(run_dir: Path) -> None:
+    tmp = run_dir / f".{MARKER}.tmp"
+    tmp.write_text(f"{os.getpid()}\n", encoding="utf-8")
+    os.replace(tmp, run_dir / MARKER)
+
+
+def is_run_dir(run_dir: Path) -> bool:
+    """A directory plainloop made: its marker, or (runs from before the marker) a config.json of ours."""
+    if (run_dir / MARKER).is_file():
+        return True
+    try:
+        cfg = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and {"requested", "effective", "runtime"} <= set(cfg)
+
+
+def _take_if_unused(run_dir: Path) -> bool:
+    """Lock `run_dir` for this process if it is a plainloop run that an earlier start left with nothing to lose
+    (no checkpoint, no summary, no live writer); a directory of the user's is never taken."""
+    key = str(run_dir.resolve())
+    if key in _HELD:  # this process claimed it (the profiler's pass before training)
+        return True
+    if not is_run_dir(run_dir) or (run_dir / "summary.json").exists() or any((run_dir / "checkpoints").glob("*.pt")):
         return False
     try:
-        RunLock(run_dir).release()
+        lock = RunLock(run_dir)
     except (RunDirError, OSError):
         return False
+    _HELD[key] = lock
+    _mark(run_dir)
     return True
 
 
+def lock_run_dir(run_dir: Path) -> RunLock:
+    """The lock of `run_dir`: the one this process took when it claimed the directory, else a new one."""
+    return _HELD.pop(str(Path(run_dir).resolve()), None) or RunLock(run_dir)
+
+
+def held_by_live_process(run_dir: Path) -> bool:
+    if str(run_dir.resolve()) in _HELD:
+        return False
+    try:
+        RunLock(run_dir).release()
+    except RunDirError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def find_resumable(output_dir: str | Path, prefix: str) -> Path | None:
-    """The newest run directory under output_dir named <prefix>-... that holds checkpoints/last.pt and has not
-    finished (a finished run has nothing left to train: resuming it would only be an error)."""
+    """The newest run directory under output_dir named <prefix>-... that holds checkpoints/last.pt, has not
+    finished (a finished run has nothing left to train) and is not being trained by a live process."""
     root = Path(output_dir)
     if not root.is_dir():
         return None
     runs = [
         p
         for p in root.iterdir()
-        if p.name.startswith(f"{prefix}-") and (p / "checkpoints/last.pt").is_file() and not finished(p)
+        if p.name.startswith(f"{prefix}-")
+        and (p / "checkpoints/last.pt").is_file()
+        and not finished(p)
+        and not held_by_live_process(p)
     ]
     return max(runs, key=lambda p: (p / "checkpoints/last.pt").stat().st_mtime, default=None)
 
 
-def finished(run_dir: Path) -> bool:
-    """summary.json written at the end of training (not by a stop signal), and no checkpoint since: a run that
-    was extended (--resume with more --epochs) and then killed has a newer last.pt and counts as unfinished."""
-    summary, last = run_dir / "summary.json", run_dir / "checkpoints" / "last.pt"
+def finished(run_dir: Path, step: int | None = None) -> bool:
+    """The run trained to its end: summary.json was written at the end of training (not by a stop signal) at the
+    step of its last checkpoint (`step`, else read from checkpoints/last.pt). Never file times: a copy that lost
+    them is still finished, and a run extended (--resume with more --epochs) then killed has a later step."""
     try:
-        if summary.stat().st_mtime_ns < last.stat().st_mtime_ns:
-            return False
-        return "stopped_by" not in json.loads(summary.read_text(encoding="utf-8"))
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
+    if not isinstance(summary, dict) or "stopped_by" in summary or not isinstance(summary.get("steps"), int):
+        return False
+    if step is None:
+        step = _checkpoint_step(run_dir / "checkpoints" / "last.pt")
+    return step is not None and step <= summary["steps"]
+
+
+def _checkpoint_step(path: Path) -> int | None:
+    import torch
+
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return int(ckpt["step"])
+    except Exception:  # missing or damaged: the resume itself reports it
+        return None
 
 
 class RunLock:
@@ -161,9 +236,7 @@ def roll_back_metrics(run_dir: Path, step: int, val_pending: bool = False) -> in
             fh.writelines(moved)
             fh.flush()
             os.fsync(fh.fileno())
-        tmp = run_dir / ".metrics.jsonl.tmp"
-        tmp.write_text("".join(keep), encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write_text(path, "".join(keep))
     return len(moved)
 
 
@@ -184,6 +257,18 @@ def shared_run_dir(
     return Path(run_dir), note
 
 
+def strict_json(obj: Any, bad: list[str], where: str = "") -> Any:
+    """`obj` with every non-finite float replaced by None; the dotted keys of those go to `bad`."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        bad.append(where or "value")
+        return None
+    if isinstance(obj, dict):
+        return {k: strict_json(v, bad, f"{where}.{k}" if where else str(k)) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [strict_json(v, bad, f"{where}[{i}]") for i, v in enumerate(obj)]
+    return obj
+
+
 class RunFiles:
     """Writes config, metrics rows and the summary of one run (rank 0 only); `on_row` sees every metrics row."""
 
@@ -196,19 +281,25 @@ class RunFiles:
     ) -> None:
         self.run_dir, self.on_row = run_dir, on_row
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-        self.lock = RunLock(run_dir)
+        self.lock = lock_run_dir(run_dir)
+        if not (run_dir / MARKER).is_file():  # a run from before the marker, resumed: marked now, under its lock
+            _mark(run_dir)
         self.removed = remove_orphan_temps(run_dir / "checkpoints") + remove_orphan_temps(run_dir)
         self.rolled_back = 0 if resumed_step is None else roll_back_metrics(run_dir, resumed_step, val_pending)
         self._metrics = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
 
     def write_json(self, name: str, obj: Any) -> None:
-        tmp = self.run_dir / f".{name}.tmp"
-        tmp.write_text(json.dumps(obj, indent=2, default=str), encoding="utf-8")
-        os.replace(tmp, self.run_dir / name)
+        """Whole or not at all (temp file, fsync, rename), strict JSON (a non-finite number is null)."""
+        text = json.dumps(strict_json(obj, []), indent=2, default=str, allow_nan=False)
+        atomic_write_text(self.run_dir / name, text)
 
     def log(self, row: dict[str, Any]) -> None:
         row.setdefault("time", time.time())  # wall clock, so rows line up with other logs
-        self._metrics.write(json.dumps(row) + "\n")
+        bad: list[str] = []
+        clean = strict_json(row, bad)
+        if bad:  # strict JSON has no NaN: null, and the row says which values were not finite
+            clean["nonfinite"] = bad
+        self._metrics.write(json.dumps(clean, default=str, allow_nan=False) + "\n")
         self._metrics.flush()
         if self.on_row is not None:
             self.on_row(row)

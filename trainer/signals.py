@@ -1,4 +1,5 @@
-"""Stop requests: SIGTERM (pre-emption, `docker stop`), SIGINT (Ctrl-C) and SIGUSR1 (SLURM's --signal warning).
+"""Stop requests: SIGTERM (pre-emption, `docker stop`), SIGINT (Ctrl-C), SIGUSR1 (SLURM's --signal warning) and
+SIGHUP (the terminal closed or the ssh session dropped; torchrun forwards it to its workers too).
 
 The first signal only sets a flag; the loop finishes the current step, writes last.pt and exits with 128 +
 the signal number. A second Ctrl-C stops at once (KeyboardInterrupt), without writing anything more.
@@ -16,7 +17,7 @@ import torch.distributed as dist
 
 from .setup import Runtime
 
-STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGUSR1") if hasattr(signal, n))
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP") if hasattr(signal, n))
 
 
 class StopRequest:

@@ -1,7 +1,7 @@
 """The optimizer step: scale -> backward -> unscale -> check -> clip -> step -> update, with a state_dict.
 
 In the spirit of timm's NativeScaler, plus a non-finite guard for every precision: a step whose gradients are
-not finite (a NaN or inf loss makes them so) is skipped, and the skip is decided on the device, so it costs
+not finite, or whose loss is not finite, is skipped, and the skip is decided on the device, so it costs
 no host-device sync. With fp16 the GradScaler skips as it always has; otherwise a fused optimizer (plainloop's
 default AdamW on CUDA) takes the flag into its kernel, and on a CPU the flag is read directly (no device to
 wait for). Skips are counted on the device and read back at log points.
@@ -80,14 +80,26 @@ class OptimizerStep:
         self._dev_run = torch.zeros((), device=device)
         # called after unscale/clip, right before the optimizer step (the callbacks' on_before_optimizer_step)
         self.before_step: Callable[[], None] | None = None
+        self._loss_bad: torch.Tensor | None = None  # a non-finite loss in this accumulation window (device flag)
+        self._nan = torch.full((), float("nan"), device=device)
 
     def backward(self, loss: torch.Tensor, window: int = 1) -> None:
         """Scaled backward of `loss`, averaged over an accumulation window of `window` micro-batches."""
+        if self.guard or self.fp16:  # a NaN/inf loss can leave finite gradients (e.g. relu(nan) has gradient 0)
+            bad = ~torch.isfinite(loss.detach())
+            self._loss_bad = bad if self._loss_bad is None else self._loss_bad | bad
         self.scaler.scale(loss / window if window > 1 else loss).backward()
 
     def step(self, want_norm: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Unscale, check, clip, step, update; clears the gradients. found_inf is a device tensor (1 = skipped)."""
         params, found = self.params, self.found_inf
+        if self._loss_bad is not None:
+            # a non-finite loss counts as a skipped step like non-finite gradients: it makes one gradient NaN on
+            # the device (no sync), so the guard and GradScaler see it and skip, count and report it as usual
+            first = next((p.grad for p in params if p.grad is not None), None)
+            if first is not None:
+                first.add_(torch.where(self._loss_bad, self._nan, torch.zeros_like(self._nan)))
+            self._loss_bad = None
         if self.fp16:
             self.scaler.unscale_(self.optimizer)  # clipping and the check must see true gradients, once per step
         grads = [p.grad for p in params if p.grad is not None]

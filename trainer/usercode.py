@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import sys
 import time
 from collections.abc import Iterator
@@ -35,7 +36,7 @@ def uses_cli() -> bool:
 def resume_hint(target: Any, prefix: str = "python") -> str:
     """How to continue a run: the CLI line when the CLI runs, else the Python call (a repo with `trainer/` only)."""
     if uses_cli():
-        return f"{prefix} train_optimized.py --resume {target}"
+        return f"{prefix} train_optimized.py --resume {shlex.quote(str(target))}"  # pastes as itself
     script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] not in ("", "-c") else ""
     # a plain script of the user's names itself; `python -m pkg` and tools (pytest) run a __main__.py
     again = f", then run {prefix} {script} again" if script.endswith(".py") and script != "__main__.py" else ""
@@ -45,7 +46,10 @@ def resume_hint(target: Any, prefix: str = "python") -> str:
 def rerun_hint(config_toml: Any) -> str:
     """The header line of a run's config.toml."""
     if uses_cli() or Path("train_optimized.py").is_file():
-        return f"Resolved configuration of this run: re-run it with\npython train_optimized.py --config {config_toml}"
+        return (
+            "Resolved configuration of this run: re-run it with\n"
+            f"python train_optimized.py --config {shlex.quote(str(config_toml))}"
+        )
     return (
         "Resolved configuration of this run: the TrainConfig fields it ran with (TrainConfig(**values) rebuilds "
         "it; read with tomllib)"
