@@ -113,7 +113,10 @@ whole_number MAX_RESTARTS 0 "" "worker restarts torchrun may make"
 boolean COMPILE
 boolean SKIP_SETUP
 boolean PLAINLOOP_DRY_RUN
-one_of TASK era5 reid
+case "${TASK-}" in
+  *:*) plain_text TASK ;;  # a user's own task, module:function or path/file.py:function (the CLI checks it)
+  *) one_of TASK era5 reid ;;
+esac
 one_of PRECISION auto 32 16-mixed bf16-mixed
 one_of COMPILE_MODE default reduce-overhead max-autotune
 for v in RUN_NAME OUTPUT_DIR DATA_PATH; do plain_text "$v"; done

@@ -150,15 +150,17 @@ def test_find_resumable_user_task_matches_the_recorded_builder(user_pkg):
     import os
     import time
 
+    import torch
+
     def make(name, spec, finished=False, age=0.0):
         run = Path("runs") / name
         (run / "checkpoints").mkdir(parents=True)
         (run / "config.toml").write_text(f'[run]\ntask = "{spec}"\n')
-        (run / "checkpoints" / "last.pt").write_bytes(b"x")
+        torch.save({"step": 5}, run / "checkpoints" / "last.pt")
         t = time.time() - age
         os.utime(run / "checkpoints" / "last.pt", (t, t))
-        if finished:
-            (run / "summary.json").write_text("{}")
+        if finished:  # trained to its end: the summary's steps reach the checkpoint's step
+            (run / "summary.json").write_text('{"steps": 5}')
         return run
 
     make("regress-old", "userpkg.regress:build", age=100)
