@@ -113,8 +113,8 @@ whole_number MAX_RESTARTS 0 "" "worker restarts torchrun may make"
 boolean COMPILE
 boolean SKIP_SETUP
 boolean PLAINLOOP_DRY_RUN
-case "$TASK" in  # a task of your own is package.module:function (or path/to/file.py:function)
-  *:*) plain_text TASK ;;
+case "${TASK-}" in
+  *:*) plain_text TASK ;;  # a user's own task, module:function or path/file.py:function (the CLI checks it)
   *) one_of TASK era5 reid ;;
 esac
 one_of PRECISION auto 32 16-mixed bf16-mixed

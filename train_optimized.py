@@ -166,12 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 done, 2 bad input, 3 diverged, 128+N stopped by signal N.",
         add_help=False,
     )
+    add_help_flags(p, COMMON_FLAGS)
     seen: set[str] = set()
     add_dataclass_arguments(p, RunOptions, seen)
-    user_flags: list[str] = []  # a --task module:function's own flags join the short --help
     for name, builder in TASK_BUILDERS.items():
         mod = task_module(name)
-        added = add_function_arguments(
+        add_function_arguments(
             p,
             builder(),
             getattr(mod, "ARGS_HELP", {}),
@@ -181,10 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
             default_text={k: "from --preset" for k in ERA5_MODEL_KEYS} if name == "era5" else {},
             rules=getattr(mod, "ARGS_RULES", {}),
         )
-        if is_user_task(name):
-            user_flags += added
     add_dataclass_arguments(p, TrainConfig, seen)
-    add_help_flags(p, (COMMON_FLAGS[0], *user_flags, *COMMON_FLAGS[1:]))
     return p
 
 

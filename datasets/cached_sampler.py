@@ -181,7 +181,7 @@ def parse_epoch_length(value: Any) -> int | str | None:
     if isinstance(value, bool) or n < 1 or (not isinstance(value, str) and n != value):
         raise ValueError(
             f"epoch_length={value!r}: use 'auto' (about one look per sample), 'seed' (one pass over the "
-            f"identities: ids / P batches, seed 004's epoch) or a positive number of batches per epoch"
+            f"identities: ids / P batches per epoch) or a positive number of batches per epoch"
         )
     return n
 

@@ -444,16 +444,19 @@ def _resume_config(resume: str | None) -> Path | None:
 
 
 def find_resumable_user_task(output_dir: str | Path, spec: str) -> Path | None:
-    """--resume auto for a user task: the newest unfinished run under output_dir whose config.toml names `spec`."""
+    """--resume auto for a user task: the newest unfinished run under output_dir whose config.toml names `spec`
+    and that no live process is training (the built-in tasks' rule, trainer/runfiles.py find_resumable)."""
     from trainer.options import load_config_file
-    from trainer.runfiles import finished
+    from trainer.runfiles import finished, held_by_live_process
 
     root = Path(output_dir)
     if not root.is_dir():
         return None
     runs = []
     for p in root.iterdir():
-        if not (p / "checkpoints" / "last.pt").is_file() or not (p / "config.toml").is_file() or finished(p):
+        if not (p / "checkpoints" / "last.pt").is_file() or not (p / "config.toml").is_file():
+            continue
+        if finished(p) or held_by_live_process(p):
             continue
         try:
             if load_config_file(p / "config.toml").get("task") == spec:

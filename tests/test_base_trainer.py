@@ -305,7 +305,7 @@ def test_seed_before_settings_run_the_baseline_loop(tmp_path):
     tr, lines = make(tmp_path, tp=before)
     assert tr.config.baseline
     tr.train()
-    assert "baseline: trainer_params switch the optimisations off as seed 000 §4 does" in "\n".join(lines)
+    assert "baseline: trainer_params switch the optimisations off (num_workers 0" in "\n".join(lines)
     cfg = tr.trainer.cfg
     assert (cfg.device_cache, cfg.log_every, cfg.validation_interval) == (False, 1, 1)
     assert not make(tmp_path, tp={**before, "baseline": False})[0].config.baseline
@@ -602,3 +602,23 @@ def test_a_lightning_module_trains_through_base_trainer_with_its_own_optimizer(t
     assert any("the model's own AdamW" in ln for ln in lines)
     assert model.net.lin.weight.grad is None and tr.trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 / 8)
     assert math.isfinite(tr.summary["final_metrics"]["val_loss"])
+
+
+def test_title_and_save_path_are_checked_before_anything_is_written(tmp_path):
+    """A title that would put the run outside output_dir, or a save_path that cannot be written, is one line at
+    construction (not after training), naming the argument; nothing is created."""
+    from datasets.area import Area
+    from datasets.era5 import ERA5SSTMonthlyDataset
+    from models.ratransformer import RecursiveAttentionTransformer
+    from trainer.options import ConfigError
+
+    area = Area("g", lon=[-180, 180], lat=[-80, 80])
+    args = (RecursiveAttentionTransformer, ERA5SSTMonthlyDataset)
+    out = tmp_path / "runs"
+    with pytest.raises(ConfigError, match=r"title='\.\./\.\./x'.*path separator"):
+        BaseTrainer("../../x", "u", area, *args, tmp_path / "m.pt", trainer_params={"output_dir": str(out)})
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigError, match=r"save_path=.*a_file.*cannot be written"):
+        BaseTrainer("t", "u", area, *args, blocker / "m.pt", trainer_params={"output_dir": str(out)})
+    assert not out.exists()

@@ -90,20 +90,8 @@ OTHER_PROGRAMS = {
     "datasets",
     "dry_run",
     "cases",
-    "repeats",
+    "repeats",  # benchmarks/knobs.py
     "max_wait",
-    # docs/guides/extending.md: the example user task's own flags (--task), and timm's --model-ema
-    "act",
-    "hidden",
-    "data_dir",
-    "model_ema",
-    # benchmarks/skill.py (docs/tasks/sst.md)
-    "boxes",
-    "network",
-    "network_leads",
-    "render",
-    "rolling",
-    "tag",
     "kills",
     "signals",
     "only",

@@ -161,7 +161,7 @@ def test_seed000_4_debug_mode_is_the_before_loop(quickstart):
     tr = BaseTrainer(**quickstart, trainer_params=trainer_params, log=lines.append)
     tr.train()
     cfg, t = tr.trainer.cfg, tr.trainer
-    assert tr.config.baseline and "seed 000 §4" in logged(lines)
+    assert tr.config.baseline and "switch the optimisations off (num_workers 0" in logged(lines)
     assert (cfg.precision, cfg.num_workers, cfg.pin_memory, cfg.persistent_workers) == ("32", 0, False, False)
     assert not t.on_device and cfg.validation_interval == 1  # read through the loader; validated every epoch
     rows = metric_rows(Path(tr.summary["run_dir"]))

@@ -159,7 +159,7 @@ def test_find_resumable_user_task_matches_the_recorded_builder(user_pkg):
         torch.save({"step": 5}, run / "checkpoints" / "last.pt")
         t = time.time() - age
         os.utime(run / "checkpoints" / "last.pt", (t, t))
-        if finished:  # finished = summary.json written at the checkpoint's step (never file times)
+        if finished:  # trained to its end: the summary's steps reach the checkpoint's step
             (run / "summary.json").write_text('{"steps": 5}')
         return run
 

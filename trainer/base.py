@@ -19,7 +19,6 @@ What BaseTrainer hands to your classes (each decision is one line printed at the
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 import math
 import os
@@ -33,9 +32,9 @@ from torch import nn
 from torch.utils.data import Subset
 
 from .checkpoint import CheckpointError, atomic_save, load_checkpoint
-from .config import TrainConfig
+from .config import TrainConfig, run_name_problem, writable_dir_problem
 from .loop import Trainer
-from .options import ConfigError
+from .options import ConfigError, unknown_keys
 from .task import Task
 
 # Where the seed's scripts keep trained models (their src.config.params.MODEL_SAVE_PATH).
@@ -64,8 +63,8 @@ ALTERNATIVES = {
     "log_every_n_steps": "use 'log_every' (LOG_EVERY)",
     "enable_progress_bar": "use 'progress_bar'",
     "strategy": "DDP is used automatically when the script is launched with torchrun (WORLD_SIZE > 1)",
-    "learning_rate": "use 'lr' here, or model_params['learning_rate'] as seed 000 does",
-    "use_gradient_checkpointing": "a model setting: put it in model_params (seed 000's troubleshooting, §8)",
+    "learning_rate": "use 'lr' here, or model_params['learning_rate'] as the seed guides do",
+    "use_gradient_checkpointing": "a model setting: put it in model_params",
     "auto_num_workers": "give 'num_workers' here; the measured search is the CLI's --auto_num_workers",
     "auto_scale_batch_size": "use 'auto_batch_size': True",
 }
@@ -107,13 +106,11 @@ def check_trainer_params(tp: dict[str, Any]) -> None:
         raise ConfigError(
             "trainer_params: unsupported key(s): " + "; ".join(f"{k!r}: {ALTERNATIVES[k]}" for k in special)
         )
-    unknown = [k for k in tp if k not in known]
+    unknown = unknown_keys(tp, known)
     if unknown:
-        hints = []
-        for k in unknown:
-            near = difflib.get_close_matches(str(k), known, n=3, cutoff=0.6)
-            hints.append(f"{k!r}" + (f" (did you mean {', '.join(near)}?)" if near else ""))
-        raise ConfigError(f"trainer_params: unknown key(s) {'; '.join(hints)}. Valid keys: {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"trainer_params: unknown key(s) {'; '.join(unknown)}. Valid keys: {', '.join(sorted(known))}"
+        )
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -201,6 +198,16 @@ class BaseTrainer:
         self.title, self.area, self.uid = title, area, uid
         self.model_class, self.dataset_class = model_class, dataset_class
         self.save_path = Path(save_path) if save_path is not None else Path(MODEL_SAVE_PATH) / f"{title}-{uid}.pt"
+        # checked now, not after training: a run name outside output_dir or an unwritable save_path loses the run
+        run_name = f"{title}-{uid}"
+        problem = run_name_problem(run_name)
+        if problem and not (trainer_params or {}).get("run_name"):
+            raise ConfigError(
+                f"BaseTrainer: title={title!r} and uid={uid!r} name the run {run_name!r}, which {problem}"
+            )
+        problem = writable_dir_problem(self.save_path.parent)
+        if problem:
+            raise ConfigError(f"BaseTrainer: save_path={str(self.save_path)!r} cannot be written: {problem}")
         self.pre_model = pre_model
         self.use_checkpoint, self.use_wandb = bool(use_checkpoint), bool(use_wandb)
         self.dataset_params = dict(dataset_params or {})
@@ -238,7 +245,7 @@ class BaseTrainer:
         if "baseline" not in tp and all(k in tp and tp[k] == v for k, v in SEED_BEFORE.items()):
             tp["baseline"] = True
             self.notes.append(
-                "baseline: trainer_params switch the optimisations off as seed 000 §4 does "
+                "baseline: trainer_params switch the optimisations off "
                 '(num_workers 0, precision 32, pin_memory False), so this is the seed\'s "before" '
                 "loop: also data read through the loader instead of held in memory, .item() every "
                 "step, validation every epoch (add 'baseline': False to keep those optimisations)"
@@ -255,7 +262,7 @@ class BaseTrainer:
         if lr is not None and not _names(model_class, "learning_rate"):
             self.model_params.pop("learning_rate")
             tp.setdefault("lr", lr)
-        self.config = TrainConfig.from_dict(tp)
+        self.config = TrainConfig.from_dict(tp, where="trainer_params")
         self.trainer: Trainer | None = None
         self.model: nn.Module | None = None
         self.summary: dict[str, Any] | None = None

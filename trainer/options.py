@@ -203,7 +203,8 @@ def format_help(
     section: str | None = None,
     footer: str | None = None,
 ) -> str:
-    """argparse's help for some groups (titles in `groups`) or some flags (dests in `only`, in one `section`)."""
+    """argparse's help for some flags (dests in `only`, in one `section`) and/or some groups (titles in `groups`);
+    neither: every group."""
     fmt = parser._get_formatter()
     fmt.add_usage(parser.usage, [], [])
     fmt.add_text(parser.description)
@@ -214,7 +215,7 @@ def format_help(
         fmt.start_section(section or "common flags")
         fmt.add_arguments([by_dest[d] for d in picked if d in by_dest])
         fmt.end_section()
-    else:
+    if picked is None or wanted is not None:
         for g in parser._action_groups:
             actions = [a for a in g._group_actions if a.dest != "help"]
             if actions and (wanted is None or g.title in wanted):
@@ -255,7 +256,9 @@ def add_help_flags(parser: argparse.ArgumentParser, common: Iterable[str]) -> No
                 more = (
                     f"More: --help GROUP shows one group ({keys}); --help-all shows all {count} flags. {p.epilog or ''}"
                 )
-                text = format_help(p, only=common, footer=more)
+                # a user's own task (--task module:function): its flags are what that user came to see
+                own = [t for t in titles if t.endswith(" task") and ":" in t]
+                text = format_help(p, only=common, groups=own or None, footer=more)
             p._print_message(text, sys.stdout)
             p.exit()
 

@@ -73,7 +73,11 @@ class _NvmlBackend:
         self._nv = pynvml
         pynvml.nvmlInit()
         self.handle = self._find_handle(cuda_index)
-        self.total_mb = pynvml.nvmlDeviceGetMemoryInfo(self.handle).total / _MB
+        try:
+            self.total_mb: float | None = pynvml.nvmlDeviceGetMemoryInfo(self.handle).total / _MB
+        except Exception:
+            self.total_mb = None
+        self._proc_ts = 0  # newest per-process sample already read (nvmlDeviceGetProcessUtilization)
         try:
             self.power_limit_w: float | None = pynvml.nvmlDeviceGetEnforcedPowerLimit(self.handle) / 1000.0
         except Exception:
@@ -126,6 +130,27 @@ class _NvmlBackend:
         except Exception:
             pass
         return out
+
+    def utilization(self) -> tuple[float | None, float | None, float | None]:
+        """(kernel-busy %, memory-controller %, this process's SM %) now; None where NVML cannot say.
+
+        Kernel-busy is utilization.gpu (the "sm" column of `nvidia-smi dmon`); memory-controller is the time the
+        device memory was read or written; the process's SM % comes from its per-process samples."""
+        nv, h = self._nv, self.handle
+        gpu = mem = sm = None
+        try:
+            u = nv.nvmlDeviceGetUtilizationRates(h)
+            gpu, mem = float(u.gpu), float(u.memory)
+        except Exception:
+            pass
+        try:
+            mine = [x for x in nv.nvmlDeviceGetProcessUtilization(h, self._proc_ts) if x.pid == os.getpid()]
+            if mine:
+                sm = float(max(x.smUtil for x in mine))
+                self._proc_ts = max(int(x.timeStamp) for x in mine)
+        except Exception:  # no process samples yet, or not supported
+            pass
+        return gpu, mem, sm
 
     def processes(self) -> dict[int, float | None] | None:
         """{pid: used MB or None} of every process with a context on this GPU; None when NVML cannot say.

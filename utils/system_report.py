@@ -36,7 +36,7 @@ from typing import Any
 
 import psutil
 
-from utils.performance_monitor import usable_cpus
+from utils.performance_monitor import _NvmlBackend, usable_cpus
 
 try:
     from utils.bottleneck import THRESHOLDS, diagnose
@@ -293,59 +293,33 @@ def _rapl_uj() -> tuple[float, float] | None:
 
 
 class _NvmlUtilSampler:
-    """Samples NVML utilisation of the training GPU in a thread: kernel-busy % (utilization.gpu, the "sm"
-    column of `nvidia-smi dmon`), memory-controller % (utilization.memory: time the device memory was
-    read or written) and this process's SM % (nvmlDeviceGetProcessUtilization), where the driver has it."""
+    """Samples NVML utilisation of the training GPU in a thread, through the monitor's NVML reader
+    (`_NvmlBackend.utilization`): kernel-busy %, memory-controller % and this process's SM %."""
 
     def __init__(self, interval: float = 0.25) -> None:
         self.interval = interval
-        self.nv = _nvml()
-        self.handle = None
-        if self.nv is not None:
-            try:
-                self.handle = self._handle()
-            except Exception:
-                self.nv = None
+        self.backend: _NvmlBackend | None = None
+        try:
+            import torch
+
+            index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        except Exception:
+            index = 0
+        try:
+            self.backend = _NvmlBackend(index)  # matches CUDA's device by PCI bus id
+        except Exception:  # no NVML, no driver, no GPU
+            self.backend = None
         self.rows: list[tuple[float | None, float | None, float | None]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _handle(self) -> Any:
-        nv = self.nv
-        try:  # match CUDA's device by PCI bus id: CUDA_VISIBLE_DEVICES renumbers devices, NVML does not
-            import torch
-
-            if torch.cuda.is_available():
-                p = torch.cuda.get_device_properties(torch.cuda.current_device())
-                return nv.nvmlDeviceGetHandleByPciBusId(
-                    f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
-                )
-        except Exception:
-            pass
-        return nv.nvmlDeviceGetHandleByIndex(0)
-
     def _sample(self) -> None:
-        nv, h, pid = self.nv, self.handle, os.getpid()
-        last_ts = 0
+        assert self.backend is not None
         while not self._stop.wait(self.interval):
-            gpu = mem = sm = None
-            try:
-                u = nv.nvmlDeviceGetUtilizationRates(h)
-                gpu, mem = float(u.gpu), float(u.memory)
-            except Exception:
-                pass
-            try:
-                samples = nv.nvmlDeviceGetProcessUtilization(h, last_ts)
-                mine = [x for x in samples if getattr(x, "pid", None) == pid]
-                if mine:
-                    sm = float(max(x.smUtil for x in mine))
-                    last_ts = max(int(x.timeStamp) for x in mine)
-            except Exception:  # no process samples yet, or not supported
-                pass
-            self.rows.append((gpu, mem, sm))
+            self.rows.append(self.backend.utilization())
 
     def start(self) -> _NvmlUtilSampler:
-        if self.nv is not None:
+        if self.backend is not None:
             self._thread = threading.Thread(target=self._sample, name="report-nvml", daemon=True)
             self._thread.start()
         return self
@@ -355,10 +329,8 @@ class _NvmlUtilSampler:
             return None
         self._stop.set()
         self._thread.join()
-        try:
-            self.nv.nvmlShutdown()
-        except Exception:
-            pass
+        if self.backend is not None:
+            self.backend.close()
 
         def mean(j: int) -> float | None:
             vals = [r[j] for r in self.rows if r[j] is not None]
