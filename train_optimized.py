@@ -410,7 +410,16 @@ def use_task_flags(argv: list[str]) -> None:
     TASK_BUILDERS, so its parameters are flags and config-file keys like the built-in tasks'."""
     spec = spec_from_argv(argv)
     if spec is not None and spec not in TASK_BUILDERS:
-        register_user_task(spec, {f.name: "the command-line flag" for f in dataclasses.fields(RunOptions)})
+        try:
+            register_user_task(spec, {f.name: "the command-line flag" for f in dataclasses.fields(RunOptions)})
+        except KNOWN_ERRORS as e:
+            if any(a == "--task" or a.startswith("--task=") for a in argv):
+                raise
+            # the spec came from a --config file or the resumed run: a relative module or file is read from here
+            raise ConfigError(
+                f"{e} (task = {spec!r} comes from the --config file or the resumed run's config.toml; run from the "
+                f"folder it was started in, or give --task with the full path, e.g. --task /path/to/file.py:function)"
+            ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
