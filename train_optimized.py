@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import shlex
 import signal
 import sys
@@ -56,6 +57,7 @@ from tasks import (  # noqa: E402
     spec_from_argv,
     task_module,
     train_defaults,
+    user_train_defaults,
 )
 from trainer.checkpoint import CheckpointError  # noqa: E402
 from trainer.checkpointer import ResumeError  # noqa: E402
@@ -182,6 +184,21 @@ def build_parser() -> argparse.ArgumentParser:
             rules=getattr(mod, "ARGS_RULES", {}),
         )
     add_dataclass_arguments(p, TrainConfig, seen)
+    for name in TASK_BUILDERS:
+        if is_user_task(name):  # its TRAIN_DEFAULTS are the defaults it runs with: show those
+            by_dest = {a.dest: a for a in p._actions if a.option_strings}
+            try:
+                task_defaults = user_train_defaults(name)
+            except KNOWN_ERRORS:
+                task_defaults = {}  # a bad TRAIN_DEFAULTS is reported by the run, with its own line
+            for key, value in task_defaults.items():
+                a = by_dest.get(key)
+                if a is not None and a.help:
+                    text = ("on" if value else "off") if isinstance(value, bool) else str(value).replace("%", "%%")
+                    a.help = (
+                        re.sub(r"\(default: [^()]*\)$", "", a.help)
+                        + f"(default: {text}, from the task's TRAIN_DEFAULTS)"
+                    )
     return p
 
 

@@ -289,3 +289,11 @@ def test_a_resume_from_another_folder_says_the_recorded_task_path_is_relative(cl
     # typed on the command line, the spec is the user's own: no hint about recorded settings
     assert cli.main(["--task", "my/tasks.py:build", *QUIET]) == 2
     assert "resumed run's config.toml" not in capsys.readouterr().err
+
+
+def test_help_shows_the_defaults_a_user_task_runs_with(cli, capsys):
+    """TRAIN_DEFAULTS (epochs 2, batch 16 in the test builder) are what the run uses, so --help says so."""
+    with pytest.raises(SystemExit):
+        cli.main(["--task", SPEC, "--help-all"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: 2, from the task's TRAIN_DEFAULTS)" in out and "(default: 16, from the task's" in out
