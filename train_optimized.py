@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import shlex
 import signal
 import sys
@@ -56,6 +57,7 @@ from tasks import (  # noqa: E402
     spec_from_argv,
     task_module,
     train_defaults,
+    user_train_defaults,
 )
 from trainer.checkpoint import CheckpointError  # noqa: E402
 from trainer.checkpointer import ResumeError  # noqa: E402
@@ -182,6 +184,21 @@ def build_parser() -> argparse.ArgumentParser:
             rules=getattr(mod, "ARGS_RULES", {}),
         )
     add_dataclass_arguments(p, TrainConfig, seen)
+    for name in TASK_BUILDERS:
+        if is_user_task(name):  # its TRAIN_DEFAULTS are the defaults it runs with: show those
+            by_dest = {a.dest: a for a in p._actions if a.option_strings}
+            try:
+                task_defaults = user_train_defaults(name)
+            except KNOWN_ERRORS:
+                task_defaults = {}  # a bad TRAIN_DEFAULTS is reported by the run, with its own line
+            for key, value in task_defaults.items():
+                a = by_dest.get(key)
+                if a is not None and a.help:
+                    text = ("on" if value else "off") if isinstance(value, bool) else str(value).replace("%", "%%")
+                    a.help = (
+                        re.sub(r"\(default: [^()]*\)$", "", a.help)
+                        + f"(default: {text}, from the task's TRAIN_DEFAULTS)"
+                    )
     return p
 
 
@@ -410,7 +427,16 @@ def use_task_flags(argv: list[str]) -> None:
     TASK_BUILDERS, so its parameters are flags and config-file keys like the built-in tasks'."""
     spec = spec_from_argv(argv)
     if spec is not None and spec not in TASK_BUILDERS:
-        register_user_task(spec, {f.name: "the command-line flag" for f in dataclasses.fields(RunOptions)})
+        try:
+            register_user_task(spec, {f.name: "the command-line flag" for f in dataclasses.fields(RunOptions)})
+        except KNOWN_ERRORS as e:
+            if any(a == "--task" or a.startswith("--task=") for a in argv):
+                raise
+            # the spec came from a --config file or the resumed run: a relative module or file is read from here
+            raise ConfigError(
+                f"{e} (task = {spec!r} comes from the --config file or the resumed run's config.toml; run from the "
+                f"folder it was started in, or give --task with the full path, e.g. --task /path/to/file.py:function)"
+            ) from None
 
 
 def main(argv: list[str] | None = None) -> int:

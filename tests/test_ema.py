@@ -190,8 +190,11 @@ def test_a_checkpoint_of_another_model_is_a_clear_error():
 def test_config_errors_name_the_config_field():
     from trainer.config import TrainConfig
 
-    with pytest.raises(ValueError, match=r"TrainConfig: ema_decay=1\.5; use a number in \[0, 1\)"):
-        EMA.from_config(TrainConfig(ema_decay=1.5))
+    for bad in (1.5, 1.0):  # decay 1 would never move the average
+        with pytest.raises(
+            ValueError, match=rf"TrainConfig: ema_decay={bad}: must be below 1; use a number in \[0, 1\)"
+        ):
+            EMA.from_config(TrainConfig(ema_decay=bad))
     ema = EMA.from_config(TrainConfig(ema_decay=0.99, ema_every=4, ema_warmup_power=0.5))
     assert (ema.decay, ema.every, ema.warmup_power) == (0.99, 4, 0.5)
 
@@ -371,3 +374,12 @@ def test_ddp_average_on_rank0_keeps_the_ranks_identical(tmp_path):
     assert {"test_mse", "raw_test_mse"} <= set(summary["final_metrics"])
     vals = [r for r in metric_rows(tmp_path / "ddp") if r["kind"] == "val"]
     assert len(vals) == 2 and all(r["val_mse"] != r["raw_val_mse"] for r in vals)
+
+
+def test_the_cli_names_the_ema_decay_flag_for_a_decay_of_one_or_more(capsys):
+    """The [0, 1) rule lives with the knob, so the command line refuses it at parse time, naming --ema_decay."""
+    import train_optimized as cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(["--ema_decay", "1.5"])
+    assert e.value.code == 2 and "argument --ema_decay: 1.5: must be below 1" in capsys.readouterr().err

@@ -215,7 +215,7 @@ def test_the_run_records_the_models_real_optimizer_and_notes_where_it_came_from(
     Trainer(cfg, Task("mine", Model(), train, val), log=lines.append).fit()
     note = [ln for ln in lines if "optimizer:" in ln]
     assert len(note) == 1 and "AdamW" in note[0] and "weight_decay=0.05" in note[0] and "LambdaLR" in note[0]
-    assert "warm-up/cosine" in note[0]
+    assert "warm-up/cosine" in note[0] and "so lr=0.123, weight_decay=0.9 do nothing" in note[0]
     assert any(ln.startswith("[epoch") and "train_mse" in ln for ln in lines)  # the model's logs on the console
     import json
 
@@ -507,3 +507,30 @@ def test_the_models_optimizer_under_the_fp16_scaler_and_the_non_finite_guard():
         opt.step()
         assert all(torch.equal(a, p) for a, p in zip(before, m.parameters()))  # the non-finite step is skipped
     assert own.schedule.steps == 3  # fp16: 2 (advanced on the device-only skip too); guard on a CPU: 1
+
+
+def test_schedule_knobs_the_models_own_optimizer_ignores_are_named():
+    """warmup_steps & co. shape plainloop's own AdamW and cosine; with the model's configure_optimizers they do
+    nothing, so the start-up notes name each one set away from its default (and only those the model is not given)."""
+    from trainer.model_protocol import model_optimizer
+
+    class GPTLike(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 1)
+
+        def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+            return torch.optim.AdamW(self.parameters(), lr=learning_rate, weight_decay=weight_decay, betas=betas)
+
+    class NoArgs(GPTLike):
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    cfg = TrainConfig(warmup_steps=5, lr_decay_steps=20, min_lr_ratio=0.1, lr=0.02, adam_betas=(0.9, 0.95))
+    notes = " ".join(model_optimizer(GPTLike(), cfg, torch.device("cpu"), cfg.lr).notes)
+    assert "so warmup_steps=5, lr_decay_steps=20, min_lr_ratio=0.1 do nothing" in notes
+    unused = notes.split("lr scaling are off, so ")[1].split(" do nothing")[0]
+    assert "lr=" not in unused.replace("min_lr_ratio", "") and "adam_betas" not in unused  # they reach the model
+    notes = " ".join(model_optimizer(NoArgs(), cfg, torch.device("cpu"), cfg.lr).notes)
+    assert "lr=0.02" in notes and "adam_betas=(0.9, 0.95)" in notes and "warmup_steps=5" in notes
+    assert "do nothing" not in " ".join(model_optimizer(NoArgs(), TrainConfig(), torch.device("cpu"), 1e-3).notes)

@@ -271,3 +271,29 @@ def test_a_bad_spec_on_the_cli_is_one_line(cli, capsys):
     assert "the training flag --lr" in capsys.readouterr().err
     assert cli.main(["--task", "nonsense"]) == 2
     assert "unknown task" in capsys.readouterr().err
+
+
+def test_a_resume_from_another_folder_says_the_recorded_task_path_is_relative(cli, capsys):
+    """A run started with --task path/to/file.py:fn records that relative path; resumed from elsewhere, the one line
+    says where the spec came from and how to point at the file, instead of only 'no such file' for a --task never
+    typed."""
+    run = Path("runs/elsewhere")
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.toml").write_text('[run]\ntask = "my/tasks.py:build"\n')
+    assert cli.main(["--resume", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "no such file my/tasks.py" in err and "resumed run's config.toml" in err and "--task with the full path" in err
+    )
+    assert len(err.strip().splitlines()) == 1
+    # typed on the command line, the spec is the user's own: no hint about recorded settings
+    assert cli.main(["--task", "my/tasks.py:build", *QUIET]) == 2
+    assert "resumed run's config.toml" not in capsys.readouterr().err
+
+
+def test_help_shows_the_defaults_a_user_task_runs_with(cli, capsys):
+    """TRAIN_DEFAULTS (epochs 2, batch 16 in the test builder) are what the run uses, so --help says so."""
+    with pytest.raises(SystemExit):
+        cli.main(["--task", SPEC, "--help-all"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: 2, from the task's TRAIN_DEFAULTS)" in out and "(default: 16, from the task's" in out

@@ -519,6 +519,7 @@ class TrainConfig:
         "validation, best.pt and test use it, raw_<metric> = the trained weights' scores (default: off)",
         "weight averaging",
         min=0,
+        check=lambda d: None if d < 1 else "must be below 1; use a number in [0, 1), e.g. 0.999",  # 1 never moves
     )
     ema_every: int = knob(1, "update the EMA every N optimizer steps", "weight averaging", min=1)
     ema_warmup: bool = knob(

@@ -19,6 +19,7 @@ Anything else Lightning would do for the model fails with one line naming it (`U
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -195,6 +196,40 @@ def run_values(cfg: Any, device: torch.device, lr: float) -> dict[str, Any]:
             "eps": getattr(cfg, "adam_eps", 1e-8), "device_type": device.type, "device": device}  # fmt: skip
 
 
+# knobs that shape plainloop's own optimizer or schedule -> the configure_optimizers parameters that carry them
+_FILLED = {"lr": ("learning_rate", "lr"), "weight_decay": ("weight_decay",), "adam_betas": ("betas",),
+           "adam_eps": ("eps",)}  # fmt: skip
+_SCHEDULE_ONLY = ("warmup_steps", "lr_decay_steps", "min_lr_ratio", "ref_batch_size", "lr_scaling", "fused")
+
+
+def unused_optimizer_knobs(cfg: Any, given: dict[str, Any]) -> list[str]:
+    """'name=value' for each optimizer/schedule knob set away from its default that the model's own
+    configure_optimizers does not receive: without a word, a user's warmup_steps would silently do nothing."""
+    if not dataclasses.is_dataclass(cfg):
+        return []
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    out = []
+    for name in (*_FILLED, *_SCHEDULE_ONLY):
+        if defaults.get(name, dataclasses.MISSING) is dataclasses.MISSING or any(
+            k in given for k in _FILLED.get(name, ())
+        ):
+            continue
+        value = getattr(cfg, name, defaults[name])
+        if value != defaults[name] and not (isinstance(value, tuple | list) and tuple(value) == defaults[name]):
+            out.append(f"{name}={value!r}")
+    return out
+
+
+def unused_text(unused: list[str]) -> str:
+    if not unused:
+        return ""
+    return (
+        f", so {', '.join(unused)} {'does' if len(unused) == 1 else 'do'} nothing: set {'it' if len(unused) == 1 else 'them'} "
+        f"in configure_optimizers (it is given lr, weight_decay, adam_betas, adam_eps as parameters named "
+        f"learning_rate, weight_decay, betas, eps)"
+    )
+
+
 def call_configure_optimizers(model: nn.Module, values: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """Call configure_optimizers, giving its required parameters the run's values by name."""
     fn: Callable[..., Any] = getattr(model, "configure_optimizers")  # noqa: B009 (a Module attribute to mypy)
@@ -326,7 +361,8 @@ def model_optimizer(model: nn.Module, cfg: Any, device: torch.device, lr: float)
     notes.insert(
         0,
         f"optimizer: the model's own {describe_optimizer(optimizer)} from {type(model).__name__}."
-        f"configure_optimizers(){filled}; schedule: {sched}; plainloop's warm-up/cosine and lr scaling are off",
+        f"configure_optimizers(){filled}; schedule: {sched}; plainloop's warm-up/cosine and lr scaling are off"
+        + unused_text(unused_optimizer_knobs(cfg, given)),
     )
     for c in configs:
         if c.plateau and c.interval == "step":
