@@ -622,3 +622,16 @@ def test_title_and_save_path_are_checked_before_anything_is_written(tmp_path):
     with pytest.raises(ConfigError, match=r"save_path=.*a_file.*cannot be written"):
         BaseTrainer("t", "u", area, *args, blocker / "m.pt", trainer_params={"output_dir": str(out)})
     assert not out.exists()
+
+
+def test_model_params_that_do_not_fit_the_model_are_one_line(tmp_path):
+    from datasets.area import Area
+    from datasets.era5 import ERA5SSTMonthlyDataset
+    from models.ratransformer import RecursiveAttentionTransformer
+    from trainer.options import ConfigError
+
+    tr = BaseTrainer("t", "u", Area("g", lon=[-180, 180], lat=[-80, 80]), RecursiveAttentionTransformer,
+                     ERA5SSTMonthlyDataset, tmp_path / "m.pt", None, False, {"seq_len": 2},
+                     {"epochs": 1, "output_dir": str(tmp_path / "runs")}, {"dim": 16})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"model_params: .*RecursiveAttentionTransformer; it takes .*width"):
+        tr.build_task()

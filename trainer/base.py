@@ -392,6 +392,7 @@ class BaseTrainer:
         train, val, test = self._datasets()
         torch.manual_seed(self.config.seed)
         self._model_kwargs_used = kw = self._model_kwargs()
+        _check_arguments(self.model_class, kw, "model_params")
         model = self.model_class(**kw)
         mask = getattr(train, "ocean_mask", None)
         if mask is not None and hasattr(model, "set_ocean_mask"):
@@ -565,6 +566,23 @@ def rmse_r2(pred: np.ndarray, target: np.ndarray) -> tuple[float, float]:
     mse = float(np.mean(diff**2))
     var = float(np.mean((target[ok] - target[ok].mean()) ** 2))
     return math.sqrt(mse), (1 - mse / var) if var > 0 else math.nan
+
+
+def _check_arguments(cls: Any, kwargs: dict[str, Any], where: str) -> None:
+    """The constructor accepts these keyword arguments: else one line naming `where`, not a TypeError from
+    inside the class (which the user did not write as a call)."""
+    try:
+        sig = inspect.signature(cls)
+    except (TypeError, ValueError):  # a builtin or C class: let the call speak for itself
+        return
+    try:
+        sig.bind(**kwargs)
+    except TypeError as e:
+        params = [n for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        name = getattr(cls, "__name__", str(cls))
+        raise ConfigError(
+            f"{where}: {e} for {name}; it takes {', '.join(params) or 'no arguments'} (given: {', '.join(kwargs) or 'none'})"
+        ) from None
 
 
 def plot_prediction(target: np.ndarray, pred: np.ndarray, path: Path, title: str) -> Path:
