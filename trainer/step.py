@@ -82,6 +82,7 @@ class OptimizerStep:
         self.before_step: Callable[[], None] | None = None
         self._loss_bad: torch.Tensor | None = None  # a non-finite loss in this accumulation window (device flag)
         self._nan = torch.full((), float("nan"), device=device)
+        self._zero = torch.zeros((), device=device)  # made once: the loss check below runs every step
 
     def backward(self, loss: torch.Tensor, window: int = 1) -> None:
         """Scaled backward of `loss`, averaged over an accumulation window of `window` micro-batches."""
@@ -98,7 +99,7 @@ class OptimizerStep:
             # the device (no sync), so the guard and GradScaler see it and skip, count and report it as usual
             first = next((p.grad for p in params if p.grad is not None), None)
             if first is not None:
-                first.add_(torch.where(self._loss_bad, self._nan, torch.zeros_like(self._nan)))
+                first.add_(torch.where(self._loss_bad, self._nan, self._zero))
             self._loss_bad = None
         if self.fp16:
             self.scaler.unscale_(self.optimizer)  # clipping and the check must see true gradients, once per step
