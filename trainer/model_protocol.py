@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .optim import group_lr
+
 _SENTINEL = "_plainloop_training_step"  # routes a wrapped (DDP/compiled) call to training_step
 HOOKS = (
     "on_fit_start", "on_fit_end", "on_train_start", "on_train_end", "on_train_epoch_start", "on_train_epoch_end",
@@ -312,8 +314,7 @@ class ModelStepSchedule:
                 c.scheduler.step()
 
     def current_lr(self) -> float:
-        lr = self.optimizer.param_groups[0]["lr"]
-        return float(lr)  # note: sync point when lr is a device tensor; log points only
+        return group_lr(self.optimizer)
 
     def state_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "schedulers": [c.scheduler.state_dict() for c in self.configs]}

@@ -37,6 +37,11 @@ class Schedule(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+def group_lr(optimizer: torch.optim.Optimizer) -> float:
+    """The first parameter group's lr, for logs; note: a sync when lr is a device tensor (log points only)."""
+    return float(optimizer.param_groups[0]["lr"])
+
+
 class ConstantSchedule:
     """The per-step Schedule when the lr is left alone per step: constant, or stepped by a callback (per epoch,
     on a plateau) that owns that schedule's state."""
@@ -50,7 +55,7 @@ class ConstantSchedule:
         pass
 
     def current_lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])  # note: a sync when lr is a device tensor (log points)
+        return group_lr(self.optimizer)
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -219,5 +224,4 @@ class WarmupCosine:
         self._apply()
 
     def current_lr(self) -> float:
-        lr = self.optimizer.param_groups[0]["lr"]
-        return float(lr)  # note: a sync when lr is a device tensor; called at log points only
+        return group_lr(self.optimizer)
