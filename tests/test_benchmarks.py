@@ -241,6 +241,7 @@ def test_run_gpu_sh_tiny_mode_writes_every_quoted_figure(tmp_path):
         CACHE_DIR=str(tmp_path / "cache"),
         CONFIGS=configs,
         CUDA_VISIBLE_DEVICES="",
+        OUT=str(tmp_path),  # a directory some shells and job runners export: the result path is OUT_JSON
     )
     p = subprocess.run(
         ["bash", str(root / "benchmarks" / "run_gpu.sh")],
