@@ -195,10 +195,10 @@ class Checkpointer:
         if row is not None:
             self.hooks("on_log", row)
 
-    def poll(self) -> None:
-        """The finished background write's on_log event, without waiting for one still in flight."""
-        if self._writer is not None and not self._writer.is_alive():
-            self.wait()
+    @property
+    def writing(self) -> bool:
+        """A background write is still in flight."""
+        return self._writer is not None and self._writer.is_alive()
 
     # ------------------------------------------------------------------ in
     def load_weights(self, path: Path) -> dict[str, Any]:

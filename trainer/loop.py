@@ -788,6 +788,7 @@ class Trainer:
             step=p.step,
             total_steps=self.total_steps,
             row=self.last_row,
+            saved="last.pt writing in the background" if self.checkpointer.writing else "last.pt saved",
             eta_s=eta,
             extra=self.parts.adapter.logger.train_names if self.parts is not None else (),
         )
