@@ -73,7 +73,7 @@ from trainer.options import (  # noqa: E402
 )
 from trainer.runfiles import RunDirError, find_resumable  # noqa: E402
 from trainer.setup import launch_prefix  # noqa: E402
-from trainer.usercode import cli_session  # noqa: E402
+from trainer.usercode import cli_script, cli_session  # noqa: E402
 
 RUN = "task and run"
 TOOLS = "measurement tools"
@@ -658,7 +658,7 @@ def rerun_command(config: Path, env: Any = os.environ) -> str:
     """The command that runs this job again: under torchrun (WORLD_SIZE > 1) with its torchrun prefix; the path is
     shell-quoted, so a directory with a space or a `$(...)` in its name pastes as itself."""
     launch = launch_prefix(env)
-    cmd = f"{launch} train_optimized.py --config {shlex.quote(str(config))}"
+    cmd = f"{launch} {cli_script()} --config {shlex.quote(str(config))}"
     return cmd + (" (on each node)" if "--nnodes" in launch else "")
 
 

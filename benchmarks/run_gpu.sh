@@ -22,7 +22,7 @@
 #   PYTHON        interpreter                      [first of .venv/bin/python, python3, python with CUDA torch]
 #   CACHE_DIR     netCDF + coarse cache            [$PLAINLOOP_CACHE or ~/.cache/plainloop]
 #   OUT_DIR       where the results go             [benchmarks/results]
-#   OUT           the main result JSON             [$OUT_DIR/run_gpu.json; run_tiny.json when TINY=1]
+#   OUT_JSON      the main result JSON             [$OUT_DIR/run_gpu.json; run_tiny.json when TINY=1]
 #   REPS          interleaved repetitions          [3; 1 when TINY=1]
 #   COMPILE_MODE  torch.compile mode of "tuned"    [default; "reduce-overhead" = CUDA graphs; none when TINY=1]
 #   CONFIGS       rows                             [the seed preset's; before,defaults,tuned,lightning,
@@ -45,13 +45,13 @@ OUT_DIR=${OUT_DIR:-benchmarks/results}
 if [ "$TINY" = 1 ]; then
     PRESET=tiny; REPS=${REPS:-1}; COMPILE_MODE=${COMPILE_MODE:-none}
     CONFIGS=${CONFIGS:-before,defaults,tuned,lightning,lightning_data}
-    OUT=${OUT:-$OUT_DIR/run_tiny.json}
+    OUT_JSON=${OUT_JSON:-$OUT_DIR/run_tiny.json}
     LOOP_ARGS=(--steps 200 --warmup 100 --reps 1 --loops hand,plainloop)
     HOST_ARGS=(--quick)
 else
     PRESET=seed; REPS=${REPS:-3}; COMPILE_MODE=${COMPILE_MODE:-default}
     CONFIGS=${CONFIGS:-}
-    OUT=${OUT:-$OUT_DIR/run_gpu.json}
+    OUT_JSON=${OUT_JSON:-$OUT_DIR/run_gpu.json}
     LOOP_ARGS=()
     HOST_ARGS=(--configs cpu,seed)
 fi
@@ -77,7 +77,7 @@ EOF
 df -h "$CACHE_DIR" | tail -1 | awk '{print "== disk free at cache: " $4 " (the 0.25° file needs ~1.3 GB)"}'
 
 echo "== benchmarks.run --preset $PRESET"
-run_args=(--preset "$PRESET" --cache-dir "$CACHE_DIR" --reps "$REPS" --compile-mode "$COMPILE_MODE" --out "$OUT")
+run_args=(--preset "$PRESET" --cache-dir "$CACHE_DIR" --reps "$REPS" --compile-mode "$COMPILE_MODE" --out "$OUT_JSON")
 [ -n "$CONFIGS" ] && run_args+=(--configs "$CONFIGS")
 "$PYTHON" -m benchmarks.run "${run_args[@]}"
 
@@ -89,8 +89,8 @@ echo "== benchmarks.loop_overhead (the loop's own cost on this box's CPU)"
 "$PYTHON" -m benchmarks.loop_overhead ${LOOP_ARGS[@]+"${LOOP_ARGS[@]}"} --out "$OUT_DIR/loop_overhead_$([ "$TINY" = 1 ] && echo tiny || echo gpu_host).json" || \
     echo "loop_overhead failed (see above); the main table is already written"
 
-echo "== headline (what docs/benchmarks/index.md quotes; raw: $OUT)"
-"$PYTHON" - "$OUT" <<'EOF'
+echo "== headline (what docs/benchmarks/index.md quotes; raw: $OUT_JSON)"
+"$PYTHON" - "$OUT_JSON" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
 h = r["headline"]

@@ -241,6 +241,7 @@ def test_run_gpu_sh_tiny_mode_writes_every_quoted_figure(tmp_path):
         CACHE_DIR=str(tmp_path / "cache"),
         CONFIGS=configs,
         CUDA_VISIBLE_DEVICES="",
+        OUT=str(tmp_path),  # a directory some shells and job runners export: the result path is OUT_JSON
     )
     p = subprocess.run(
         ["bash", str(root / "benchmarks" / "run_gpu.sh")],
@@ -337,3 +338,18 @@ def test_user_loop_benchmark_quick(tmp_path):
     assert result["auto_num_workers"] == 0
     assert result["index_cost_s_per_sample"] < result["cheap_threshold_s_per_sample"]
     assert set(result["crossover_s"]) == {"0.0", "30.0"}
+
+
+def test_checkpoint_cost_times_each_save_and_its_no_save_variant_skips_the_per_epoch_one(tmp_path):
+    from benchmarks import checkpoint_cost
+
+    r = checkpoint_cost.main(
+        ["--preset", "tiny", "--reps", "1", "--variants", "as_is,no_save", "--cache-dir", str(tmp_path / "c"),
+         "--out", str(tmp_path / "ck.json")]
+    )  # fmt: skip
+    as_is, no_save = r["runs"]["as_is"][0], r["runs"]["no_save"][0]
+    assert len(as_is["phases_ms"]["save"]) == len(as_is["phases_ms"]["digest"]) >= 2  # every save hashed once
+    assert len(no_save["phases_ms"]["digest"]) == len(as_is["phases_ms"]["digest"]) - 1  # epoch 1's last.pt
+    assert r["checkpoint_mb"] > 0 and (tmp_path / "ck.md").read_text().count("| as_is |") == 1
+    for run in (as_is, no_save):
+        _positive_finite(run["samples_per_s"], "samples_per_s")

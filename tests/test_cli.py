@@ -435,3 +435,19 @@ def test_resume_refuses_a_changed_batch_size_or_a_budget_below_its_step(tmp_path
         assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 2, err
     after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
     assert after == before
+
+
+def test_printed_commands_name_the_script_as_it_was_started(tmp_path, monkeypatch):
+    """Started as `python ../plainloop/train_optimized.py` from another directory, the resume and re-run lines name
+    that path, so they run from where the user is; in-process (argv[0] is not the script) the plain name."""
+    from trainer.usercode import cli_script, cli_session, resume_hint
+
+    monkeypatch.setattr(sys, "argv", ["../my dir/train_optimized.py", "--epochs", "1"])
+    assert cli_script() == "'../my dir/train_optimized.py'"
+    with cli_session():
+        assert resume_hint("runs/a b") == "python '../my dir/train_optimized.py' --resume 'runs/a b'"
+    assert (
+        cli.rerun_command(Path("r/config.toml"), {}) == "python '../my dir/train_optimized.py' --config r/config.toml"
+    )
+    monkeypatch.setattr(sys, "argv", ["pytest"])
+    assert cli.rerun_command(Path("r/config.toml"), {}) == "python train_optimized.py --config r/config.toml"

@@ -90,6 +90,8 @@ OTHER_PROGRAMS = {
     "datasets",
     "dry_run",
     "cases",
+    "configs",  # benchmarks/run.py
+    "variants",  # benchmarks/checkpoint_cost.py
     "repeats",  # benchmarks/knobs.py
     "max_wait",
     "kills",

@@ -121,10 +121,9 @@ def test_cli_under_torchrun_prints_its_start_up_lines_once(tmp_path):
     run = tmp_path / cmd[cmd.index("--run_name") + 1]
     summary = json.loads((run / "summary.json").read_text())
     assert any("samples/s per rank (measured on one of 2 ranks)" in e for e in summary["verdict"]["evidence"])
-    # a re-run of a torchrun job needs the torchrun prefix
-    assert f"(re-run: torchrun --standalone --nproc_per_node 2 train_optimized.py --config {run / 'config.toml'})" in (
-        proc.stdout
-    )
+    # a re-run of a torchrun job needs the torchrun prefix, and the script as it was given (an absolute path here)
+    script = ROOT / "train_optimized.py"
+    assert f"(re-run: torchrun --standalone --nproc_per_node 2 {script} --config {run / 'config.toml'})" in proc.stdout
 
 
 def test_test_with_best_leaves_the_weight_check_to_the_trained_weights(tmp_path):

@@ -22,6 +22,7 @@ import tempfile
 import time
 import warnings
 import zipfile
+from copy import deepcopy
 from pathlib import Path
 from typing import Any, cast
 
@@ -148,6 +149,37 @@ def atomic_save(obj: Any, path: str | os.PathLike, *, digest: bool | None = None
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def snapshot_to_host(obj: Any) -> Any:
+    """A copy of a checkpoint's state that training can no longer change: every tensor copied to host memory
+    (GPU tensors into pinned memory, all at once, then one wait), every dict/list/tuple rebuilt, other leaves
+    deep-copied. A background writer then serialises it while the loop goes on."""
+    cuda_devices: set[torch.device] = set()
+
+    def copy(o: Any) -> Any:
+        if isinstance(o, torch.Tensor):
+            t = o.detach()
+            if t.device.type == "cuda":
+                cuda_devices.add(t.device)
+                return t.to("cpu", non_blocking=True)  # lands in pinned memory; valid after the sync below
+            return t.to("cpu").clone()
+        if isinstance(o, dict):
+            d = {k: copy(v) for k, v in o.items()}
+            return d if type(o) is dict else type(o)(d)  # OrderedDict state dicts keep their type
+        if isinstance(o, list):
+            return [copy(v) for v in o]
+        if isinstance(o, tuple):
+            items = [copy(v) for v in o]
+            return type(o)(*items) if hasattr(o, "_fields") else tuple(items)
+        if o is None or isinstance(o, str | bytes | int | float | bool | complex | torch.dtype | torch.device):
+            return o
+        return deepcopy(o)
+
+    out = copy(obj)
+    for dev in cuda_devices:  # note: sync point (checkpoint): the copies must land before training moves on
+        torch.cuda.current_stream(dev).synchronize()
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ load

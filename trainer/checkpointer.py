@@ -8,6 +8,7 @@ the digest, safe loading) is `trainer/checkpoint.py`.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import atomic_save, load_checkpoint
+from .checkpoint import CheckpointError, atomic_save, load_checkpoint, snapshot_to_host
 from .config import TrainConfig
 from .evaluation import BestTracker
 from .hooks import Hooks
@@ -78,6 +79,10 @@ class Checkpointer:
         # carries them, so `--resume RUN_DIR` alone restores the run even with config.toml missing or empty
         self.settings: dict[str, dict[str, Any]] | None = None
         self.sampler_epoch_state: dict[str, Any] | None = None  # the sampler's state at this epoch's start
+        # save(background=True): the one write in flight, its on_log row, and what it failed with
+        self._writer: threading.Thread | None = None
+        self._written: dict[str, Any] | None = None
+        self._write_error: BaseException | None = None
 
     # ------------------------------------------------------------------ out
     def state(self) -> dict[str, Any]:
@@ -117,10 +122,13 @@ class Checkpointer:
             return dict(self.sampler_epoch_state)
         return self.sampler.state_dict() if hasattr(self.sampler, "state_dict") else {}
 
-    def save(self, name: str, run_dir: Path, files: RunFiles | None) -> Path:
+    def save(self, name: str, run_dir: Path, files: RunFiles | None, *, background: bool = False) -> Path:
         """Write checkpoints/<name> atomically, refusing non-finite weights (they would poison a resume).
 
         best.pt also writes best.json. Rank 0 only: the other ranks hold the same state.
+        background: copy the state to host memory (the loop's only wait) and write it from a thread while
+        training goes on. One write at a time: a save first waits for the one in flight, so files land in
+        order, and a crash mid-write leaves the previous file whole (atomic_save's rename).
         """
         params = dict(self.model.named_parameters())
         finite = (
@@ -134,16 +142,63 @@ class Checkpointer:
                 f"refusing to write {name}: parameter(s) {bad[:5]} are not finite; the previous "
                 f"checkpoint in {run_dir / 'checkpoints'} is kept"
             )
+        self.wait()
         state = self.state()
         self.hooks("on_save_checkpoint", state)
-        path = atomic_save(state, run_dir / "checkpoints" / name)
         p = self.progress
-        if name == "best.pt" and files is not None:
-            files.write_json(
-                "best.json", {"metric": self.best.metric, "value": self.best.best, "step": p.step, "epoch": p.epoch}
-            )
-        self.hooks("on_log", {"kind": "checkpoint", "name": name, "step": p.step, "path": str(path)})
+        path = run_dir / "checkpoints" / name
+        best = {"metric": self.best.metric, "value": self.best.best, "step": p.step, "epoch": p.epoch}
+        row = {"kind": "checkpoint", "name": name, "step": p.step, "path": str(path)}
+        if not background:
+            self._write(state, path, best if name == "best.pt" else None, files)
+            self.hooks("on_log", row)
+            return path
+        snap = snapshot_to_host(state)
+        self._written, self._write_error = row, None
+        self._writer = threading.Thread(
+            target=self._write_in_background,
+            args=(snap, path, best if name == "best.pt" else None, files),
+            name=f"plainloop-save-{name}",
+        )
+        self._writer.start()
         return path
+
+    @staticmethod
+    def _write(state: dict[str, Any], path: Path, best: dict[str, Any] | None, files: RunFiles | None) -> None:
+        atomic_save(state, path)
+        if best is not None and files is not None:
+            files.write_json("best.json", best)
+
+    def _write_in_background(
+        self, state: dict[str, Any], path: Path, best: dict[str, Any] | None, files: RunFiles | None
+    ) -> None:
+        try:
+            self._write(state, path, best, files)
+        except BaseException as e:  # raised on the loop's thread by wait()
+            self._write_error = e
+
+    def wait(self) -> None:
+        """Until the background write in flight (if any) is on disk; then its on_log event (on the loop's
+        thread, so callbacks see the file). A failed write raises here, naming the file."""
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        writer.join()
+        row, self._written = self._written, None
+        err, self._write_error = self._write_error, None
+        if err is not None:
+            path = row["path"] if row else "a checkpoint"
+            raise CheckpointError(
+                f"writing {path} in the background failed: {err}; the previous file is kept "
+                f"(free disk space or check the output directory, then resume)"
+            ) from err
+        if row is not None:
+            self.hooks("on_log", row)
+
+    @property
+    def writing(self) -> bool:
+        """A background write is still in flight."""
+        return self._writer is not None and self._writer.is_alive()
 
     # ------------------------------------------------------------------ in
     def load_weights(self, path: Path) -> dict[str, Any]:

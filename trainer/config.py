@@ -485,6 +485,12 @@ class TrainConfig:
         LOG,
         min=1,
     )
+    async_checkpoint: bool | None = knob(
+        None,
+        "write last.pt from a background thread after a copy to host memory, so training waits only for the "
+        "copy (default: auto = on a GPU; on a CPU the write would share the cores)",
+        LOG,
+    )
     save_best: bool = knob(True, "keep best.pt by the task's validation metric", LOG)
     test_with_best: bool = knob(False, "score the test split with best.pt's weights instead of the last ones", LOG)
     # robustness

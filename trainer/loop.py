@@ -95,6 +95,7 @@ class Trainer:
     monitor: Any
     evaluator: Evaluator
     checkpointer: Checkpointer
+    async_checkpoint: bool  # per-epoch last.pt written from a background thread (cfg.async_checkpoint resolved)
     # the run while it lasts
     run_dir: Path | None
     files: RunFiles | None  # rank 0's writer of the run's files
@@ -218,6 +219,7 @@ class Trainer:
             task_name=task.name,
             rt=rt,
         )
+        self.async_checkpoint = cfg.async_checkpoint if cfg.async_checkpoint is not None else rt.device.type == "cuda"
         if cfg.resume:
             path = Path(cfg.resume)
             self.run_dir = self.checkpointer.resume(path, self.total_steps, self.batches_per_epoch, self.notes)
@@ -287,6 +289,7 @@ class Trainer:
         try:
             return self._fit()
         except BaseException:
+            self._settle_checkpoint()
             if self.files is not None:  # a fit that failed releases its run dir: the same process may resume it
                 self.files.close()
             raise
@@ -297,6 +300,13 @@ class Trainer:
                 # interpreter shutdown, where one freeing a finished all-reduce aborts the process (SIGABRT)
                 self.model = self.raw_model
                 gc.collect()
+
+    def _settle_checkpoint(self) -> None:
+        """A failed fit still lets the background write in flight finish: last.pt is whole, old or new."""
+        try:
+            self.checkpointer.wait()
+        except Exception as e:  # the fit's own error is the one raised; this one is reported
+            self.log(f"[plainloop] {e}")
 
     def _fit(self) -> dict[str, Any]:
         self.hooks.resolve()  # callbacks added since the constructor count too
@@ -312,6 +322,7 @@ class Trainer:
                 self.bar = self._open_bar()
                 self.hooks("on_train_start")
                 stopped = self._train(t0)
+                self.checkpointer.wait()  # the last background write is on disk before validation and test
             finally:
                 self.monitor.stop_monitoring()
                 if self.bar is not None:
@@ -350,7 +361,8 @@ class Trainer:
                 # before validation: a stop during it (or before it) loses nothing, the resume runs it first
                 due = val_now or (last and cfg.val_check_steps is not None and p.last_val_step != p.step)
                 p.val_pending = p.step if due and self.task.val_set is not None else None
-                self._save("last.pt")
+                # in the background except the run's last and a stop's save (the process may exit right after)
+                self._save("last.pt", background=self.async_checkpoint and not (stopping or last))
                 self.log(self._epoch_line(t0))
             if stopping:
                 break
@@ -422,7 +434,7 @@ class Trainer:
                     self.validate()
                     self.model.train()
                 if cfg.checkpoint_every is not None and p.step % cfg.checkpoint_every == 0 and i + 1 < nb:
-                    self._save("last.pt")
+                    self._save("last.pt", background=self.async_checkpoint)
             t1 = time.perf_counter()
             self.monitor.log_iteration(t1 - t0, t_data, bs)
             n_samples += bs
@@ -753,10 +765,10 @@ class Trainer:
         if self.files is not None:  # rank 0
             self.files.log(row)
 
-    def _save(self, name: str) -> None:
+    def _save(self, name: str, background: bool = False) -> None:
         if self.rt.is_main:
             assert self.run_dir is not None
-            self.checkpointer.save(name, self.run_dir, self.files)
+            self.checkpointer.save(name, self.run_dir, self.files, background=background)
 
     def _open_bar(self) -> Any:
         return open_bar(self.cfg.progress_bar and self.rt.is_main, self._total_batches(), self.batches_total_done())
@@ -776,6 +788,7 @@ class Trainer:
             step=p.step,
             total_steps=self.total_steps,
             row=self.last_row,
+            saved="last.pt writing in the background" if self.checkpointer.writing else "last.pt saved",
             eta_s=eta,
             extra=self.parts.adapter.logger.train_names if self.parts is not None else (),
         )

@@ -33,10 +33,17 @@ def uses_cli() -> bool:
     return _CLI[0] or Path(sys.argv[0] if sys.argv else "").name == "train_optimized.py"
 
 
+def cli_script() -> str:
+    """train_optimized.py as this process was started with it (`python ../plainloop/train_optimized.py` prints that
+    path, so the printed commands run from the same directory), else its plain name."""
+    arg = sys.argv[0] if sys.argv else ""
+    return shlex.quote(arg) if Path(arg).name == "train_optimized.py" else "train_optimized.py"
+
+
 def resume_hint(target: Any, prefix: str = "python") -> str:
     """How to continue a run: the CLI line when the CLI runs, else the Python call (a repo with `trainer/` only)."""
     if uses_cli():
-        return f"{prefix} train_optimized.py --resume {shlex.quote(str(target))}"  # pastes as itself
+        return f"{prefix} {cli_script()} --resume {shlex.quote(str(target))}"  # pastes as itself
     script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] not in ("", "-c") else ""
     # a plain script of the user's names itself; `python -m pkg` and tools (pytest) run a __main__.py
     again = f", then run {prefix} {script} again" if script.endswith(".py") and script != "__main__.py" else ""
@@ -48,7 +55,7 @@ def rerun_hint(config_toml: Any) -> str:
     if uses_cli() or Path("train_optimized.py").is_file():
         return (
             "Resolved configuration of this run: re-run it with\n"
-            f"python train_optimized.py --config {shlex.quote(str(config_toml))}"
+            f"python {cli_script()} --config {shlex.quote(str(config_toml))}"
         )
     return (
         "Resolved configuration of this run: the TrainConfig fields it ran with (TrainConfig(**values) rebuilds "
