@@ -15,8 +15,10 @@ persistence, climatology, anomaly persistence, damped persistence, the LIM and t
 all fitted on the training months. Results: `benchmarks/results/skill_<tag>.{json,md,png}`.
 
 Rolling-origin hindcast (`--rolling`): for each test year 2006-2021 every statistical forecast is refitted on
-all months before it, with its settings (a ridge correction of the
-hybrid, seasonally modulated or not) chosen on the 36 months before the year; the network (`--network`) is
+all months before it, with its settings (the base: the hybrid, the wide-region hybrid or their blend; ridge
+corrections on area and wide-region PCs, seasonally modulated or not) chosen on the 36 months before the year.
+The wide region is the same rule for every box: all longitudes, the box's latitudes widened to at least
+30°S-30°N, read from the same record. The network (`--network`) is
 trained on the months before those 36, which choose its epoch, prior and correction scale. RMSEs pool the
 years; every ratio gets a 90 % interval from resampling whole years. Results:
 `benchmarks/results/skill_rolling_<tag>.{json,md}`.
@@ -301,26 +303,90 @@ ROLLING_BOXES: dict[str, tuple[str, tuple[float, float], tuple[float, float]]] =
 }
 
 
-def _fit_stage(data: np.ndarray, cal: np.ndarray, lats: np.ndarray, mask: np.ndarray, stop: int, lead: int):
-    """Everything fitted on months [0, stop): climatology, anomalies of every month, the baselines and the
-    EOF basis of the ridge predictors."""
-    from utils.baselines import LinearInverseModel, fit_baselines
+WIDE_MODES = (0, 5, 10)  # leading PCs of the wide region beside the area's own (0 = the area's only)
+WIDE_LAT = 30.0  # the wide region: every longitude, the area's latitudes widened to at least 30°S-30°N
+BASES = ("blend", "hybrid", "wide_hybrid")  # forecasts validation may correct; the first one it has is the default
 
-    clim = np.stack([data[:stop][cal[:stop] == m].mean(axis=0) for m in range(12)])
-    anom = data - clim[cal]
+
+def wide_region(lat: tuple[float, float]) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(lon, lat) of the wide predictor region of an area: the same rule for every box, none tuned."""
+    return (-180.0, 180.0), (min(min(lat), -WIDE_LAT), max(max(lat), WIDE_LAT))
+
+
+@dataclasses.dataclass
+class WideRegion:
+    """A wider region's field on the same months as the area, and where the area's cells sit in it."""
+
+    data: np.ndarray  # (T, H', W') °C, NaN off `mask`
+    lats: np.ndarray
+    mask: np.ndarray
+    rows: np.ndarray  # (H,) the wide row of each area row
+    cols: np.ndarray  # (W,) the wide column of each area column
+
+    @classmethod
+    def build(cls, data, lats, lons, mask, area_lats, area_lons) -> WideRegion:
+        """Index the area's cell centres in the wide grid (longitudes compared modulo 360)."""
+        lats, lons = np.asarray(lats, dtype=np.float64), np.asarray(lons, dtype=np.float64)
+        rows = np.array([int(np.argmin(np.abs(lats - v))) for v in area_lats])
+        dl = lambda v: np.abs((lons - v + 180.0) % 360.0 - 180.0)  # noqa: E731
+        cols = np.array([int(np.argmin(dl(v))) for v in area_lons])
+        if np.abs(lats[rows] - area_lats).max() > 1e-6 or max(dl(v).min() for v in area_lons) > 1e-6:
+            raise ValueError("wide region: the area's cells are not cells of the wide grid (same resolution, aligned)")
+        m = np.asarray(mask, dtype=bool)
+        return cls(np.where(m, np.asarray(data, dtype=np.float64), np.nan), lats, m, rows, cols)
+
+    def area(self, field: np.ndarray) -> np.ndarray:
+        """(N, H', W') -> (N, H, W): the area's cells."""
+        return field[:, self.rows][:, :, self.cols]
+
+
+@dataclasses.dataclass
+class _Stage:
+    anom: np.ndarray  # (T, H, W) anomalies of every month against the stage's climatology
+    fitted: dict[str, Any]  # the baselines
+    basis: Any  # LinearInverseModel: EOFs of the area's ridge predictors
+    wide: WideRegion | None = None
+    wide_anom: np.ndarray | None = None  # the same for the wide region
+    wide_basis: Any = None
+    wide_hybrid: Any = None  # HybridLIM fitted on the wide region (its defaults), read on the area
+    errors: dict[tuple[str, int], np.ndarray] = dataclasses.field(default_factory=dict)  # (base, stop) -> misses
+
+
+def _fit_stage(
+    data: np.ndarray, cal: np.ndarray, lats: np.ndarray, mask: np.ndarray, stop: int, lead: int,
+    wide: WideRegion | None = None,
+) -> _Stage:  # fmt: skip
+    """Everything fitted on months [0, stop): climatology, anomalies of every month, the baselines and the
+    EOF bases of the ridge predictors (the area's and, with `wide`, the wide region's, plus its hybrid)."""
+    from utils.baselines import HybridLIM, LinearInverseModel, fit_baselines
+
+    def anomalies(d: np.ndarray) -> np.ndarray:
+        clim = np.stack([d[:stop][cal[:stop] == m].mean(axis=0) for m in range(12)])
+        return d - clim[cal]
+
+    anom = anomalies(data)
     fitted = fit_baselines(anom[:stop], lats, mask, lead)
     basis = LinearInverseModel.fit(anom[:stop], lats, mask, variance=0.999, max_modes=max(RIDGE_MODES))
-    return anom, fitted, basis
+    st = _Stage(anom, fitted, basis, wide)
+    if wide is not None:
+        wa = st.wide_anom = anomalies(wide.data)
+        st.wide_basis = LinearInverseModel.fit(wa[:stop], wide.lats, wide.mask, variance=0.999, max_modes=20)
+        st.wide_hybrid = HybridLIM.fit(wa[:stop], wide.lats, lead, wide.mask)
+    return st
 
 
-def _stat_forecasts(anom, fitted, lead: int, targets: np.ndarray) -> dict[str, np.ndarray]:
-    last = anom[targets - lead]
-    return {
+def _stat_forecasts(st: _Stage, lead: int, targets: np.ndarray) -> dict[str, np.ndarray]:
+    last = st.anom[targets - lead]
+    out = {
         "anomaly_persistence": last,
-        "damped_persistence": fitted["damped_persistence"].predict(last),
-        "lim": fitted["lim"].predict(last, lead),
-        "hybrid": fitted["hybrid"].predict(last),
+        "damped_persistence": st.fitted["damped_persistence"].predict(last),
+        "lim": st.fitted["lim"].predict(last, lead),
+        "hybrid": st.fitted["hybrid"].predict(last),
     }
+    if st.wide is not None:
+        out["wide_hybrid"] = st.wide.area(st.wide_hybrid.predict(st.wide_anom[targets - lead]))
+        out["blend"] = 0.5 * (out["hybrid"] + out["wide_hybrid"])  # two untuned forecasts, errors partly independent
+    return out
 
 
 def _inputs(anom: np.ndarray, targets: np.ndarray, lead: int, months: int) -> np.ndarray:
@@ -328,21 +394,38 @@ def _inputs(anom: np.ndarray, targets: np.ndarray, lead: int, months: int) -> np
     return np.stack([anom[targets - lead - k] for k in range(months - 1, -1, -1)], axis=1)
 
 
-def _ridge_candidates(anom, fitted, basis, cal, lead: int, stop: int):
-    """Every ridge correction of the hybrid, fitted on the targets before `stop`: {settings: RidgeCorrection}."""
+def _fit_ridge(st: _Stage, cal: np.ndarray, lead: int, stop: int, base: str, settings: tuple):
+    """One ridge correction of the forecast `base` with `settings` (modes, months, seasonal, alpha, wide modes),
+    fitted on the targets before `stop`."""
     from utils.baselines import RidgeCorrection
 
-    first = lead + max(RIDGE_MONTHS)
-    t = np.arange(first, stop)
-    err = anom[t] - fitted["hybrid"].predict(anom[t - lead])
-    inp = _inputs(anom, t, lead, max(RIDGE_MONTHS))
-    out = {}
-    for modes, months, seasonal, alpha in itertools.product(RIDGE_MODES, RIDGE_MONTHS, (False, True), RIDGE_ALPHAS):
-        if modes > basis.modes:
+    modes, months, seasonal, alpha, wmodes = settings
+    t = np.arange(lead + max(RIDGE_MONTHS), stop)
+    if (base, stop) not in st.errors:
+        st.errors[(base, stop)] = st.anom[t] - _stat_forecasts(st, lead, t)[base]
+    err = st.errors[(base, stop)]
+    wide_in = _inputs(st.wide_anom, t, lead, months) if wmodes else None
+    return RidgeCorrection.fit(
+        st.basis, _inputs(st.anom, t, lead, months), cal[t], err, modes=modes, months=months, seasonal=seasonal,
+        alpha=alpha, wide=st.wide_basis if wmodes else None, wide_inputs=wide_in, wide_modes=wmodes,
+    )  # fmt: skip
+
+
+def _ridge_predict(rc, st: _Stage, cal: np.ndarray, lead: int, targets: np.ndarray) -> np.ndarray:
+    wide_in = _inputs(st.wide_anom, targets, lead, rc.months) if rc.wide_modes else None
+    return rc.predict(_inputs(st.anom, targets, lead, rc.months), cal[targets], wide_in)
+
+
+def _ridge_settings(st: _Stage) -> list[tuple]:
+    """Every candidate (modes, months, seasonal, alpha, wide modes) the stage's bases allow."""
+    wide = WIDE_MODES if st.wide_basis is not None else (0,)
+    out = []
+    for modes, months, seasonal, alpha, wm in itertools.product(
+        RIDGE_MODES, RIDGE_MONTHS, (False, True), RIDGE_ALPHAS, wide
+    ):
+        if modes > st.basis.modes or (wm and wm > st.wide_basis.modes):
             continue
-        out[(modes, months, seasonal, alpha)] = RidgeCorrection.fit(
-            basis, inp, cal[t], err, modes=modes, months=months, seasonal=seasonal, alpha=alpha
-        )
+        out.append((modes, months, seasonal, alpha, wm))
     return out
 
 
@@ -365,6 +448,13 @@ def _sse(pred: np.ndarray, truth: np.ndarray, w: np.ndarray, mask: np.ndarray) -
     return float(np.sum(e * ww)), float(ww.sum() * e.shape[0])
 
 
+def _clearly_better(pm_new: np.ndarray, pm_ref: np.ndarray, lead: int) -> float:
+    """The mean month-by-month gain of a candidate over the reference where it exceeds Z standard errors, else 0."""
+    d = pm_ref - pm_new
+    gain = float(d.mean())
+    return gain if gain - Z * _se(d, lead) > 0 else 0.0
+
+
 def rolling_statistical(
     data: np.ndarray,
     months: np.ndarray,
@@ -375,16 +465,20 @@ def rolling_statistical(
     val_months: int = VAL_MONTHS,
     log: Any = None,
     keep_forecasts: bool = False,
+    wide: WideRegion | None = None,
 ) -> dict[str, Any]:
     """The rolling-origin hindcast of the statistical forecasts for one area and lead (see above).
 
     data: (T, H, W) °C of consecutive months `months` (absolute, year * 12 + month - 1); NaN off `mask`.
+    wide: the wide predictor region over the same months (`wide_region`, `WideRegion.build`), or None.
     Returns per-year pooled squared errors of every forecast, the settings chosen for each year, and the
     index sets each stage used (`stages`), so a test can check that no test month was fitted on or chose;
     `keep_forecasts`: also every forecast's anomalies of each test year (`forecasts`)."""
     from utils.metrics import lat_weights
 
     data = np.where(mask, np.asarray(data, dtype=np.float64), np.nan)
+    if wide is not None and len(wide.data) != len(data):
+        raise ValueError(f"rolling hindcast: the wide region has {len(wide.data)} months, the area {len(data)}")
     cal = months % 12
     w = lat_weights(lats)
     per_year: dict[int, dict[str, tuple[float, float]]] = {}
@@ -397,42 +491,40 @@ def rolling_statistical(
         val_stop = first - val_months
         if val_stop < 6 * 12:
             raise ValueError(f"rolling hindcast: year {year} leaves {val_stop} months to fit before its validation")
-        # settings: fit on [0, val_stop), choose on the targets [val_stop, first)
-        anom, fitted, basis = _fit_stage(data, cal, lats, mask, val_stop, lead)
+        # settings: fit on [0, val_stop), choose on the targets [val_stop, first). Each step away from the
+        # default base (the first of BASES there is) must beat what it replaces month by month by more than Z
+        # standard errors: another base, then a ridge correction of the base. 36 months choosing among many
+        # settings would otherwise pick noise (the network's correction scale follows the same rule).
+        st = _fit_stage(data, cal, lats, mask, val_stop, lead, wide)
         val_t = np.arange(val_stop, first)
-        fv = _stat_forecasts(anom, fitted, lead, val_t)
-        # the hybrid, plus a ridge correction only where its month-by-month gain over the hybrid is clearly positive (mean > Z standard errors): 36 months choosing among ~50 settings
-        # would otherwise pick noise (the same rule as the network's correction scale)
-        pm = {"hybrid": _per_month(fv["hybrid"], anom[val_t], w, mask)}
-        base = "hybrid"  # switching to damped persistence or the LIM on 36 months hurt more than it helped
-        best, best_gain = None, 0.0
-        inp_v = _inputs(anom, val_t, lead, max(RIDGE_MONTHS))
-        for key, rc in _ridge_candidates(anom, fitted, basis, cal, lead, val_stop).items():
-            d = pm[base] - _per_month(
-                fv["hybrid"] + rc.predict(inp_v[:, -rc.months :], cal[val_t]), anom[val_t], w, mask
-            )
-            gain = float(d.mean())
-            if gain - Z * _se(d, lead) > 0 and gain > best_gain:
-                best, best_gain = key, gain
+        fv = _stat_forecasts(st, lead, val_t)
+        pm = {b: _per_month(fv[b], st.anom[val_t], w, mask) for b in BASES if b in fv}
+        base = default = next(iter(pm))
+        gains = {b: _clearly_better(pm[b], pm[default], lead) for b in pm}
+        if max(gains.values()) > 0:
+            base = max(gains, key=gains.__getitem__)
+        passed: dict[tuple, float] = {}
+        for k in _ridge_settings(st):
+            rc = _fit_ridge(st, cal, lead, val_stop, base, k)
+            p = _per_month(fv[base] + _ridge_predict(rc, st, cal, lead, val_t), st.anom[val_t], w, mask)
+            gain = _clearly_better(p, pm[base], lead)
+            if gain > 0:
+                passed[k] = gain
+        # the mean of every passing correction: one setting picked on 36 months is noisy, their average less so
+        keys = sorted(passed, key=passed.__getitem__, reverse=True)
         # refit on everything before the year with the chosen settings, forecast its targets
-        anom, fitted, basis = _fit_stage(data, cal, lats, mask, first, lead)
-        f = _stat_forecasts(anom, fitted, lead, test_t)
+        st = _fit_stage(data, cal, lats, mask, first, lead, wide)
+        f = _stat_forecasts(st, lead, test_t)
         f["corrected"] = f[base]
-        if best is not None:
-            from utils.baselines import RidgeCorrection
-
-            modes, mo, seasonal, alpha = best
-            t = np.arange(lead + max(RIDGE_MONTHS), first)
-            err = anom[t] - fitted["hybrid"].predict(anom[t - lead])
-            rc = RidgeCorrection.fit(
-                basis, _inputs(anom, t, lead, mo), cal[t], err, modes=modes, months=mo, seasonal=seasonal, alpha=alpha
-            )
-            f["corrected"] = f["hybrid"] + rc.predict(_inputs(anom, test_t, lead, mo), cal[test_t])
-        chosen[year] = {"base": base if best is None else "hybrid"}
-        if best is not None:
-            chosen[year].update(zip(("modes", "months", "seasonal", "alpha"), best))
+        if keys:
+            corr = [_ridge_predict(_fit_ridge(st, cal, lead, first, base, k), st, cal, lead, test_t) for k in keys]
+            f["corrected"] = f[base] + np.mean(corr, axis=0)
+        chosen[year] = {"base": base}
+        if keys:
+            chosen[year].update(zip(("modes", "months", "seasonal", "alpha", "wide_modes"), keys[0]))
+            chosen[year]["passed"] = len(keys)
         # truth as anomalies against the same (pre-year) climatology: the RMSE equals the °C one
-        per_year[year] = {k: _sse(v, anom[test_t], w, mask) for k, v in f.items()}
+        per_year[year] = {k: _sse(v, st.anom[test_t], w, mask) for k, v in f.items()}
         if keep_forecasts:
             kept[year] = f
         stages[year] = {"fit_before": int(val_stop), "val": [int(val_stop), int(first)], "test": test_t.tolist()}
@@ -544,10 +636,18 @@ def run_rolling(args: argparse.Namespace) -> int:
         assert path is not None
         ds = ERA5SSTMonthlyDataset(split=None, lon=list(lon), lat=list(lat), seq_len=2, resolution=5.0, data_path=path)
         data, mask = np.asarray(ds._array()), ds.ocean_mask.numpy()
-        block: dict[str, Any] = {"record": source, "lon": lon, "lat": lat, "resolution": 5.0, "leads": {}}
+        wlon, wlat = wide_region(lat)
+        wds = ERA5SSTMonthlyDataset(
+            split=None, lon=list(wlon), lat=list(wlat), seq_len=2, resolution=5.0, data_path=path
+        )  # fmt: skip
+        if not np.array_equal(wds.months, ds.months):
+            raise ValueError(f"--rolling {box}: the wide region {wlon}, {wlat} does not cover the area's months")
+        wide = WideRegion.build(wds._array(), wds.lats, wds.lons, wds.ocean_mask.numpy(), ds.lats, ds.lons)
+        block: dict[str, Any] = {"record": source, "lon": lon, "lat": lat, "resolution": 5.0,
+                                 "wide_region": {"lon": wlon, "lat": wlat}, "leads": {}}  # fmt: skip
         for lead in args.leads:
             t0 = time.perf_counter()
-            r = rolling_statistical(data, ds.months, ds.lats, mask, lead, years)
+            r = rolling_statistical(data, ds.months, ds.lats, mask, lead, years, wide=wide)
             per_year = r["per_year"]
             net_info = {}
             if args.network and (box, lead) in {(b, ld) for b in args.network for ld in args.network_leads}:
@@ -604,15 +704,15 @@ def _pct(r: dict[str, float]) -> str:
 
 def render_rolling(result: dict[str, Any]) -> str:
     cfg = result["config"]
-    header = ["box", "lead", "corrected", "hybrid", "LIM", "damped p.", "anom. p.", "best baseline",
-              "corrected vs best", "corrected vs LIM", "hybrid vs LIM"]  # fmt: skip
+    header = ["box", "lead", "corrected", "blend", "wide hybrid", "hybrid", "LIM", "damped p.", "anom. p.",
+              "best baseline", "corrected vs best", "corrected vs LIM", "hybrid vs LIM"]  # fmt: skip
     rows, net_rows = [], []
     for box, block in result["boxes"].items():
         for lead, r in block["leads"].items():
             rm, ra = r["rmse"], r["ratios"]
-            rows.append([box, lead, *(f"{rm[k]:.4f}" for k in ("corrected", "hybrid", "lim", "damped_persistence",
-                         "anomaly_persistence")), r["best_baseline"], _pct(ra["corrected_vs_best"]),
-                         _pct(ra["corrected_vs_lim"]), _pct(ra["hybrid_vs_lim"])])  # fmt: skip
+            rows.append([box, lead, *(f"{rm[k]:.4f}" if k in rm else "-" for k in ("corrected", "blend", "wide_hybrid",
+                         "hybrid", "lim", "damped_persistence", "anomaly_persistence")), r["best_baseline"],
+                         _pct(ra["corrected_vs_best"]), _pct(ra["corrected_vs_lim"]), _pct(ra["hybrid_vs_lim"])])  # fmt: skip
             if "network" in rm:
                 net_rows.append([box, lead, f"{rm['network']:.4f}", f"{rm['network_prior']:.4f}",
                                  _pct(ra["network_vs_prior"]), _pct(ra["network_vs_best"]),
@@ -621,8 +721,11 @@ def render_rolling(result: dict[str, Any]) -> str:
     text = (
         f"Rolling-origin hindcast, test years {y[0]}-{y[-1]}: each year refitted on every month before it, "
         f"settings chosen on the {cfg['val_months']} months before it; RMSE (°C) pooled over the years; "
-        "ratios with 90 % intervals from resampling whole years (2000 draws). `corrected` = the hybrid, plus a ridge "
-        "correction where validation shows a clear month-by-month gain.\n\n" + md_table(header, rows) + "\n"
+        "ratios with 90 % intervals from resampling whole years (2000 draws). `hybrid` = the area's LIM + damped "
+        "residual; `wide hybrid` = the same fitted on the wide region (every longitude, the area's latitudes widened "
+        "to at least 30°S-30°N), read on the area; `blend` = their mean; `corrected` = the base validation chooses "
+        "(the blend unless another is clearly better), plus the mean of the ridge corrections (area and wide-region "
+        "PCs) that beat it clearly month by month on validation.\n\n" + md_table(header, rows) + "\n"
     )
     if net_rows:
         text += (

@@ -157,3 +157,35 @@ def test_ridge_correction_finds_a_seasonally_modulated_error():
         return float(np.mean((rc.predict(inputs[te], cal[1:][te]) - target[te]) ** 2))
 
     assert mse(True) < 0.05 * np.mean(target[te] ** 2) < mse(False)
+
+
+def test_ridge_correction_recovers_a_remote_driver_through_wide_predictors():
+    from utils.baselines import LinearInverseModel, RidgeCorrection
+
+    rng = np.random.default_rng(5)
+    T, shape, wshape = 1200, (6, 5), (6, 8)
+    remote = rng.standard_normal(T)  # a mode that lives outside the area (e.g. ENSO for the Indian Ocean)
+    pr, swr = _patterns(1, wshape, seed=3)
+    wide = ((remote[:, None] * pr) / swr).reshape(T, *wshape) + 0.05 * rng.standard_normal((T, *wshape))
+    area = rng.standard_normal((T, *shape))  # the area's own anomalies carry nothing about the remote mode
+    P, _ = _patterns(1, shape, seed=4)
+    err = np.zeros((T, *shape))
+    err[1:] = 0.8 * remote[:-1, None, None] * P.reshape(shape)  # next month's miss follows the remote mode
+    basis = LinearInverseModel.fit(area, LATS, variance=0.999, max_modes=3)
+    wbasis = LinearInverseModel.fit(wide, LATS, variance=0.999, max_modes=3)
+    inputs, winputs, cal, target = area[:-1, None], wide[:-1, None], np.arange(T - 1) % 12, err[1:]
+    tr, te = slice(0, 1000), slice(1000, None)
+
+    def mse(wmodes: int) -> float:
+        kw = dict(wide=wbasis, wide_inputs=winputs[tr], wide_modes=wmodes) if wmodes else {}
+        rc = RidgeCorrection.fit(basis, inputs[tr], cal[tr], target[tr], modes=3, alpha=1e-4, **kw)
+        pred = rc.predict(inputs[te], cal[te], winputs[te] if wmodes else None)
+        return float(np.mean((pred - target[te]) ** 2))
+
+    var = float(np.mean(target[te] ** 2))
+    assert mse(3) < 0.05 * var and mse(0) > 0.9 * var  # only the wide predictors see the driver
+    rc = RidgeCorrection.fit(basis, inputs[tr], cal[tr], target[tr], wide=wbasis, wide_inputs=winputs[tr], wide_modes=2)
+    with pytest.raises(ValueError, match="wide_modes=2 needs the wide basis and wide_inputs"):
+        rc.predict(inputs[te], cal[te])
+    with pytest.raises(ValueError, match="do not match"):
+        rc.predict(inputs[te], cal[te], winputs[tr])

@@ -286,6 +286,67 @@ def test_rolling_hindcast_never_fits_or_chooses_on_a_test_month(sample_file, tmp
     assert got["per_year"][year]["lim"][0] != ref["per_year"][year]["lim"][0]
 
 
+def _wide_case(data_file, tmp_path, area_lats, area_lons):
+    from benchmarks.skill import WideRegion, wide_region
+
+    (wlon, wlat) = wide_region((-20.0, 20.0))
+    assert wlon == (-180.0, 180.0) and wlat == (-30.0, 30.0)
+    ds = ERA5SSTMonthlyDataset(
+        split=None, lon=list(wlon), lat=list(wlat), seq_len=2, resolution=5, data_path=data_file, cache_dir=tmp_path
+    )
+    return WideRegion.build(ds._array(), ds.lats, ds.lons, ds.ocean_mask.numpy(), area_lats, area_lons), ds
+
+
+def test_wide_region_rule_and_cell_index(sample_file, tmp_path):
+    from benchmarks.skill import WideRegion, wide_region
+
+    assert wide_region((25.0, 55.0)) == ((-180.0, 180.0), (-30.0, 55.0))  # widened, never narrowed
+    assert wide_region((-50.0, -25.0))[1] == (-50.0, 30.0)
+    data, months, lats, mask = _rolling_case(sample_file, tmp_path / "c")
+    area = ERA5SSTMonthlyDataset(
+        split=None, lon=[150, -130], lat=[-20, 20], seq_len=2, resolution=5, data_path=sample_file,
+        cache_dir=tmp_path / "c",
+    )  # fmt: skip
+    wide, wds = _wide_case(sample_file, tmp_path / "c", area.lats, area.lons)  # an area across the dateline
+    a = np.asarray(area._array())
+    np.testing.assert_allclose(wide.area(wide.data)[:, area.ocean_mask.numpy()], a[:, area.ocean_mask.numpy()])
+    with pytest.raises(ValueError, match="not cells of the wide grid"):
+        WideRegion.build(wds._array(), wds.lats, wds.lons, wds.ocean_mask.numpy(), area.lats + 1.0, area.lons)
+
+
+def test_wide_predictors_never_see_a_test_month(sample_file, tmp_path):
+    from benchmarks.skill import WideRegion, rolling_statistical
+
+    data, months, lats, mask = _rolling_case(sample_file, tmp_path / "c")
+    ds = ERA5SSTMonthlyDataset(
+        split=None, lon=[120, 290], lat=[-20, 20], seq_len=2, resolution=5, data_path=sample_file,
+        cache_dir=tmp_path / "c",
+    )  # fmt: skip
+    wide, _ = _wide_case(sample_file, tmp_path / "c", ds.lats, ds.lons)
+    year = int(months[-1] // 12)
+    first = int(np.searchsorted(months, year * 12))
+    ref = rolling_statistical(data, months, lats, mask, 1, years=(year,), keep_forecasts=True, wide=wide)
+    assert {"wide_hybrid", "blend", "corrected"} <= set(ref["per_year"][year])
+    # the test year of both the area and the wide region bent: settings and the January forecasts stay
+    bent = data.copy()
+    bent[first:] = bent[first:] * 3.0 + 5.0
+    wbent = WideRegion(wide.data.copy(), wide.lats, wide.mask, wide.rows, wide.cols)
+    wbent.data[first:] = wbent.data[first:] * 3.0 - 2.0
+    got = rolling_statistical(bent, months, lats, mask, 1, years=(year,), keep_forecasts=True, wide=wbent)
+    assert got["chosen"] == ref["chosen"]
+    for name, f in ref["forecasts"][year].items():
+        np.testing.assert_array_equal(got["forecasts"][year][name][0], f[0], err_msg=name)
+    assert got["per_year"][year]["wide_hybrid"][0] != ref["per_year"][year]["wide_hybrid"][0]
+    # ...while a change to the wide region before the year does reach the forecasts
+    early = WideRegion(wide.data.copy(), wide.lats, wide.mask, wide.rows, wide.cols)
+    early.data[first - 1] += 1.0
+    moved = rolling_statistical(data, months, lats, mask, 1, years=(year,), keep_forecasts=True, wide=early)
+    assert not np.allclose(moved["forecasts"][year]["wide_hybrid"][0], ref["forecasts"][year]["wide_hybrid"][0])
+    with pytest.raises(ValueError, match="the wide region has"):
+        short = WideRegion(wide.data[:-1], wide.lats, wide.mask, wide.rows, wide.cols)
+        rolling_statistical(data, months, lats, mask, 1, years=(year,), wide=short)
+
+
 def test_small_rolling_skill_run(sample_file, tmp_path):
     from benchmarks.skill import bootstrap_ratio, pooled_rmse, rolling_statistical
 

@@ -22,8 +22,9 @@ Leads count months from the last input month to the target month (the dataset's 
   per-cell lag-k autocorrelation of the training residual (anomaly minus its EOF reconstruction): no tuning.
 - Ridge correction (`RidgeCorrection`): a linear regression, with a ridge penalty, of what a base forecast
   misses on the leading principal components of the last 1-2 input months, optionally modulated by the
-  target's calendar month (each predictor also times cos and sin of its phase). Its settings are chosen on
-  held-out months by the caller (`benchmarks.skill`'s rolling hindcast).
+  target's calendar month (each predictor also times cos and sin of its phase), optionally with the
+  leading PCs of a wider region (remote drivers) beside the area's own. Its settings are chosen on held-out
+  months by the caller (`benchmarks.skill`'s rolling hindcast).
 """
 
 from __future__ import annotations
@@ -201,7 +202,9 @@ def calendar_features(months: np.ndarray, seasonal: bool) -> np.ndarray:
 @dataclass
 class RidgeCorrection:
     """A ridge regression of a base forecast's error on the leading PCs of the last `months` input months,
-    each PC optionally times [1, cos, sin] of the target's calendar phase (`seasonal`)."""
+    each PC optionally times [1, cos, sin] of the target's calendar phase (`seasonal`). `wide` (optional): a
+    second EOF basis, of a wider region, whose leading `wide_modes` PCs of the same months join the predictors
+    (remote anomalies that drive the area, e.g. ENSO for the Indian Ocean)."""
 
     lim: LinearInverseModel  # whose EOFs give the predictors
     modes: int
@@ -210,17 +213,35 @@ class RidgeCorrection:
     alpha: float
     coef: np.ndarray  # (features, cells)
     scale: np.ndarray  # (features,) predictor standard deviations
+    wide: LinearInverseModel | None = None
+    wide_modes: int = 0
 
     @staticmethod
     def features(
-        lim: LinearInverseModel, inputs: np.ndarray, target_cal: np.ndarray, modes: int, months: int, seasonal: bool
+        lim: LinearInverseModel,
+        inputs: np.ndarray,
+        target_cal: np.ndarray,
+        modes: int,
+        months: int,
+        seasonal: bool,
+        wide: LinearInverseModel | None = None,
+        wide_inputs: np.ndarray | None = None,
+        wide_modes: int = 0,
     ) -> np.ndarray:
-        """inputs (N, T, H, W) anomalies of the input months (last = -1) -> (N, features)."""
+        """inputs (N, T, H, W) anomalies of the input months (last = -1), wide_inputs the same months of the
+        wide region (N, T, H', W') -> (N, features)."""
         x = np.asarray(inputs, dtype=np.float64)
         if x.shape[1] < months:
             raise ValueError(f"RidgeCorrection: {months} input months asked, the samples hold {x.shape[1]}")
         pcs = [lim.pcs(x[:, -1 - k])[:, :modes] for k in range(months)]
-        base = np.concatenate(pcs, axis=1)  # (N, months * modes)
+        if wide_modes > 0:
+            if wide is None or wide_inputs is None:
+                raise ValueError(f"RidgeCorrection: wide_modes={wide_modes} needs the wide basis and wide_inputs")
+            xw = np.asarray(wide_inputs, dtype=np.float64)
+            if xw.shape[:2] != x.shape[:2]:
+                raise ValueError(f"RidgeCorrection: wide_inputs {xw.shape[:2]} do not match inputs {x.shape[:2]}")
+            pcs += [wide.pcs(xw[:, -1 - k])[:, :wide_modes] for k in range(months)]
+        base = np.concatenate(pcs, axis=1)  # (N, months * (modes + wide_modes))
         cal = calendar_features(target_cal, seasonal)  # (N, 1 or 3)
         return (base[:, :, None] * cal[:, None, :]).reshape(base.shape[0], -1)
 
@@ -235,23 +256,31 @@ class RidgeCorrection:
         months: int = 1,
         seasonal: bool = False,
         alpha: float = 1.0,
+        wide: LinearInverseModel | None = None,
+        wide_inputs: np.ndarray | None = None,
+        wide_modes: int = 0,
     ) -> RidgeCorrection:
         """error: (N, H, W) what the base forecast missed on the training samples (truth - base anomaly)."""
         modes = int(min(modes, lim.modes))
-        f = cls.features(lim, inputs, target_cal, modes, months, seasonal)
+        wide_modes = int(min(wide_modes, wide.modes)) if wide is not None else int(wide_modes)
+        f = cls.features(lim, inputs, target_cal, modes, months, seasonal, wide, wide_inputs, wide_modes)
         scale = f.std(axis=0) + 1e-12
         fs = f / scale
         y = np.nan_to_num(np.asarray(error, dtype=np.float64)[:, lim.mask])
         n, p = fs.shape
         coef = np.linalg.solve(fs.T @ fs + alpha * n * np.eye(p), fs.T @ y)  # alpha per sample: scale-free
-        return cls(lim, modes, int(months), bool(seasonal), float(alpha), coef, scale)
+        return cls(lim, modes, int(months), bool(seasonal), float(alpha), coef, scale, wide, wide_modes)
 
-    def predict(self, inputs: np.ndarray, target_cal: np.ndarray) -> np.ndarray:
-        """(N, T, H, W) input anomalies -> (N, H, W) correction to add to the base forecast (NaN off the mask)."""
-        f = self.features(self.lim, inputs, target_cal, self.modes, self.months, self.seasonal) / self.scale
+    def predict(self, inputs: np.ndarray, target_cal: np.ndarray, wide_inputs: np.ndarray | None = None) -> np.ndarray:
+        """(N, T, H, W) input anomalies (and the wide region's, if fitted with it) -> (N, H, W) correction to
+        add to the base forecast (NaN off the mask)."""
+        f = self.features(
+            self.lim, inputs, target_cal, self.modes, self.months, self.seasonal, self.wide, wide_inputs,
+            self.wide_modes,
+        )  # fmt: skip
         x = np.asarray(inputs)
         out = np.full((x.shape[0],) + x.shape[2:], np.nan)
-        out[:, self.lim.mask] = f @ self.coef
+        out[:, self.lim.mask] = (f / self.scale) @ self.coef
         return out
 
 
