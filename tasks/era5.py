@@ -288,7 +288,7 @@ def _wide_prior_anomalies(
     except (ValueError, OSError) as e:
         return None, (
             f"prior: the data do not give the wide region lon {wlon}, lat {wlat} ({e}); "
-            "the wide_hybrid and blend priors are left out"
+            "the wide_hybrid and blend priors are left out (a file reaching 30S-30N at every longitude gives them)"
         )
     last, _ = wds.sample_months()
     return region.area(hyb.predict(wds.anomalies_c()[last])), ""

@@ -535,6 +535,16 @@ def test_wide_prior_survives_best_pt_and_a_single_sample_predict(tmp_path):
         torch.testing.assert_close(m2(x1[None])[0], m2(xb)[2])
 
 
+def test_the_prior_plane_follows_the_split_to_a_device(tmp_path):
+    task = small_task(remote_driven_file(tmp_path / "r.nc"), tmp_path, prior="wide_hybrid", **REMOTE_BOX)
+    ds, idx = task.val_set, torch.tensor([3, 0, 5])
+    x_cpu, _ = ds.gather(idx)
+    torch.testing.assert_close(x_cpu[:, -1], torch.from_numpy(ds._plane[[3, 0, 5]]))
+    ds._norm = ds._materialise().to("meta")  # the device-held path (tensor indexing), without a GPU
+    x_dev, _ = ds.gather(idx)
+    assert x_dev.device.type == "meta" and x_dev.shape == x_cpu.shape
+
+
 def test_a_regional_file_falls_back_to_the_box_priors_with_a_note(tmp_path, capsys):
     f = remote_driven_file(tmp_path / "r.nc", lats=(-17.5, 17.5))  # does not reach 30°S-30°N
     task = small_task(f, tmp_path, **REMOTE_BOX)
