@@ -3,7 +3,8 @@
 The loop in `trainer/` does the rest. What the model predicts: the normalised anomaly of the month `offset + 1`
 months after the last of its `seq_len - 1` input months, as a learned correction on top of a fixed statistical
 forecast (`prior`: by default the statistical forecast with the lowest validation RMSE, the "LIM + damped
-residual" hybrid included), averaged over an `ensemble` of independently initialised members. The network sees
+residual" hybrid included, and where the data reach it, the same hybrid fitted on a wider region and its blend
+with the area's), averaged over an `ensemble` of independently initialised members. The network sees
 the calendar month of the target and of every input month (`calendar`). At each validation the correction is
 scaled by the factor in 0, 0.1, .., 1 whose gain over the prior is clearly positive month by month
 (`choose_correction_scale`; 0 = the prior alone), and that factor is part of the weights best.pt keeps: where
