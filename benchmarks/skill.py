@@ -49,7 +49,7 @@ import torch
 from benchmarks.common import RESULTS_DIR, environment, md_table, write_json
 from datasets.era5_records import RECORDS, ensure_record
 from tasks.era5 import PRIOR_BASELINE
-from utils.baselines import BASELINE_NAMES
+from utils.baselines import BASELINE_NAMES, WIDE_LAT, WideRegion, wide_region  # noqa: F401 - re-exported
 
 HADISST5_PACKAGE, HADISST5_MEMBER, HADISST5_SHA256, _ = RECORDS["hadisst5"]
 
@@ -304,40 +304,7 @@ ROLLING_BOXES: dict[str, tuple[str, tuple[float, float], tuple[float, float]]] =
 
 
 WIDE_MODES = (0, 5, 10)  # leading PCs of the wide region beside the area's own (0 = the area's only)
-WIDE_LAT = 30.0  # the wide region: every longitude, the area's latitudes widened to at least 30°S-30°N
 BASES = ("blend", "hybrid", "wide_hybrid")  # forecasts validation may correct; the first one it has is the default
-
-
-def wide_region(lat: tuple[float, float]) -> tuple[tuple[float, float], tuple[float, float]]:
-    """(lon, lat) of the wide predictor region of an area: the same rule for every box, none tuned."""
-    return (-180.0, 180.0), (min(min(lat), -WIDE_LAT), max(max(lat), WIDE_LAT))
-
-
-@dataclasses.dataclass
-class WideRegion:
-    """A wider region's field on the same months as the area, and where the area's cells sit in it."""
-
-    data: np.ndarray  # (T, H', W') °C, NaN off `mask`
-    lats: np.ndarray
-    mask: np.ndarray
-    rows: np.ndarray  # (H,) the wide row of each area row
-    cols: np.ndarray  # (W,) the wide column of each area column
-
-    @classmethod
-    def build(cls, data, lats, lons, mask, area_lats, area_lons) -> WideRegion:
-        """Index the area's cell centres in the wide grid (longitudes compared modulo 360)."""
-        lats, lons = np.asarray(lats, dtype=np.float64), np.asarray(lons, dtype=np.float64)
-        rows = np.array([int(np.argmin(np.abs(lats - v))) for v in area_lats])
-        dl = lambda v: np.abs((lons - v + 180.0) % 360.0 - 180.0)  # noqa: E731
-        cols = np.array([int(np.argmin(dl(v))) for v in area_lons])
-        if np.abs(lats[rows] - area_lats).max() > 1e-6 or max(dl(v).min() for v in area_lons) > 1e-6:
-            raise ValueError("wide region: the area's cells are not cells of the wide grid (same resolution, aligned)")
-        m = np.asarray(mask, dtype=bool)
-        return cls(np.where(m, np.asarray(data, dtype=np.float64), np.nan), lats, m, rows, cols)
-
-    def area(self, field: np.ndarray) -> np.ndarray:
-        """(N, H', W') -> (N, H, W): the area's cells."""
-        return field[:, self.rows][:, :, self.cols]
 
 
 @dataclasses.dataclass

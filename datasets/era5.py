@@ -24,6 +24,8 @@ southern edge), `lons` go eastward from the west edge.
 `calendar=True` appends two constant channels to x, cos and sin of the target month's calendar phase
 (2π · month / 12, January = 0), so a model can tell the season it forecasts: x is then (seq_len + 1, H, W).
 The context months' phases follow from it and the lead (`models.ratransformer` derives them).
+`set_prior_plane` appends one more channel, last: a task's per-sample prior forecast (tasks/era5.py's wide-region
+priors, which need more than the area's months).
 
 Modules by job: `era5_files` (discovery, scan, CF decoding), `era5_grid` (coarsening plan, `NetCDFSource`),
 `era5_cache` (the .npy store), this file (the dataset; it re-exports the public names of the others).
@@ -171,6 +173,7 @@ class ERA5SSTMonthlyDataset(Dataset):
         self.target_months = self.target_abs_months % 12  # calendar month of each target
         self._norm: torch.Tensor | None = None  # normalised months of this split, once materialised
         self._clim_t: dict[str, torch.Tensor] = {}
+        self._plane: np.ndarray | None = None  # set_prior_plane: one more input channel per sample
         self.info = {
             "source_files": meta["files"],
             "builtin_sample": sample,
@@ -250,7 +253,21 @@ class ERA5SSTMonthlyDataset(Dataset):
         y = self._normalise(np.asarray(mm[j + self._span]), self._cal[j + self._span])
         if self.calendar:
             x = np.concatenate([x, self._calendar_planes(np.array([j - self._start]))[0]])
+        if self._plane is not None:
+            x = np.concatenate([x, self._plane[j - self._start][None]])
         return torch.from_numpy(x), torch.from_numpy(y)
+
+    def set_prior_plane(self, plane: np.ndarray | None) -> None:
+        """Append one channel to x, last: a normalised (N, H, W) field per sample of this split (a task's prior
+        forecast that needs more than x's months, e.g. a wider region's); None removes it."""
+        if plane is not None:
+            plane = np.nan_to_num(np.asarray(plane, dtype=np.float32), nan=0.0)
+            if plane.shape != (self._n, self.height, self.width):
+                raise ValueError(
+                    f"set_prior_plane: shape {plane.shape}, the split needs ({self._n}, {self.height}, {self.width})"
+                )
+        self._plane = plane
+        self._clim_t.pop("plane", None)
 
     def _calendar_planes(self, idx: np.ndarray) -> np.ndarray:
         """(B, 2, H, W) float32: cos and sin of the calendar phase of the targets of samples `idx` of this split."""
@@ -295,7 +312,7 @@ class ERA5SSTMonthlyDataset(Dataset):
 
     @property
     def resident_nbytes(self) -> int:
-        return (self._n + self._span) * self.height * self.width * 4
+        return (self._n + self._span + (self._n if self._plane is not None else 0)) * self.height * self.width * 4
 
     def maybe_to_device(self, device: torch.device | str) -> bool:
         """Hold this split's normalised array on `device` so `gather` serves batches without workers.
@@ -339,6 +356,8 @@ class ERA5SSTMonthlyDataset(Dataset):
             x = np.take(arr, j[:, None] + np.arange(self.seq_len - 1), axis=0)
             if self.calendar:
                 x = np.concatenate([x, self._calendar_planes(j)], axis=1)
+            if self._plane is not None:
+                x = np.concatenate([x, np.take(self._plane, j, axis=0)[:, None]], axis=1)
             return torch.from_numpy(x), torch.from_numpy(np.take(arr, j + self._span, axis=0))
         idx = torch.as_tensor(idx).to(self._norm.device, torch.long)
         steps = torch.arange(self.seq_len - 1, device=idx.device)
@@ -349,6 +368,10 @@ class ERA5SSTMonthlyDataset(Dataset):
                 self._clim_t["cal"] = torch.from_numpy(self._calendar_planes(all_idx)[:, :, 0, 0].copy()).to(idx.device)
             cs = self._clim_t["cal"][idx]  # (B, 2)
             x = torch.cat([x, cs[:, :, None, None].expand(-1, -1, self.height, self.width)], dim=1)
+        if self._plane is not None:
+            if "plane" not in self._clim_t:  # the prior plane, on the device once
+                self._clim_t["plane"] = torch.from_numpy(self._plane).to(idx.device)
+            x = torch.cat([x, self._clim_t["plane"][idx][:, None]], dim=1)
         return x, self._norm[idx + self._span]
 
     def denormalize(self, t: torch.Tensor, target_index: int | torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,8 @@
 The loop in `trainer/` does the rest. What the model predicts: the normalised anomaly of the month `offset + 1`
 months after the last of its `seq_len - 1` input months, as a learned correction on top of a fixed statistical
 forecast (`prior`: by default the statistical forecast with the lowest validation RMSE, the "LIM + damped
-residual" hybrid included), averaged over an `ensemble` of independently initialised members. The network sees
+residual" hybrid included, and where the data reach it, the same hybrid fitted on a wider region and its blend
+with the area's), averaged over an `ensemble` of independently initialised members. The network sees
 the calendar month of the target and of every input month (`calendar`). At each validation the correction is
 scaled by the factor in 0, 0.1, .., 1 whose gain over the prior is clearly positive month by month
 (`choose_correction_scale`; 0 = the prior alone), and that factor is part of the weights best.pt keeps: where
@@ -45,13 +46,18 @@ CPU_PRESET = {
     "dropout": 0.0,
     "seq_len": 7,  # six months of context
 }
-PRIORS = ("none", "persistence", "damped_persistence", "lim", "hybrid")
+PRIORS = ("none", "persistence", "damped_persistence", "lim", "hybrid", "wide_hybrid", "blend")
+# Priors that need the wide region (utils.baselines.wide_region), which x's months lack: the task computes them
+# for every sample at build and the dataset carries them as x's last channel (set_prior_plane).
+WIDE_PRIORS = ("wide_hybrid", "blend")
 # prior -> the baseline whose forecast it is (the scores' name)
 PRIOR_BASELINE = {
     "persistence": "anomaly_persistence",
     "damped_persistence": "damped_persistence",
     "lim": "lim",
     "hybrid": "hybrid",
+    "wide_hybrid": "wide_hybrid",
+    "blend": "blend",
 }
 SHRINK_GRID = tuple(k / 10 for k in range(11))  # correction scales validation chooses from
 PRIOR_CHOICES = ("auto", *PRIORS)
@@ -79,8 +85,9 @@ ARGS_HELP: dict[str, str] = {
     "cache_dir": "cache directory for coarse arrays and the sample file; none = $PLAINLOOP_CACHE or ~/.cache/plainloop",
     "prior": "fixed forecast the network corrects: none (zero), persistence (last month's anomaly), "
     "damped_persistence, lim (linear inverse model), hybrid (LIM + damped persistence of the part the "
-    "LIM's EOFs leave out), or auto (of these four, the one with the lowest validation RMSE); all fitted "
-    "on the training months",
+    "LIM's EOFs leave out), wide_hybrid (the hybrid fitted on every longitude and the area's latitudes widened "
+    "to at least 30S-30N, read on the area), blend (the mean of hybrid and wide_hybrid), or auto (the one with "
+    "the lowest validation RMSE); all fitted on the training months",
     "ensemble": "independently initialised members trained side by side; the forecast is their mean",
     "lim_variance": "fraction of the training anomalies' variance the LIM's EOFs keep (prior and baseline)",
     "lim_max_modes": "at most this many EOFs in the LIM (prior and baseline)",
@@ -142,7 +149,8 @@ class PriorForecaster(nn.Module):
     forward returns every member's forecast (E, B, H, W) and the loss is the mean of the members' losses
     (independent members, as if trained one by one); in eval mode it returns prior + `correction_scale` x the
     members' mean correction, the scale (a buffer, saved with the weights) being set on validation by the task.
-    `fields`: how many of x's channels are months (calendar channels follow them)."""
+    `fields`: how many of x's channels are months (calendar channels follow them). The wide-region priors
+    (WIDE_PRIORS) are precomputed per sample and arrive as x's last channel, which the members do not see."""
 
     def __init__(
         self, members: list[nn.Module], prior: str, prior_tensors: dict[str, torch.Tensor], fields: int
@@ -153,12 +161,18 @@ class PriorForecaster(nn.Module):
         self.members = nn.ModuleList(members)
         self.prior = prior
         self.fields = int(fields)
+        self.plane = prior in WIDE_PRIORS  # the prior is x's last channel
         for k, v in prior_tensors.items():
             self.register_buffer(k, v.float())
         self.register_buffer("correction_scale", torch.ones(()))
         self.learning_rate = getattr(members[0], "learning_rate", None)
 
+    def _members_input(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, :-1] if self.plane else x
+
     def prior_forecast(self, x: torch.Tensor) -> torch.Tensor:
+        if self.plane:
+            return x[:, -1].float()
         z = x[:, self.fields - 1].float()
         if self.prior == "none":
             return torch.zeros_like(z)
@@ -176,14 +190,15 @@ class PriorForecaster(nn.Module):
 
     def parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(prior forecast, the members' mean correction), each (B, H, W)."""
-        base = self.prior_forecast(x)
-        return base, torch.stack([m(x) for m in self.members]).mean(0)
+        base, xm = self.prior_forecast(x), self._members_input(x)
+        return base, torch.stack([m(xm) for m in self.members]).mean(0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training:
             base, corr = self.parts(x)
             return base + self.correction_scale * corr
-        return torch.stack([m(x) for m in self.members]) + self.prior_forecast(x)  # (E, B, H, W)
+        xm = self._members_input(x)
+        return torch.stack([m(xm) for m in self.members]) + self.prior_forecast(x)  # (E, B, H, W)
 
     def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         m = self.members[0]
@@ -247,6 +262,39 @@ def _prior_tensors(prior: str, fitted: dict[str, Any], lead: int, shape: tuple[i
     return out
 
 
+def _wide_prior_anomalies(
+    common: dict[str, Any], train: Any, lead: int, lim_kw: dict[str, Any]
+) -> tuple[np.ndarray | None, str]:
+    """The wide-region hybrid's °C anomaly forecast (N_all, H, W) of every sample's target, all splits in order,
+    fitted on the training months only; (None, why) when the data cannot give the wide region ("" when the
+    area is its own wide region: the wide hybrid would be the hybrid)."""
+    from datasets.era5 import ERA5SSTMonthlyDataset
+    from utils.baselines import WIDE_LAT, HybridLIM, WideRegion, wide_region
+
+    lon, lat = common["lon"], common["lat"]
+    wlon, wlat = wide_region((float(lat[0]), float(lat[1])))
+    if abs(float(lon[1]) - float(lon[0])) >= 360 and wlat == (min(lat), max(lat)):
+        return None, ""
+    try:
+        wds = ERA5SSTMonthlyDataset(
+            **{**common, "lon": list(wlon), "lat": list(wlat), "split": None, "device_cache": False, "calendar": False}
+        )
+        if not np.array_equal(wds.months, train.months):
+            raise ValueError("its months differ from the area's")
+        wmask = wds.ocean_mask.numpy()
+        if not wmask.any(axis=1)[np.abs(wds.lats) <= WIDE_LAT].all():
+            raise ValueError(f"some latitudes within {WIDE_LAT:g}°S-{WIDE_LAT:g}°N have no data")
+        region = WideRegion.build(wds._array(), wds.lats, wds.lons, wmask, train.lats, train.lons)
+        hyb = HybridLIM.fit(wds.train_anomalies_c(), wds.lats, lead, wmask, **lim_kw)
+    except (ValueError, OSError) as e:
+        return None, (
+            f"prior: the data do not give the wide region lon {wlon}, lat {wlat} ({e}); "
+            "the wide_hybrid and blend priors are left out (a file reaching 30S-30N at every longitude gives them)"
+        )
+    last, _ = wds.sample_months()
+    return region.area(hyb.predict(wds.anomalies_c()[last])), ""
+
+
 def _predict_all(
     model: nn.Module, ds: Any, device: torch.device, batch_size: int = 64, part: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,7 +329,9 @@ def build_era5_task(
     device_cache: bool | None = None,
     seed: int = 42,
     cache_dir: str | None = None,
-    prior: Literal["auto", "none", "persistence", "damped_persistence", "lim", "hybrid"] = "auto",
+    prior: Literal[
+        "auto", "none", "persistence", "damped_persistence", "lim", "hybrid", "wide_hybrid", "blend"
+    ] = "auto",
     ensemble: int = 1,
     lim_variance: float = 0.9,
     lim_max_modes: int = 20,
@@ -315,14 +365,42 @@ def build_era5_task(
     fitted = fit_baselines(
         train.train_anomalies_c(), train.lats, mask, lead, variance=lim_variance, max_modes=lim_max_modes
     )
+    wide_all, wide_note = _wide_prior_anomalies(
+        common, train, lead, {"variance": lim_variance, "max_modes": lim_max_modes}
+    )  # fmt: skip
+    if wide_note:
+        print(f"[plainloop] note: {wide_note}")
+    if prior in WIDE_PRIORS and wide_all is None:
+        raise ValueError(
+            f"prior={prior!r} needs the wide region (every longitude, latitudes to at least 30S-30N) "
+            f"{'from the same data file' if wide_note else 'beyond the area, which already is that region'}: "
+            "use prior='hybrid' or 'auto'"
+        )
+
+    def wide_anomalies(ds: Any) -> dict[str, np.ndarray]:
+        """{wide_hybrid, blend}: °C anomaly forecasts of the split's targets (empty without the wide region)."""
+        if wide_all is None:
+            return {}
+        ref = ds.reference_c()
+        w = wide_all[ds.sample_months()[0] - (seq_len - 2)]  # sample i of the split is sample start + i of all
+        h = fitted["hybrid"].predict(ref["last_input_c"] - ref["clim_input_c"])
+        return {"wide_hybrid": w, "blend": 0.5 * (h + w)}
+
     val_rmse = {}
     if len(val):  # the statistical forecasts on the validation months: what prior="auto" chooses by
         ref = val.reference_c()
         fv = baseline_forecasts(fitted, lead, ref["last_input_c"], ref["clim_target_c"], ref["clim_input_c"])
-        val_rmse = {p: weighted_rmse(fv[b], ref["truth_c"], val.lats, mask) for p, b in PRIOR_BASELINE.items()}
+        fv.update({k: ref["clim_target_c"] + a for k, a in wide_anomalies(val).items()})
+        val_rmse = {
+            p: weighted_rmse(fv[b], ref["truth_c"], val.lats, mask) for p, b in PRIOR_BASELINE.items() if b in fv
+        }
     prior_asked = prior
     if prior == "auto":
         prior = min(val_rmse, key=val_rmse.get) if val_rmse else "lim"
+    if prior in WIDE_PRIORS:  # x carries the prior as its last channel, in normalised units
+        for ds in (train, val, test):
+            if len(ds):
+                ds.set_prior_plane(wide_anomalies(ds)[prior] / ds.anomaly_std)
     if patch_size is None and train.height < 24:
         patch_size = 2  # a small area: 4 x 4 patches would leave a handful of tokens
     torch.manual_seed(seed)  # the model's initial weights follow --seed
@@ -359,7 +437,11 @@ def build_era5_task(
         if split not in refs:  # fixed for a split: computed once
             ref = ds.reference_c()
             f = baseline_forecasts(fitted, lead, ref["last_input_c"], ref["clim_target_c"], ref["clim_input_c"])
-            refs[split] = (ref, {k: v for k, v in f.items() if k in ("damped_persistence", "lim", "hybrid")})
+            f.update({k: ref["clim_target_c"] + a for k, a in wide_anomalies(ds).items()})
+            refs[split] = (
+                ref,
+                {k: v for k, v in f.items() if k in ("damped_persistence", "lim", "hybrid", *WIDE_PRIORS)},
+            )
         return refs[split]
 
     def evaluate(m: nn.Module, split: str, device: torch.device) -> dict[str, float]:
@@ -431,6 +513,7 @@ def build_era5_task(
         "ensemble": int(ensemble),
         "calendar": bool(calendar),
         "lim": {"modes": fitted["lim"].modes, "explained_variance": round(fitted["lim"].explained, 4)},
+        "wide_priors": "available" if wide_all is not None else (wide_note or "the area is its own wide region"),
     }
     return Task(
         "era5",

@@ -10,6 +10,7 @@ import torch
 
 from datasets.era5 import ERA5SSTMonthlyDataset
 from datasets.era5_sample import write_sample_file
+from tasks.era5 import WIDE_PRIORS
 from utils.baselines import BASELINE_NAMES
 
 MONTHS = 120
@@ -133,7 +134,7 @@ def test_untrained_model_is_its_prior_and_scores_carry_every_baseline(sample_fil
             f"test_{n}_acc",
         } <= set(test)
     scores = task.artifacts["scores"]
-    assert list(scores) == ["model", *BASELINE_NAMES]
+    assert list(scores) == ["model", *BASELINE_NAMES, *WIDE_PRIORS]  # the sample file reaches 30°S-30°N
     # zero-initialised heads: the model's forecast is exactly its statistical prior
     assert scores["model"]["rmse"] == pytest.approx(scores[twin]["rmse"], rel=1e-4)
     assert scores["model"]["acc"] == pytest.approx(scores[twin]["acc"], abs=1e-4)
@@ -184,7 +185,7 @@ def test_quick_skill_run_writes_json_table_and_figure(tmp_path):
     res = json.loads(out.read_text())
     ((name, block),) = res["datasets"].items()
     run = block["runs"][0]
-    assert set(run["scores"]) == {"model", *BASELINE_NAMES}
+    assert {"model", *BASELINE_NAMES} <= set(run["scores"]) <= {"model", *BASELINE_NAMES, *WIDE_PRIORS}
     assert all(np.isfinite(s["rmse"]) and np.isfinite(s["acc"]) for s in run["scores"].values())
     row = block["summary"][0]
     assert row["lead"] == 1 and row["context"] == 2 and row["best_baseline"] in run["scores"]
@@ -437,3 +438,119 @@ def test_quick_skill_ceiling_run_writes_json_and_table(tmp_path):
     for k in ("damped_persistence", "lim", "ridge_area", "ridge_wide", "kernel_lim"):
         assert np.isfinite(row[k]["test"]["rmse"]) and np.isfinite(row[k]["val"]["rmse"]), k
     assert "| data | lead |" in out.with_suffix(".md").read_text()
+
+
+def remote_driven_file(path, lats=(-37.5, 37.5), months=240, bump_from=None):
+    """A CF file (5°, no land) where a remote AR(1) index (a blob at 200°E) drives the box at 75°E one month later:
+    the box's own past sees the drive only through its persistence, a region holding both sees it directly.
+    `bump_from`: months from there on are 5 °C warmer."""
+    rng = np.random.default_rng(0)
+    lat = np.arange(lats[0], lats[1] + 0.1, 5.0)
+    lon = 2.5 + 5 * np.arange(72)
+    r = np.zeros(months + 1)
+    for t in range(1, months + 1):
+        r[t] = 0.9 * r[t - 1] + rng.standard_normal()
+    blob = lambda lo0: np.exp(-(((lon[None] - lo0) / 15.0) ** 2) - (lat[:, None] / 8.0) ** 2)  # noqa: E731
+    field = 20 + 2.0 * r[1:, None, None] * blob(200.0) + 1.5 * r[:-1, None, None] * blob(75.0)
+    field = field + 0.1 * rng.standard_normal(field.shape)
+    if bump_from is not None:
+        field[bump_from:] += 5.0
+    with netCDF4.Dataset(path, "w") as nc:
+        nc.createDimension("time", months)
+        nc.createDimension("lat", lat.size)
+        nc.createDimension("lon", lon.size)
+        t = nc.createVariable("time", "f8", ("time",))
+        t.units, t.calendar = "days since 2000-01-01", "standard"
+        t[:] = netCDF4.date2num([dt.datetime(2000 + m // 12, m % 12 + 1, 1) for m in range(months)], t.units)
+        nc.createVariable("lat", "f4", ("lat",))[:] = lat
+        nc.createVariable("lon", "f4", ("lon",))[:] = lon
+        v = nc.createVariable("sst", "f4", ("time", "lat", "lon"))
+        v.units = "degC"
+        v[:] = field
+    return path
+
+
+REMOTE_BOX = dict(lon=(50, 100), lat=(-10, 10), seq_len=3, offset=0, split_ratio=(0.7, 0.15, 0.15))
+
+
+def test_prior_auto_picks_the_wide_region_where_a_remote_region_drives_the_box(tmp_path):
+    task = small_task(remote_driven_file(tmp_path / "r.nc"), tmp_path, **REMOTE_BOX)
+    assert task.info["wide_priors"] == "available"
+    prior = task.info["prior"].split(" ")[0]
+    assert prior in WIDE_PRIORS and task.model.plane
+    vr = task.info["prior_val_rmse_c"]
+    assert vr["wide_hybrid"] < 0.8 * vr["hybrid"]
+    x, _ = task.train_set.gather(torch.arange(4))
+    assert x.shape[1] == 2 + 2 + 1  # months, calendar, the prior plane (last)
+    m = task.model.eval()
+    with torch.no_grad():
+        test = task.evaluate_fn(m, "test", torch.device("cpu"))
+    # the untrained model is its prior, and it beats the box's own hybrid on the test months
+    assert test["test_rmse_c"] == pytest.approx(test[f"test_{prior}_rmse_c"], rel=1e-4)
+    assert test["test_rmse_c"] < 0.8 * test["test_hybrid_rmse_c"]
+
+
+def test_the_wide_prior_is_fitted_on_training_months_only(tmp_path):
+    a = small_task(remote_driven_file(tmp_path / "a.nc"), tmp_path, prior="wide_hybrid", **REMOTE_BOX)
+    first_test = int(a.test_set.sample_months()[1][0])  # the first test target month
+    b = small_task(
+        remote_driven_file(tmp_path / "b.nc", bump_from=first_test), tmp_path, prior="wide_hybrid", **REMOTE_BOX
+    )
+    for ds_a, ds_b in ((a.train_set, b.train_set), (a.val_set, b.val_set)):
+        np.testing.assert_array_equal(ds_a._plane, ds_b._plane)
+    pa, pb = a.test_set._plane, b.test_set._plane
+    np.testing.assert_array_equal(pa[0], pb[0])  # its input months precede the change
+    assert not np.allclose(pa[-1], pb[-1])  # a later test sample's inputs hold the change, and so its prior does
+
+
+def test_wide_prior_survives_best_pt_and_a_single_sample_predict(tmp_path):
+    from trainer import TrainConfig
+    from trainer.checkpoint import load_checkpoint
+    from trainer.loop import Trainer
+
+    f = remote_driven_file(tmp_path / "r.nc")
+    task = small_task(f, tmp_path, prior="blend", **REMOTE_BOX)
+    cfg = TrainConfig(epochs=2, batch_size=16, device="cpu", output_dir=str(tmp_path / "runs"), progress_bar=False)
+    trainer = Trainer(cfg, task, log=lambda msg: None)
+    trainer.fit()
+    m = task.model.eval()
+    torch.manual_seed(1)
+    for net in m.members:  # a correction that surely moves the forecast, kept by the checkpoint below
+        torch.nn.init.normal_(net.head.weight, std=0.01)
+    m.correction_scale.fill_(0.5)
+    best = trainer.run_dir / "checkpoints" / "best.pt"
+    state = load_checkpoint(best)
+    state["model"] = m.state_dict()
+    torch.save(state, best)
+    again = small_task(f, tmp_path, prior="blend", seed=7, **REMOTE_BOX)  # rebuilt from the settings alone
+    again.model.load_state_dict(load_checkpoint(best)["model"])
+    m2 = again.model.eval()
+    with torch.no_grad():
+        s1 = task.evaluate_fn(m, "test", torch.device("cpu"))
+        s2 = again.evaluate_fn(m2, "test", torch.device("cpu"))
+        assert s2["test_rmse_c"] == pytest.approx(s1["test_rmse_c"], rel=1e-6)
+        assert s1["test_rmse_c"] != pytest.approx(s1["test_blend_rmse_c"], rel=1e-4)  # the correction is applied
+        xb, _ = again.test_set.gather(torch.arange(3))
+        x1, _ = again.test_set[2]
+        torch.testing.assert_close(m2(x1[None])[0], m2(xb)[2])
+
+
+def test_the_prior_plane_follows_the_split_to_a_device(tmp_path):
+    task = small_task(remote_driven_file(tmp_path / "r.nc"), tmp_path, prior="wide_hybrid", **REMOTE_BOX)
+    ds, idx = task.val_set, torch.tensor([3, 0, 5])
+    x_cpu, _ = ds.gather(idx)
+    torch.testing.assert_close(x_cpu[:, -1], torch.from_numpy(ds._plane[[3, 0, 5]]))
+    ds._norm = ds._materialise().to("meta")  # the device-held path (tensor indexing), without a GPU
+    x_dev, _ = ds.gather(idx)
+    assert x_dev.device.type == "meta" and x_dev.shape == x_cpu.shape
+
+
+def test_a_regional_file_falls_back_to_the_box_priors_with_a_note(tmp_path, capsys):
+    f = remote_driven_file(tmp_path / "r.nc", lats=(-17.5, 17.5))  # does not reach 30°S-30°N
+    task = small_task(f, tmp_path, **REMOTE_BOX)
+    out = capsys.readouterr().out
+    assert out.count("[plainloop] note: prior: the data do not give the wide region") == 1
+    assert "wide_hybrid" not in task.info["prior_val_rmse_c"] and not task.model.plane
+    assert task.train_set.gather(torch.arange(2))[0].shape[1] == 2 + 2
+    with pytest.raises(ValueError, match=r"prior='wide_hybrid' needs the wide region .* use prior='hybrid' or 'auto'"):
+        small_task(f, tmp_path, prior="wide_hybrid", **REMOTE_BOX)

@@ -25,6 +25,9 @@ Leads count months from the last input month to the target month (the dataset's 
   target's calendar month (each predictor also times cos and sin of its phase), optionally with the
   leading PCs of a wider region (remote drivers) beside the area's own. Its settings are chosen on held-out
   months by the caller (`benchmarks.skill`'s rolling hindcast).
+- Wide-region hybrid (`wide_region`, `WideRegion`): the hybrid fitted on every longitude and the area's
+  latitudes widened to at least 30°S-30°N, read on the area's cells; the "blend" is its mean with the
+  area's own hybrid (two untuned forecasts whose errors are partly independent).
 """
 
 from __future__ import annotations
@@ -282,6 +285,42 @@ class RidgeCorrection:
         out = np.full((x.shape[0],) + x.shape[2:], np.nan)
         out[:, self.lim.mask] = (f / self.scale) @ self.coef
         return out
+
+
+# The wide region of an area (remote drivers, e.g. ENSO for the Indian Ocean): the same rule for every box.
+WIDE_LAT = 30.0  # every longitude, the area's latitudes widened to at least 30°S-30°N
+
+
+def wide_region(lat: tuple[float, float]) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(lon, lat) of the wide predictor region of an area: the same rule for every box, none tuned."""
+    return (-180.0, 180.0), (min(min(lat), -WIDE_LAT), max(max(lat), WIDE_LAT))
+
+
+@dataclass
+class WideRegion:
+    """A wider region's field on the same months as the area, and where the area's cells sit in it."""
+
+    data: np.ndarray  # (T, H', W') °C, NaN off `mask`
+    lats: np.ndarray
+    mask: np.ndarray
+    rows: np.ndarray  # (H,) the wide row of each area row
+    cols: np.ndarray  # (W,) the wide column of each area column
+
+    @classmethod
+    def build(cls, data, lats, lons, mask, area_lats, area_lons) -> WideRegion:
+        """Index the area's cell centres in the wide grid (longitudes compared modulo 360)."""
+        lats, lons = np.asarray(lats, dtype=np.float64), np.asarray(lons, dtype=np.float64)
+        rows = np.array([int(np.argmin(np.abs(lats - v))) for v in area_lats])
+        dl = lambda v: np.abs((lons - v + 180.0) % 360.0 - 180.0)  # noqa: E731
+        cols = np.array([int(np.argmin(dl(v))) for v in area_lons])
+        if np.abs(lats[rows] - area_lats).max() > 1e-6 or max(dl(v).min() for v in area_lons) > 1e-6:
+            raise ValueError("wide region: the area's cells are not cells of the wide grid (same resolution, aligned)")
+        m = np.asarray(mask, dtype=bool)
+        return cls(np.where(m, np.asarray(data, dtype=np.float64), np.nan), lats, m, rows, cols)
+
+    def area(self, field: np.ndarray) -> np.ndarray:
+        """(N, H', W') -> (N, H, W): the area's cells."""
+        return field[:, self.rows][:, :, self.cols]
 
 
 BASELINE_NAMES = ("persistence", "climatology", "anomaly_persistence", "damped_persistence", "lim", "hybrid")
