@@ -118,3 +118,23 @@ def test_a_stop_signal_waits_for_the_write_in_flight_then_saves_in_line(tmp_path
         t.fit()
     assert t.checkpointer._writer is None
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["step"] == 12
+
+
+def test_in_line_saves_on_a_gpu_copy_the_state_to_host_once_first(tmp_path, monkeypatch):
+    """The CUDA branch, walked on the CPU: the checkpointer told its device is a GPU snapshots before every in-line
+    save (one batched copy, then hashing and torch.save read host memory), and the files are as verified as ever."""
+    import dataclasses
+
+    calls: list[int] = []
+    real = checkpointer_mod.snapshot_to_host
+
+    def spy(obj):
+        calls.append(obj["step"])
+        return real(obj)
+
+    monkeypatch.setattr(checkpointer_mod, "snapshot_to_host", spy)
+    t = Trainer(toy_config(tmp_path, epochs=2, async_checkpoint=False), task())
+    t.checkpointer.rt = dataclasses.replace(t.rt, device=torch.device("cuda"))
+    t.fit()
+    assert calls == [8, 8, 16, 16]  # last.pt and best.pt after each epoch's validation
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["integrity"] == "verified"

@@ -150,6 +150,8 @@ class Checkpointer:
         best = {"metric": self.best.metric, "value": self.best.best, "step": p.step, "epoch": p.epoch}
         row = {"kind": "checkpoint", "name": name, "step": p.step, "path": str(path)}
         if not background:
+            if self.rt.device.type == "cuda":  # one batched copy to host: the digest and torch.save then read it
+                state = snapshot_to_host(state)
             self._write(state, path, best if name == "best.pt" else None, files)
             self.hooks("on_log", row)
             return path

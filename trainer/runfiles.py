@@ -13,6 +13,7 @@ import json
 import math
 import os
 import time
+import weakref
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -195,15 +196,22 @@ class RunLock:
         self._fh.truncate()
         self._fh.write(str(os.getpid()))
         self._fh.flush()
+        # a lock nobody released (a Trainer dropped without fit, interpreter exit) is released, not left to the
+        # file's own finaliser (which warns)
+        self._finalizer = weakref.finalize(self, RunLock._unlock, self._fh, os.getpid())
 
-    def release(self) -> None:
-        if self._fh.closed:
+    @staticmethod
+    def _unlock(fh: Any, owner: int) -> None:
+        if fh.closed or os.getpid() != owner:  # a forked child shares the lock: only its owner may let it go
             return
         if os.name != "nt":  # unlock explicitly: forked loader workers share this descriptor and outlive close()
             import fcntl
 
-            fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
-        self._fh.close()
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+        fh.close()
+
+    def release(self) -> None:
+        self._finalizer()
 
 
 ROLLED_BACK = "metrics.rolled_back.jsonl"
