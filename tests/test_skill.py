@@ -251,12 +251,14 @@ def test_validation_keeps_the_prior_where_the_correction_hurts(sample_file, tmp_
 
 def test_calendar_channels_reach_the_model(sample_file, tmp_path):
     task = small_task(sample_file, tmp_path)
-    assert task.info["calendar"]
+    assert task.info["calendar"] and task.info["prior"] == "blend"
     x, y = task.train_set.gather(torch.arange(3))
-    assert x.shape[1] == 2 + 2  # seq_len - 1 months + cos/sin of the target month
+    assert x.shape[1] == 2 + 2 + 1  # seq_len - 1 months + cos/sin of the target month + the blend prior's plane
     plain = small_task(sample_file, tmp_path, calendar=False)
     x0, _ = plain.train_set.gather(torch.arange(3))
-    torch.testing.assert_close(x[:, :2], x0)
+    assert x0.shape[1] == 2 + 1
+    torch.testing.assert_close(x[:, :2], x0[:, :2])
+    torch.testing.assert_close(x[:, -1], x0[:, -1])
 
 
 def _rolling_case(data_file, tmp_path):
