@@ -49,7 +49,18 @@ import torch
 from benchmarks.common import RESULTS_DIR, environment, md_table, write_json
 from datasets.era5_records import RECORDS, ensure_record
 from tasks.era5 import PRIOR_BASELINE
-from utils.baselines import BASELINE_NAMES, WIDE_LAT, WideRegion, wide_region  # noqa: F401 - re-exported
+from utils.baselines import (  # noqa: F401 - re-exported; the choosing rule is the task's (one implementation)
+    BASELINE_NAMES,
+    PRIOR_BASES,
+    WIDE_LAT,
+    WideRegion,
+    Z,
+    choice_reason,
+    choose_on_validation,
+    clear_gain,
+    wide_region,
+)
+from utils.baselines import per_month_sq_error as _per_month
 
 HADISST5_PACKAGE, HADISST5_MEMBER, HADISST5_SHA256, _ = RECORDS["hadisst5"]
 
@@ -291,7 +302,6 @@ VAL_MONTHS = 36
 RIDGE_MODES = (5, 10, 20)
 RIDGE_MONTHS = (1, 2)
 RIDGE_ALPHAS = (0.01, 0.1, 1.0, 10.0)
-Z = 1.645  # a correction must beat the hybrid month by month by this many standard errors
 ROLLING_FORECASTS = ("anomaly_persistence", "damped_persistence", "lim", "hybrid", "corrected")
 # name -> (record, lon, lat): the two tuned boxes and three the defaults were never tuned on
 ROLLING_BOXES: dict[str, tuple[str, tuple[float, float], tuple[float, float]]] = {
@@ -304,7 +314,7 @@ ROLLING_BOXES: dict[str, tuple[str, tuple[float, float], tuple[float, float]]] =
 
 
 WIDE_MODES = (0, 5, 10)  # leading PCs of the wide region beside the area's own (0 = the area's only)
-BASES = ("blend", "hybrid", "wide_hybrid")  # forecasts validation may correct; the first one it has is the default
+BASES = PRIOR_BASES  # forecasts validation may correct; the first one it has is the default (as the task's prior)
 
 
 @dataclasses.dataclass
@@ -396,30 +406,11 @@ def _ridge_settings(st: _Stage) -> list[tuple]:
     return out
 
 
-def _se(d: np.ndarray, lead: int) -> float:
-    """Standard error of the mean of monthly differences; errors `lead` months ahead overlap, so about
-    len(d) / lead of them are independent."""
-    return float(d.std(ddof=1) * np.sqrt(max(1, lead) / len(d)))
-
-
-def _per_month(pred: np.ndarray, truth: np.ndarray, w: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """(N,) latitude-weighted mean squared error of each month over ocean cells."""
-    ww = np.broadcast_to(w[:, None], mask.shape)[mask]
-    return np.sum((pred[:, mask] - truth[:, mask]) ** 2 * ww, axis=1) / ww.sum()
-
-
 def _sse(pred: np.ndarray, truth: np.ndarray, w: np.ndarray, mask: np.ndarray) -> tuple[float, float]:
     """(Σ w·err², Σ w) over ocean cells and months: pooled, sqrt(ratio) is `weighted_rmse`."""
     e = (pred[:, mask] - truth[:, mask]) ** 2
     ww = np.broadcast_to(w[:, None], mask.shape)[mask]
     return float(np.sum(e * ww)), float(ww.sum() * e.shape[0])
-
-
-def _clearly_better(pm_new: np.ndarray, pm_ref: np.ndarray, lead: int) -> float:
-    """The mean month-by-month gain of a candidate over the reference where it exceeds Z standard errors, else 0."""
-    d = pm_ref - pm_new
-    gain = float(d.mean())
-    return gain if gain - Z * _se(d, lead) > 0 else 0.0
 
 
 def rolling_statistical(
@@ -466,15 +457,12 @@ def rolling_statistical(
         val_t = np.arange(val_stop, first)
         fv = _stat_forecasts(st, lead, val_t)
         pm = {b: _per_month(fv[b], st.anom[val_t], w, mask) for b in BASES if b in fv}
-        base = default = next(iter(pm))
-        gains = {b: _clearly_better(pm[b], pm[default], lead) for b in pm}
-        if max(gains.values()) > 0:
-            base = max(gains, key=gains.__getitem__)
+        base, base_gain, base_se = choose_on_validation(pm, lead)
         passed: dict[tuple, float] = {}
         for k in _ridge_settings(st):
             rc = _fit_ridge(st, cal, lead, val_stop, base, k)
             p = _per_month(fv[base] + _ridge_predict(rc, st, cal, lead, val_t), st.anom[val_t], w, mask)
-            gain = _clearly_better(p, pm[base], lead)
+            gain = clear_gain(p, pm[base], lead)
             if gain > 0:
                 passed[k] = gain
         # the mean of every passing correction: one setting picked on 36 months is noisy, their average less so
@@ -486,7 +474,7 @@ def rolling_statistical(
         if keys:
             corr = [_ridge_predict(_fit_ridge(st, cal, lead, first, base, k), st, cal, lead, test_t) for k in keys]
             f["corrected"] = f[base] + np.mean(corr, axis=0)
-        chosen[year] = {"base": base}
+        chosen[year] = {"base": base, "why": choice_reason(base_gain, base_se, next(iter(pm)))}
         if keys:
             chosen[year].update(zip(("modes", "months", "seasonal", "alpha", "wide_modes"), keys[0]))
             chosen[year]["passed"] = len(keys)
@@ -578,7 +566,11 @@ def rolling_network_year(
     out = {}
     for name, z in (("network", pred), ("network_prior", base)):
         out[name] = _sse(ds.denormalize(z, sel).numpy(), truth, w, mask)
-    out["_info"] = {"prior": task.info["prior"], "correction_scale": float(m.correction_scale)}  # type: ignore
+    out["_info"] = {  # type: ignore[assignment]
+        "prior": task.info["prior"],
+        "prior_choice": task.info["prior_choice"],
+        "correction_scale": float(m.correction_scale),
+    }
     return out
 
 

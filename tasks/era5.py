@@ -2,9 +2,10 @@
 
 The loop in `trainer/` does the rest. What the model predicts: the normalised anomaly of the month `offset + 1`
 months after the last of its `seq_len - 1` input months, as a learned correction on top of a fixed statistical
-forecast (`prior`: by default the statistical forecast with the lowest validation RMSE, the "LIM + damped
-residual" hybrid included, and where the data reach it, the same hybrid fitted on a wider region and its blend
-with the area's), averaged over an `ensemble` of independently initialised members. The network sees
+forecast (`prior`: by default the blend of the area's "LIM + damped residual" hybrid with the same hybrid fitted on
+a wider region, or the area's hybrid where the data do not reach that region; validation switches to another of
+them only on a clear month-by-month gain, the rolling hindcast's rule, `utils.baselines.choose_on_validation`),
+averaged over an `ensemble` of independently initialised members. The network sees
 the calendar month of the target and of every input month (`calendar`). At each validation the correction is
 scaled by the factor in 0, 0.1, .., 1 whose gain over the prior is clearly positive month by month
 (`choose_correction_scale`; 0 = the prior alone), and that factor is part of the weights best.pt keeps: where
@@ -86,8 +87,9 @@ ARGS_HELP: dict[str, str] = {
     "prior": "fixed forecast the network corrects: none (zero), persistence (last month's anomaly), "
     "damped_persistence, lim (linear inverse model), hybrid (LIM + damped persistence of the part the "
     "LIM's EOFs leave out), wide_hybrid (the hybrid fitted on every longitude and the area's latitudes widened "
-    "to at least 30S-30N, read on the area), blend (the mean of hybrid and wide_hybrid), or auto (the one with "
-    "the lowest validation RMSE); all fitted on the training months",
+    "to at least 30S-30N, read on the area), blend (the mean of hybrid and wide_hybrid), or auto (blend, else hybrid without the "
+    "wide region; another of blend/hybrid/wide_hybrid only if clearly better on validation); all fitted on the "
+    "training months",
     "ensemble": "independently initialised members trained side by side; the forecast is their mean",
     "lim_variance": "fraction of the training anomalies' variance the LIM's EOFs keep (prior and baseline)",
     "lim_max_modes": "at most this many EOFs in the LIM (prior and baseline)",
@@ -215,29 +217,26 @@ class PriorForecaster(nn.Module):
 
 
 def choose_correction_scale(
-    base_c: np.ndarray, corr_c: np.ndarray, truth_c: np.ndarray, lats: np.ndarray, mask: np.ndarray, z: float = 1.645
+    base_c: np.ndarray,
+    corr_c: np.ndarray,
+    truth_c: np.ndarray,
+    lats: np.ndarray,
+    mask: np.ndarray,
+    z: float | None = None,
+    lead: int = 1,
 ) -> float:
     """The scale in SHRINK_GRID for the network's correction that validation supports, else 0 (the prior).
 
     36-odd validation months choosing among scales (and epochs) would pick noise, and a correction that is
     noise makes the test worse than the prior. So a scale counts only where its month-by-month gain in
-    squared error over the prior is clearly positive: mean gain > z standard errors (one-sided 95 %); of
-    those, the largest mean gain wins."""
+    squared error over the prior is clearly positive (`utils.baselines.clear_gain`: mean gain > z standard
+    errors, z = Z by default, the rule that chooses the prior); of those, the largest mean gain wins."""
+    from utils.baselines import Z, choose_on_validation, per_month_sq_error
     from utils.metrics import lat_weights
 
-    w = np.broadcast_to(lat_weights(lats)[:, None], mask.shape)[mask]
-
-    def per_month(pred: np.ndarray) -> np.ndarray:
-        return np.sum((pred[:, mask] - truth_c[:, mask]) ** 2 * w, axis=1) / w.sum()
-
-    p0, n = per_month(base_c), base_c.shape[0]
-    best, best_gain = 0.0, 0.0
-    for a in SHRINK_GRID[1:]:
-        d = p0 - per_month(base_c + a * corr_c)
-        gain, se = float(d.mean()), float(d.std(ddof=1) / np.sqrt(n)) if n > 1 else np.inf
-        if gain - z * se > 0 and gain > best_gain:
-            best, best_gain = a, gain
-    return best
+    w = lat_weights(lats)
+    pm = {a: per_month_sq_error(base_c + a * corr_c, truth_c, w, mask) for a in SHRINK_GRID}
+    return float(choose_on_validation(pm, lead, Z if z is None else z)[0])
 
 
 def _prior_tensors(prior: str, fitted: dict[str, Any], lead: int, shape: tuple[int, int]) -> dict[str, torch.Tensor]:
@@ -340,8 +339,15 @@ def build_era5_task(
     """Monthly SST forecasting: ERA5SSTMonthlyDataset + RecursiveAttentionTransformer + lat-weighted scores."""
     from datasets.era5 import ERA5SSTMonthlyDataset
     from models.ratransformer import RecursiveAttentionTransformer
-    from utils.baselines import baseline_forecasts, fit_baselines
-    from utils.metrics import score_forecasts, weighted_rmse
+    from utils.baselines import (
+        PRIOR_BASES,
+        baseline_forecasts,
+        choice_reason,
+        choose_on_validation,
+        fit_baselines,
+        per_month_sq_error,
+    )
+    from utils.metrics import lat_weights, score_forecasts, weighted_rmse
 
     check_task_args(build_era5_task, ARGS_RULES, locals())
     common = dict(
@@ -386,7 +392,7 @@ def build_era5_task(
         h = fitted["hybrid"].predict(ref["last_input_c"] - ref["clim_input_c"])
         return {"wide_hybrid": w, "blend": 0.5 * (h + w)}
 
-    val_rmse = {}
+    val_rmse, val_pm = {}, {}
     if len(val):  # the statistical forecasts on the validation months: what prior="auto" chooses by
         ref = val.reference_c()
         fv = baseline_forecasts(fitted, lead, ref["last_input_c"], ref["clim_target_c"], ref["clim_input_c"])
@@ -394,9 +400,17 @@ def build_era5_task(
         val_rmse = {
             p: weighted_rmse(fv[b], ref["truth_c"], val.lats, mask) for p, b in PRIOR_BASELINE.items() if b in fv
         }
-    prior_asked = prior
-    if prior == "auto":
-        prior = min(val_rmse, key=val_rmse.get) if val_rmse else "lim"
+        w = lat_weights(val.lats)
+        val_pm = {p: per_month_sq_error(fv[b], ref["truth_c"], w, mask) for p, b in PRIOR_BASELINE.items() if b in fv}
+    prior_asked, why = prior, "asked"
+    if prior == "auto":  # the default (the first of PRIOR_BASES there is) unless another is clearly better
+        candidates = [p for p in PRIOR_BASES if p in PRIOR_BASELINE and (wide_all is not None or p not in WIDE_PRIORS)]
+        if val_pm:
+            prior, gain, se = choose_on_validation({p: val_pm[p] for p in candidates}, lead)
+            why = choice_reason(gain, se, candidates[0])
+        else:
+            prior, why = candidates[0], "default (no validation months)"
+        print(f"[plainloop] prior: {prior} ({why})")
     if prior in WIDE_PRIORS:  # x carries the prior as its last channel, in normalised units
         for ds in (train, val, test):
             if len(ds):
@@ -457,7 +471,7 @@ def build_era5_task(
             # note: sync point (evaluation) — the prior and the correction come to the host once
             base_c = ds.denormalize(base.cpu(), torch.arange(len(ds))).numpy()
             corr_c = corr.cpu().numpy() * ds.anomaly_std
-            a = choose_correction_scale(base_c, corr_c, truth_c, ds.lats, mask)
+            a = choose_correction_scale(base_c, corr_c, truth_c, ds.lats, mask, lead=lead)
             errs = [weighted_rmse(base_c, truth_c, ds.lats, mask)]
             m.correction_scale.fill_(a)
             pred = base + a * corr
@@ -508,7 +522,8 @@ def build_era5_task(
         "samples": [len(train), len(val), len(test)],
         "lead_months": lead,
         "model": {k: v for k, v in model_kw.items() if k not in ("lon_range", "lat_range")},
-        "prior": prior if prior_asked == prior else f"{prior} (auto: lowest validation RMSE)",
+        "prior": prior,
+        "prior_choice": why,
         "prior_val_rmse_c": {k: round(v, 5) for k, v in val_rmse.items()},
         "ensemble": int(ensemble),
         "calendar": bool(calendar),

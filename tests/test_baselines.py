@@ -3,7 +3,16 @@
 import numpy as np
 import pytest
 
-from utils.baselines import DampedPersistence, LinearInverseModel, baseline_forecasts, fit_baselines
+from utils.baselines import (
+    DampedPersistence,
+    LinearInverseModel,
+    Z,
+    baseline_forecasts,
+    choice_reason,
+    choose_on_validation,
+    fit_baselines,
+    gain_and_se,
+)
 
 LATS = np.array([-20.0, -10.0, 0.0, 10.0, 20.0, 30.0])
 
@@ -189,3 +198,37 @@ def test_ridge_correction_recovers_a_remote_driver_through_wide_predictors():
         rc.predict(inputs[te], cal[te])
     with pytest.raises(ValueError, match="do not match"):
         rc.predict(inputs[te], cal[te], winputs[tr])
+
+
+DEFAULT = 1.0 + 0.1 * np.random.default_rng(0).standard_normal(36)  # per-month squared errors of a default
+
+
+def _candidate(gain, noise, seed=1):
+    """Per-month squared errors of a candidate whose mean gain over DEFAULT is exactly `gain`, scattered by
+    `noise` month to month."""
+    e = np.random.default_rng(seed).standard_normal(len(DEFAULT))
+    return DEFAULT - gain + noise * (e - e.mean())
+
+
+def test_the_default_stays_where_another_candidate_is_only_noisily_better():
+    default, other = DEFAULT, _candidate(gain=0.01, noise=0.3)
+    gain, se = gain_and_se(other, default)
+    assert gain == pytest.approx(0.01) and 0 < gain < Z * se  # lower on these months, by less than the noise
+    assert choose_on_validation({"blend": default, "wide_hybrid": other}) == ("blend", 0.0, 0.0)
+    assert choice_reason(0.0, 0.0, "blend") == "default"
+
+
+def test_a_clearly_better_candidate_is_switched_to_and_the_largest_clear_gain_wins():
+    default, small, large = DEFAULT, _candidate(gain=0.1, noise=0.05), _candidate(gain=0.2, noise=0.05, seed=2)
+    noisy_larger = _candidate(gain=0.3, noise=3.0, seed=3)  # the largest mean gain, but noise
+    name, gain, se = choose_on_validation({"blend": default, "hybrid": small, "wide": large, "lim": noisy_larger})
+    assert name == "wide" and gain == pytest.approx(0.2) and 0 < se < gain / Z
+    assert choice_reason(gain, se, "blend").startswith("validation gain 0.2 ± ")
+
+
+def test_overlapping_errors_at_longer_leads_need_a_larger_gain():
+    default, other = DEFAULT, _candidate(gain=0.12, noise=0.3)  # se ~0.05 at lead 1, x sqrt(6) at lead 6
+    assert choose_on_validation({"hybrid": default, "blend": other}, lead=1)[0] == "blend"
+    assert choose_on_validation({"hybrid": default, "blend": other}, lead=6)[0] == "hybrid"
+    with pytest.raises(ValueError, match="no candidate"):
+        choose_on_validation({})
