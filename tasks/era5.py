@@ -341,6 +341,7 @@ def build_era5_task(
     from models.ratransformer import RecursiveAttentionTransformer
     from utils.baselines import (
         PRIOR_BASES,
+        PRIOR_FALLBACKS,
         baseline_forecasts,
         choice_reason,
         choose_on_validation,
@@ -404,7 +405,11 @@ def build_era5_task(
         val_pm = {p: per_month_sq_error(fv[b], ref["truth_c"], w, mask) for p, b in PRIOR_BASELINE.items() if b in fv}
     prior_asked, why = prior, "asked"
     if prior == "auto":  # the default (the first of PRIOR_BASES there is) unless another is clearly better
-        candidates = [p for p in PRIOR_BASES if p in PRIOR_BASELINE and (wide_all is not None or p not in WIDE_PRIORS)]
+        candidates = [
+            p
+            for p in (*PRIOR_BASES, *PRIOR_FALLBACKS)
+            if p in PRIOR_BASELINE and (wide_all is not None or p not in WIDE_PRIORS)
+        ]
         if val_pm:
             prior, gain, se = choose_on_validation({p: val_pm[p] for p in candidates}, lead)
             why = choice_reason(gain, se, candidates[0])
