@@ -401,7 +401,7 @@ def test_config_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     def killed(*_a):
         raise KeyboardInterrupt  # a stop between the write and the rename
 
-    monkeypatch.setattr(options.os, "replace", killed)
+    monkeypatch.setattr(os, "replace", killed)  # the shared atomic writer (trainer.checkpoint.atomic_write)
     with pytest.raises(KeyboardInterrupt):
         options.write_config_file(path, {"train": {"lr": 0.25}})
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["config.toml"]

@@ -22,9 +22,10 @@ import tempfile
 import time
 import warnings
 import zipfile
+from collections.abc import Callable
 from copy import deepcopy
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import torch
@@ -131,23 +132,33 @@ def atomic_save(obj: Any, path: str | os.PathLike, *, digest: bool | None = None
             raise TypeError(f"atomic_save(digest=True) needs a dict, got {type(obj).__name__}")
         body = {k: v for k, v in obj.items() if k != DIGEST_KEY}
         obj = {**body, DIGEST_KEY: state_digest(body)}
+    return atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> Path:
+    """`write(file)` into a temp file beside `path`, fsync, rename, fsync the folder: the file is whole or not there.
+    Temps are named .NAME.host~pid.*.tmp, so `remove_orphan_temps` can tell a dead writer's from a live one's."""
+    path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_owner_tag()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        # fsync the directory so the rename itself survives a power cut (not possible on Windows)
-        if hasattr(os, "O_DIRECTORY"):
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if hasattr(os, "O_DIRECTORY"):  # the rename itself survives a power cut once the folder is synced (not Windows)
+        try:
             dfd = os.open(path.parent, os.O_DIRECTORY)
             try:
                 os.fsync(dfd)
             finally:
                 os.close(dfd)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        except OSError:  # some file systems refuse a folder fsync; the file itself is already on disk
+            pass
+    return path
     return path
 
 

@@ -21,16 +21,14 @@ import difflib
 import inspect
 import json
 import math
-import os
-import re
-import socket
 import sys
-import tempfile
 import types
 import typing
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from .checkpoint import atomic_write
 
 
 class ConfigError(ValueError):
@@ -454,28 +452,5 @@ def write_config_file(path: str | Path, sections: dict[str, dict[str, Any]], hea
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """Write a file whole or not at all: a temp file beside it, fsync, rename. A kill or a bad value mid-write
     leaves the previous file (never an empty one, which a resume would read as "no settings")."""
-    path = Path(path)
     data = text.encode("utf-8")  # fails before anything is touched when the text cannot be written
-    # named as checkpoint temps are (.NAME.host~pid.random.tmp): a killed writer's file is removed on the next start
-    host = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:40]
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.{host}~{os.getpid()}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(name)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    if os.name == "posix":  # the rename itself survives a power cut once the directory is synced
-        try:
-            fd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError:
-            pass
-    return path
+    return atomic_write(path, lambda fh: fh.write(data))
