@@ -16,6 +16,7 @@ Every score is printed beside the statistical baselines (`utils.baselines`), fit
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Literal
 
 import numpy as np
@@ -116,6 +117,12 @@ ARGS_RULES: dict[str, dict[str, Any]] = {
     "lim_variance": {"gt": 0, "max": 1},
     "lim_max_modes": {"min": 1, "max": 10**5},
 }
+
+
+def _say(msg: str) -> None:
+    """A set-up line, once per job: under torchrun every rank builds the task, rank 0 speaks."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"[plainloop] {msg}", flush=True)
 
 
 def era5_train_defaults(on_gpu: bool, using_sample: bool, n_train: int) -> dict[str, Any]:
@@ -376,7 +383,7 @@ def build_era5_task(
         common, train, lead, {"variance": lim_variance, "max_modes": lim_max_modes}
     )  # fmt: skip
     if wide_note:
-        print(f"[plainloop] note: {wide_note}")
+        _say(f"note: {wide_note}")
     if prior in WIDE_PRIORS and wide_all is None:
         raise ValueError(
             f"prior={prior!r} needs the wide region (every longitude, latitudes to at least 30S-30N) "
@@ -415,7 +422,7 @@ def build_era5_task(
             why = choice_reason(gain, se, candidates[0])
         else:
             prior, why = candidates[0], "default (no validation months)"
-        print(f"[plainloop] prior: {prior} ({why})")
+        _say(f"prior: {prior} ({why})")
     if prior in WIDE_PRIORS:  # x carries the prior as its last channel, in normalised units
         for ds in (train, val, test):
             if len(ds):

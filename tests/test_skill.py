@@ -503,6 +503,11 @@ def test_prior_auto_keeps_the_default_where_others_are_only_slightly_better_on_v
     assert vr["wide_hybrid"] < vr["blend"]
     assert task.info["prior"] == "blend" and task.info["prior_choice"] == "default"
     assert "[plainloop] prior: blend (default)" in capsys.readouterr().out
+    # under torchrun every rank builds the task; only rank 0 says which prior it chose
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RANK", "1")
+        assert small_task(sample_file, tmp_path, offset=5).info["prior"] == "blend"
+    assert "[plainloop] prior" not in capsys.readouterr().out
     # damped persistence may have the lowest validation RMSE of all: it is not a candidate for auto
     task = small_task(sample_file, tmp_path)
     vr = task.info["prior_val_rmse_c"]

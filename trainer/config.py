@@ -94,7 +94,7 @@ def describe(tp: Any, rule: dict[str, Any], implicit: bool = False) -> str:
     if "choices" in rule:
         text = "one of " + ", ".join(str(c) for c in rule["choices"])
     elif base is bool:
-        text = "true or false" + (" or auto" if optional else "")
+        text = "on or off (true or false)" + (" or auto" if optional else "")
     elif typing.get_origin(base) in (tuple, list):
         args = typing.get_args(base)
         n = "" if (not args or args[-1] is Ellipsis or typing.get_origin(base) is list) else f"{len(args)} "
