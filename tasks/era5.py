@@ -22,6 +22,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from tasks.args import check_task_args, input_path_problem
 from trainer import Task
@@ -194,7 +195,14 @@ class PriorForecaster(nn.Module):
         coeff = flat @ self.lim_encode
         out = (coeff @ self.lim_decode).reshape(B, H, W)
         if self.prior == "hybrid":
-            out = out + (flat - coeff @ self.lim_recon).reshape(B, H, W) * self.residual_damping
+            res = (flat - coeff @ self.lim_recon).reshape(B, H, W)
+            out = out + res * self.residual_damping
+            if hasattr(self, "residual_neighbours"):  # the 3 x 3 neighbourhood term, land as 0
+                p = F.pad(res * self.ocean, (1, 1, 1, 1))
+                hood = torch.stack(
+                    [p[:, 1 + i : 1 + i + H, 1 + j : 1 + j + W] for i in (-1, 0, 1) for j in (-1, 0, 1)], -1
+                )
+                out = out + (hood * self.residual_neighbours).sum(-1)
         return out
 
     def parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -265,6 +273,9 @@ def _prior_tensors(prior: str, fitted: dict[str, Any], lead: int, shape: tuple[i
         rec[:, flat] = lim.eofs / lim.sqrt_w  # coefficients -> grid: the EOF reconstruction
         out["lim_recon"] = torch.from_numpy(rec)
         out["residual_damping"] = torch.from_numpy(np.nan_to_num(fitted["hybrid"].residual.r))
+        if fitted["hybrid"].neighbours is not None:
+            out["residual_neighbours"] = torch.from_numpy(fitted["hybrid"].neighbours.coef)
+            out["ocean"] = torch.from_numpy(lim.mask.astype(np.float64))
     return out
 
 

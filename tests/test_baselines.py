@@ -232,3 +232,54 @@ def test_overlapping_errors_at_longer_leads_need_a_larger_gain():
     assert choose_on_validation({"hybrid": default, "blend": other}, lead=6)[0] == "hybrid"
     with pytest.raises(ValueError, match="no candidate"):
         choose_on_validation({})
+
+
+def test_neighbour_term_finds_a_drifting_residual_and_stays_out_of_an_independent_one():
+    from utils.baselines import DampedPersistence, NeighbourResidual
+
+    shape, T, phi = (6, 8), 3000, 0.8
+    mask = np.ones(shape, bool)
+    mask[0, 0] = False  # a land cell: never a predictor, never predicted
+    rng = np.random.default_rng(5)
+    drift = np.zeros((T, *shape))
+    for t in range(1, T):  # each anomaly moves one cell east a month and decays
+        drift[t, :, 1:] = phi * drift[t - 1, :, :-1]
+        drift[t] += rng.standard_normal(shape)
+    drift[:, ~mask] = np.nan
+    dp = DampedPersistence.fit(drift, 1, mask)
+    nb = NeighbourResidual.fit(drift, dp, mask)
+    assert nb is not None
+    west = nb.coef[2:, 2:, 3]  # index 3: the cell to the west (row 0, column -1)
+    np.testing.assert_allclose(west, phi, atol=0.08)
+    assert np.abs(np.delete(nb.coef[2:, 2:], [3, 4], axis=-1)).max() < 0.1
+    assert (nb.coef[~mask] == 0).all()
+    pred = nb.predict(drift[2900:-1], mask) + dp.predict(drift[2900:-1])
+    err_nb = np.nanmean((pred - drift[2901:]) ** 2)
+    err_dp = np.nanmean((dp.predict(drift[2900:-1]) - drift[2901:]) ** 2)
+    assert err_nb < 0.75 * err_dp
+    # independent AR(1) cells: damping already says all there is; the term is absent or negligible
+    ar = np.zeros((T, *shape))
+    for t in range(1, T):
+        ar[t] = phi * ar[t - 1] + rng.standard_normal(shape)
+    dp = DampedPersistence.fit(ar, 1, mask)
+    nb = NeighbourResidual.fit(ar, dp, mask)
+    assert nb is None or np.abs(nb.coef).max() < 0.05
+
+
+def test_hybrid_neighbour_term_is_optional_and_adds_to_the_damped_residual():
+    from utils.baselines import HybridLIM
+
+    rng = np.random.default_rng(2)
+    field = np.zeros((400, 6, 5))
+    for t in range(1, 400):  # a residual that drifts east, as above
+        field[t, :, 1:] = 0.8 * field[t - 1, :, :-1]
+        field[t] += rng.standard_normal((6, 5))
+    plain = HybridLIM.fit(field, LATS, 1, neighbours=False, max_modes=3)
+    assert plain.neighbours is None
+    full = HybridLIM.fit(field, LATS, 1, max_modes=3)
+    np.testing.assert_allclose(full.residual.r, plain.residual.r)
+    last = field[-3:]
+    assert full.neighbours is not None
+    extra = full.neighbours.predict(full.lim.residual(last), full.lim.mask)
+    assert np.abs(extra).max() > 0.1
+    np.testing.assert_allclose(full.predict(last), plain.predict(last) + extra)

@@ -249,6 +249,20 @@ def test_validation_keeps_the_prior_where_the_correction_hurts(sample_file, tmp_
     assert "correction_scale" in m.state_dict()
 
 
+def test_the_models_hybrid_prior_carries_the_neighbour_term(sample_file, tmp_path):
+    # lead 1 on the whole sample: leave-one-out keeps the neighbour term; the model's prior equals the numpy one
+    task = small_task(sample_file, tmp_path, prior="hybrid", lon=(0, 360), lat=(-60, 60), seq_len=2, offset=0)
+    m = task.model.eval()
+    assert m.residual_neighbours.abs().max() > 0
+    with torch.no_grad():
+        val = task.evaluate_fn(m, "val", torch.device("cpu"))
+        assert val["val_rmse_c"] == pytest.approx(val["val_hybrid_rmse_c"], rel=1e-6)
+        m.residual_neighbours.zero_()  # without it the prior is the damped residual alone: a different forecast
+        assert task.evaluate_fn(m, "val", torch.device("cpu"))["val_rmse_c"] != pytest.approx(
+            val["val_rmse_c"], rel=1e-4
+        )
+
+
 def test_calendar_channels_reach_the_model(sample_file, tmp_path):
     task = small_task(sample_file, tmp_path)
     assert task.info["calendar"] and task.info["prior"] == "blend"
@@ -585,9 +599,16 @@ def test_a_regional_file_falls_back_to_the_box_priors_with_a_note(tmp_path, caps
         small_task(f, tmp_path, prior="wide_hybrid", **REMOTE_BOX)
 
 
-def test_auto_falls_back_to_damped_persistence_where_it_is_clearly_best(tmp_path):
-    """The built-in synthetic sample (its own wide region, seq_len 2 as the demo): damped persistence beats the
-    hybrid family clearly on validation, so auto takes it, says why, and the untrained model (its prior) scores it."""
+def test_auto_falls_back_to_damped_persistence_where_it_is_clearly_best(tmp_path, monkeypatch):
+    """The built-in synthetic sample (its own wide region, seq_len 2 as the demo) with the hybrid's damped residual
+    alone (no neighbour term): damped persistence beats it clearly on validation, so auto takes it, says why, and
+    the untrained model (its prior) scores it."""
+    from utils.baselines import HybridLIM
+
+    fit = HybridLIM.fit.__func__
+    monkeypatch.setattr(
+        HybridLIM, "fit", classmethod(lambda cls, *a, **kw: fit(cls, *a, **{**kw, "neighbours": False}))
+    )
     f = write_sample_file(tmp_path / "s.nc", years=30, grid=5.0)
     task = small_task(f, tmp_path, lon=(0, 360), lat=(-60, 60), seq_len=2, offset=0)
     assert task.info["prior"] == "damped_persistence", task.info["prior_choice"]

@@ -20,6 +20,10 @@ Leads count months from the last input month to the target month (the dataset's 
 - Hybrid ("LIM + damped residual"): the LIM forecasts zero outside its EOFs, yet that remainder (grid-scale
   and local anomalies) is persistent for a month or two. The hybrid adds r_k · residual(t), with r_k the
   per-cell lag-k autocorrelation of the training residual (anomaly minus its EOF reconstruction): no tuning.
+  Grid-scale anomalies also drift and spread, so what damping misses is regressed on the residual's 3 x 3
+  neighbourhood (`NeighbourResidual`), with the ridge penalty (or no term at all) chosen by leave-one-out on
+  the training months: the term appears at lead 1 and fades at longer leads, where the residual has
+  decorrelated. `HybridLIM.fit(..., neighbours=False)` gives the damped residual alone.
 - Ridge correction (`RidgeCorrection`): a linear regression, with a ridge penalty, of what a base forecast
   misses on the leading principal components of the last 1-2 input months, optionally modulated by the
   target's calendar month (each predictor also times cos and sin of its phase), optionally with the
@@ -158,13 +162,66 @@ class LinearInverseModel:
         return out[0] if squeeze else out
 
 
+# Shrinkages the neighbour term may take, chosen by leave-one-out on the training months (None: no term).
+NEIGHBOUR_ALPHAS = (0.01, 0.1, 1.0, 10.0)
+
+
+def neighbourhood(field: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """(N, H, W) -> (N, H, W, 9): each cell's 3 x 3 neighbourhood (itself at index 4), land and edges as 0.
+    Columns do not wrap: an area's edge is not its other edge, unless it is the whole globe (left as is)."""
+    a = np.where(mask, np.nan_to_num(np.asarray(field, dtype=np.float64)), 0.0)
+    _, H, W = a.shape
+    p = np.pad(a, ((0, 0), (1, 1), (1, 1)))
+    return np.stack([p[:, 1 + i : 1 + i + H, 1 + j : 1 + j + W] for i in (-1, 0, 1) for j in (-1, 0, 1)], axis=-1)
+
+
+@dataclass
+class NeighbourResidual:
+    """What the damped residual misses, regressed on the residual's 3 x 3 neighbourhood (grid-scale anomalies
+    drift and spread), with a ridge penalty chosen by leave-one-out on the training months; `coef` (H, W, 9)."""
+
+    alpha: float
+    coef: np.ndarray
+
+    @classmethod
+    def fit(cls, res: np.ndarray, damped: DampedPersistence, mask: np.ndarray) -> NeighbourResidual | None:
+        """res: the training residual (T, H, W). None where leave-one-out prefers no term (the damped residual
+        alone): at longer leads the residual has decorrelated and 9 coefficients per cell would fit noise."""
+        k = damped.lead
+        x = neighbourhood(res[:-k], mask)[:, mask]  # (n, cells, 9)
+        y = np.nan_to_num(res[k:][:, mask]) - x[..., 4] * np.nan_to_num(damped.r[mask])  # what damping misses
+        n = x.shape[0]
+        g = np.einsum("ncf,ncg->cfg", x, x)
+        b = np.einsum("ncf,nc->cf", x, y)
+        scale = np.einsum("cff->cf", g) / n + 1e-12
+        best, best_err, best_coef = None, float(np.sum(y**2)), None
+        for alpha in NEIGHBOUR_ALPHAS:
+            inv = np.linalg.inv(g + alpha * n * scale[:, :, None] * np.eye(9))
+            coef = np.einsum("cfg,cg->cf", inv, b)
+            hat = np.einsum("ncf,cfg,ncg->nc", x, inv, x)  # leverage of each month
+            err = float(np.sum(((y - np.einsum("ncf,cf->nc", x, coef)) / (1.0 - hat)) ** 2))
+            if err < best_err:
+                best, best_err, best_coef = alpha, err, coef
+        if best is None:
+            return None
+        out = np.zeros(mask.shape + (9,))
+        out[mask] = best_coef
+        return cls(float(best), out)
+
+    def predict(self, res: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """(N, H, W) residual of the last input month -> (N, H, W) the term to add (0 off the mask)."""
+        return np.einsum("nhwf,hwf->nhw", neighbourhood(res, mask), self.coef)
+
+
 @dataclass
 class HybridLIM:
-    """LIM forecast plus damped persistence of the part of the last anomaly the LIM's EOFs leave out."""
+    """LIM forecast plus damped persistence of the part of the last anomaly the LIM's EOFs leave out, plus
+    (`neighbours`) a regression on the residual's 3 x 3 neighbourhood where leave-one-out supports one."""
 
     lim: LinearInverseModel
     residual: DampedPersistence  # r_k of the EOF residual, per cell
     lead: int
+    neighbours: NeighbourResidual | None = None
 
     @classmethod
     def fit(
@@ -174,17 +231,25 @@ class HybridLIM:
         lead: int,
         mask: np.ndarray | None = None,
         lim: LinearInverseModel | None = None,
+        neighbours: bool = True,
         **lim_kw: Any,
     ) -> HybridLIM:
-        """`lim`: an already fitted LIM on the same anomalies (else one is fitted with `lim_kw`)."""
+        """`lim`: an already fitted LIM on the same anomalies (else one is fitted with `lim_kw`).
+        `neighbours=False`: the damped residual alone (the hybrid as first defined)."""
         lim = lim if lim is not None else LinearInverseModel.fit(anom, lats, mask, **lim_kw)
         res = lim.residual(anom)
-        return cls(lim, DampedPersistence.fit(res, lead, lim.mask), int(lead))
+        damped = DampedPersistence.fit(res, lead, lim.mask)
+        nb = NeighbourResidual.fit(res, damped, lim.mask) if neighbours else None
+        return cls(lim, damped, int(lead), nb)
 
     def predict(self, last_anom: np.ndarray) -> np.ndarray:
         """(N, H, W) anomalies of the last input month -> anomalies `lead` months later (NaN off the mask)."""
         a = np.asarray(last_anom, dtype=np.float64)
-        return self.lim.predict(a, self.lead) + self.residual.predict(self.lim.residual(a))
+        res = self.lim.residual(a)
+        out = self.lim.predict(a, self.lead) + self.residual.predict(res)
+        if self.neighbours is not None:
+            out = out + self.neighbours.predict(res, self.lim.mask)
+        return out
 
 
 def _fractional_power(g: np.ndarray, p: float) -> np.ndarray:
