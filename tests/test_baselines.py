@@ -283,3 +283,20 @@ def test_hybrid_neighbour_term_is_optional_and_adds_to_the_damped_residual():
     extra = full.neighbours.predict(full.lim.residual(last), full.lim.mask)
     assert np.abs(extra).max() > 0.1
     np.testing.assert_allclose(full.predict(last), plain.predict(last) + extra)
+
+
+def test_lim_fits_when_lapack_svd_does_not_converge(monkeypatch):
+    # single-threaded OpenBLAS's SVD failed on some HadISST training windows: the fallback gives the same model
+    from utils.baselines import LinearInverseModel
+
+    rng = np.random.default_rng(4)
+    field = rng.standard_normal((200, 6, 5)).cumsum(axis=0) * 0.1
+    ref = LinearInverseModel.fit(field, LATS, max_modes=4)
+
+    def no_convergence(*a, **kw):
+        raise np.linalg.LinAlgError("SVD did not converge")
+
+    monkeypatch.setattr(np.linalg, "svd", no_convergence)
+    lim = LinearInverseModel.fit(field, LATS, max_modes=4)
+    assert lim.modes == ref.modes and lim.explained == pytest.approx(ref.explained)
+    np.testing.assert_allclose(lim.predict(field[-3:], 2), ref.predict(field[-3:], 2), atol=1e-8)

@@ -116,7 +116,7 @@ class LinearInverseModel:
         w = np.sqrt(np.clip(np.cos(np.deg2rad(np.asarray(lats, dtype=np.float64))), 0.0, None))
         sqrt_w = np.broadcast_to(w[:, None], m.shape)[m]
         x = a[:, m] * sqrt_w  # (T, cells)
-        _, s, vt = np.linalg.svd(x, full_matrices=False)
+        s, vt = _svd(x)
         frac = np.cumsum(s**2) / max(np.sum(s**2), 1e-300)
         n = int(np.searchsorted(frac, variance - 1e-12) + 1)
         n = max(1, min(n, int(max_modes), max(1, T // 10), vt.shape[0]))
@@ -250,6 +250,18 @@ class HybridLIM:
         if self.neighbours is not None:
             out = out + self.neighbours.predict(res, self.lim.mask)
         return out
+
+
+def _svd(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Singular values and right vectors of x (T, cells). LAPACK's divide-and-conquer SVD can fail to converge
+    (seen with single-threaded OpenBLAS on HadISST anomalies); then the eigenvectors of x^T x give the same."""
+    try:
+        _, s, vt = np.linalg.svd(x, full_matrices=False)
+        return s, vt
+    except np.linalg.LinAlgError:
+        vals, vecs = np.linalg.eigh(x.T @ x)
+        order = np.argsort(vals)[::-1][: min(x.shape)]
+        return np.sqrt(np.clip(vals[order], 0.0, None)), vecs[:, order].T
 
 
 def _fractional_power(g: np.ndarray, p: float) -> np.ndarray:
