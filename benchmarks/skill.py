@@ -733,7 +733,9 @@ def main(argv: list[str] | None = None) -> int:
         help="extra real monthly SST files with their area and resolution",
     )
     p.add_argument("--contexts", type=int, nargs="+", default=[2, 6, 12], help="input months (default: 2 6 12)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="model seeds (default: 0 1 2)")
+    p.add_argument(
+        "--seeds", type=int, nargs="+", default=None, help="model seeds (default: 0 1 2; with --rolling --network: 0)"
+    )
     p.add_argument("--epochs", type=int, default=None, help="cap the epochs (default: era5_train_defaults)")
     p.add_argument(
         "--quick",
@@ -769,9 +771,9 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.render).with_suffix(".md").write_text(md, encoding="utf-8")
         print(md)
         return 0
+    if args.seeds is None:  # a network hindcast trains 16 models a seed; asked-for seeds are always kept
+        args.seeds = [0] if args.rolling and args.network else [0, 1, 2]
     if args.rolling:
-        if args.seeds == [0, 1, 2] and args.network:
-            args.seeds = [0]
         return run_rolling(args)
     for name, vals, lo in (
         ("--leads", args.leads, 1),

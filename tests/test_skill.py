@@ -615,3 +615,18 @@ def test_auto_falls_back_to_damped_persistence_where_it_is_clearly_best(tmp_path
     assert task.info["prior_choice"].startswith("validation gain") and "over hybrid" in task.info["prior_choice"]
     r = task.info["prior_val_rmse_c"]
     assert r["damped_persistence"] < min(r["hybrid"], r["lim"])
+
+
+def test_asked_for_seeds_are_kept_in_a_network_hindcast(monkeypatch):
+    # `--seeds 0 1 2` once equalled the default and was cut to one seed for --network; only the default is
+    from benchmarks import skill
+
+    seen = []
+    monkeypatch.setattr(skill, "run_rolling", lambda args: seen.append(args.seeds) or 0)
+    for argv, seeds in (
+        (["--rolling", "--network", "tropical_pacific", "--seeds", "0", "1", "2"], [0, 1, 2]),
+        (["--rolling", "--network", "tropical_pacific"], [0]),
+        (["--rolling", "--seeds", "3"], [3]),
+    ):
+        assert skill.main(argv) == 0
+        assert seen.pop() == seeds
