@@ -182,8 +182,11 @@ def test_loop_overhead_harness(tmp_path, capfd):
             _positive_finite(v, f"{name} samples/s")
         _positive_finite(saved["vs_hand"][name], f"vs_hand.{name}")
     assert saved["vs_hand"]["hand"] == pytest.approx(1.0)
-    worst = min(saved["vs_hand"]["plainloop"], saved["vs_hand_paired"]["plainloop"])
-    assert saved["target_met"] == (worst >= saved["target_vs_hand"])
+    # met only when every engine loop reaches the target on both ratios (which loops pass depends on the machine)
+    assert set(saved["target_met_by"]) == {"plainloop", "basetrainer"}
+    for name, ok in saved["target_met_by"].items():
+        assert ok == (min(saved["vs_hand"][name], saved["vs_hand_paired"][name]) >= saved["target_vs_hand"])
+    assert saved["target_met"] == all(saved["target_met_by"].values())
 
 
 def test_stats_and_bad_input():
