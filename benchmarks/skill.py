@@ -48,13 +48,14 @@ import torch
 
 from benchmarks.common import RESULTS_DIR, environment, md_table, write_json
 from datasets.era5_records import RECORDS, ensure_record
-from tasks.era5 import PRIOR_BASELINE
+from tasks.era5 import PRIOR_BASELINE, load_wide_region
 from utils.baselines import (  # noqa: F401 - re-exported; the choosing rule is the task's (one implementation)
     BASELINE_NAMES,
     PRIOR_BASES,
     WIDE_LAT,
     WideRegion,
     Z,
+    blend,
     choice_reason,
     choose_on_validation,
     clear_gain,
@@ -362,7 +363,7 @@ def _stat_forecasts(st: _Stage, lead: int, targets: np.ndarray) -> dict[str, np.
     }
     if st.wide is not None:
         out["wide_hybrid"] = st.wide.area(st.wide_hybrid.predict(st.wide_anom[targets - lead]))
-        out["blend"] = 0.5 * (out["hybrid"] + out["wide_hybrid"])  # two untuned forecasts, errors partly independent
+        out["blend"] = blend(out["hybrid"], out["wide_hybrid"])
     return out
 
 
@@ -593,15 +594,14 @@ def run_rolling(args: argparse.Namespace) -> int:
         source, lon, lat = ROLLING_BOXES[box]
         path = resolve_data(source)
         assert path is not None
-        ds = ERA5SSTMonthlyDataset(split=None, lon=list(lon), lat=list(lat), seq_len=2, resolution=5.0, data_path=path)
+        kw = dict(lon=list(lon), lat=list(lat), seq_len=2, resolution=5.0, data_path=path)
+        ds = ERA5SSTMonthlyDataset(split=None, **kw)
         data, mask = np.asarray(ds._array()), ds.ocean_mask.numpy()
         wlon, wlat = wide_region(lat)
-        wds = ERA5SSTMonthlyDataset(
-            split=None, lon=list(wlon), lat=list(wlat), seq_len=2, resolution=5.0, data_path=path
-        )  # fmt: skip
-        if not np.array_equal(wds.months, ds.months):
-            raise ValueError(f"--rolling {box}: the wide region {wlon}, {wlat} does not cover the area's months")
-        wide = WideRegion.build(wds._array(), wds.lats, wds.lons, wds.ocean_mask.numpy(), ds.lats, ds.lons)
+        try:
+            _, wide = load_wide_region(kw, ds)
+        except ValueError as e:
+            raise ValueError(f"--rolling {box}: the wide region {wlon}, {wlat}: {e}") from e
         block: dict[str, Any] = {"record": source, "lon": lon, "lat": lat, "resolution": 5.0,
                                  "wide_region": {"lon": wlon, "lat": wlat}, "leads": {}}  # fmt: skip
         for lead in args.leads:

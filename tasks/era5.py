@@ -197,12 +197,9 @@ class PriorForecaster(nn.Module):
         if self.prior == "hybrid":
             res = (flat - coeff @ self.lim_recon).reshape(B, H, W)
             out = out + res * self.residual_damping
-            if hasattr(self, "residual_neighbours"):  # the 3 x 3 neighbourhood term, land as 0
-                p = F.pad(res * self.ocean, (1, 1, 1, 1))
-                hood = torch.stack(
-                    [p[:, 1 + i : 1 + i + H, 1 + j : 1 + j + W] for i in (-1, 0, 1) for j in (-1, 0, 1)], -1
-                )
-                out = out + (hood * self.residual_neighbours).sum(-1)
+            if hasattr(self, "residual_neighbours"):  # the 3 x 3 neighbourhood term, land and edges as 0
+                hood = F.unfold((res * self.ocean)[:, None], 3, padding=1).view(B, 9, H, W)
+                out = out + (hood * self.residual_neighbours).sum(1)
         return out
 
     def parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -274,9 +271,28 @@ def _prior_tensors(prior: str, fitted: dict[str, Any], lead: int, shape: tuple[i
         out["lim_recon"] = torch.from_numpy(rec)
         out["residual_damping"] = torch.from_numpy(np.nan_to_num(fitted["hybrid"].residual.r))
         if fitted["hybrid"].neighbours is not None:
-            out["residual_neighbours"] = torch.from_numpy(fitted["hybrid"].neighbours.coef)
+            out["residual_neighbours"] = torch.from_numpy(fitted["hybrid"].neighbours.coef).permute(2, 0, 1)
             out["ocean"] = torch.from_numpy(lim.mask.astype(np.float64))
     return out
+
+
+def load_wide_region(dataset_kw: dict[str, Any], area: Any) -> tuple[Any, Any]:
+    """The wide region of an area (`utils.baselines.wide_region`) from the same data: its dataset over every month
+    (split None, `dataset_kw` as the area's) and the `WideRegion` that places the area's cells in it. ValueError
+    (or OSError) says why the data cannot give it."""
+    from datasets.era5 import ERA5SSTMonthlyDataset
+    from utils.baselines import WIDE_LAT, WideRegion, wide_region
+
+    wlon, wlat = wide_region((float(dataset_kw["lat"][0]), float(dataset_kw["lat"][1])))
+    wds = ERA5SSTMonthlyDataset(
+        **{**dataset_kw, "lon": list(wlon), "lat": list(wlat), "split": None, "device_cache": False, "calendar": False}
+    )
+    if not np.array_equal(wds.months, area.months):
+        raise ValueError("its months differ from the area's")
+    wmask = wds.ocean_mask.numpy()
+    if not wmask.any(axis=1)[np.abs(wds.lats) <= WIDE_LAT].all():
+        raise ValueError(f"some latitudes within {WIDE_LAT:g}°S-{WIDE_LAT:g}°N have no data")
+    return wds, WideRegion.build(wds._array(), wds.lats, wds.lons, wmask, area.lats, area.lons)
 
 
 def _wide_prior_anomalies(
@@ -285,24 +301,15 @@ def _wide_prior_anomalies(
     """The wide-region hybrid's °C anomaly forecast (N_all, H, W) of every sample's target, all splits in order,
     fitted on the training months only; (None, why) when the data cannot give the wide region ("" when the
     area is its own wide region: the wide hybrid would be the hybrid)."""
-    from datasets.era5 import ERA5SSTMonthlyDataset
-    from utils.baselines import WIDE_LAT, HybridLIM, WideRegion, wide_region
+    from utils.baselines import HybridLIM, wide_region
 
     lon, lat = common["lon"], common["lat"]
     wlon, wlat = wide_region((float(lat[0]), float(lat[1])))
     if abs(float(lon[1]) - float(lon[0])) >= 360 and wlat == (min(lat), max(lat)):
         return None, ""
     try:
-        wds = ERA5SSTMonthlyDataset(
-            **{**common, "lon": list(wlon), "lat": list(wlat), "split": None, "device_cache": False, "calendar": False}
-        )
-        if not np.array_equal(wds.months, train.months):
-            raise ValueError("its months differ from the area's")
-        wmask = wds.ocean_mask.numpy()
-        if not wmask.any(axis=1)[np.abs(wds.lats) <= WIDE_LAT].all():
-            raise ValueError(f"some latitudes within {WIDE_LAT:g}°S-{WIDE_LAT:g}°N have no data")
-        region = WideRegion.build(wds._array(), wds.lats, wds.lons, wmask, train.lats, train.lons)
-        hyb = HybridLIM.fit(wds.train_anomalies_c(), wds.lats, lead, wmask, **lim_kw)
+        wds, region = load_wide_region(common, train)
+        hyb = HybridLIM.fit(wds.train_anomalies_c(), wds.lats, lead, region.mask, **lim_kw)
     except (ValueError, OSError) as e:
         return None, (
             f"prior: the data do not give the wide region lon {wlon}, lat {wlat} ({e}); "
@@ -361,6 +368,7 @@ def build_era5_task(
         PRIOR_BASES,
         PRIOR_FALLBACKS,
         baseline_forecasts,
+        blend,
         choice_reason,
         choose_on_validation,
         fit_baselines,
@@ -409,7 +417,7 @@ def build_era5_task(
         ref = ds.reference_c()
         w = wide_all[ds.sample_months()[0] - (seq_len - 2)]  # sample i of the split is sample start + i of all
         h = fitted["hybrid"].predict(ref["last_input_c"] - ref["clim_input_c"])
-        return {"wide_hybrid": w, "blend": 0.5 * (h + w)}
+        return {"wide_hybrid": w, "blend": blend(h, w)}
 
     val_rmse, val_pm = {}, {}
     if len(val):  # the statistical forecasts on the validation months: what prior="auto" chooses by

@@ -159,7 +159,6 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> P
         except OSError:  # some file systems refuse a folder fsync; the file itself is already on disk
             pass
     return path
-    return path
 
 
 def snapshot_to_host(obj: Any) -> Any:

@@ -400,6 +400,12 @@ class WideRegion:
         return field[:, self.rows][:, :, self.cols]
 
 
+def blend(hybrid: np.ndarray, wide_hybrid: np.ndarray) -> np.ndarray:
+    """The blend: the mean of the area's hybrid and the wide-region hybrid, two untuned forecasts whose errors are
+    partly independent."""
+    return 0.5 * (np.asarray(hybrid) + np.asarray(wide_hybrid))
+
+
 BASELINE_NAMES = ("persistence", "climatology", "anomaly_persistence", "damped_persistence", "lim", "hybrid")
 
 
