@@ -337,7 +337,7 @@ def test_a_new_field_gets_flag_check_and_message_from_its_knob():
         ("epochs", 10**30, "epochs=1000000000000000000000000000000: too large; use a whole number in [1, "),
         ("epochs", "2", None),
         ("save_best", "false", None),
-        ("save_best", "maybe", "save_best='maybe': not on or off (true or false)"),
+        ("save_best", "maybe", "save_best='maybe': not understood; use on or off (true or false)"),
         ("run_name", "../../x", "run_name='../../x': holds a path separator"),
         ("run_name", ".", "run_name='.': not a name"),
         ("run_name", "a\udcff", "not valid UTF-8"),

@@ -393,6 +393,8 @@ def test_a_run_killed_during_validation_redoes_it_first_on_resume(tmp_path, kill
     )
     assert any(f"validation at step {8 * kill_at} may not have finished" in n for n in rest.notes), rest.notes
     summary = rest.fit()
+    # the redone validation comes before any training: it is not "longer than the training since the previous one"
+    assert not any("longer than the" in n for n in rest.notes), rest.notes
 
     def vals(run):
         rows = metric_rows(tmp_path / run)

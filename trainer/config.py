@@ -236,7 +236,9 @@ def check_value(label: str, value: Any, tp: Any, rule: dict[str, Any] | None = N
             shown = _at(label, value)
         else:
             shown = f"{label}({kind})" if label.endswith("=") else f"{label} ({kind})"
-        raise ConfigError(f"{shown}: not {allowed.split(' in ')[0].split(' >')[0]}; use {allowed}") from None
+        what = allowed.split(" in ")[0].split(" >")[0]
+        why = "not understood" if what == allowed else f"not {what}"  # "not X; use X" says it twice
+        raise ConfigError(f"{shown}: {why}; use {allowed}") from None
     why = _problem(converted, base, rule)
     if why:
         if why in ("too large", "too small"):

@@ -317,7 +317,8 @@ class Trainer:
             self.monitor.start_monitoring()
             t0 = time.perf_counter()
             self._start_batches, self._start_step = self.batches_total_done(), self.progress.step
-            self._t_val_end = t0
+            # a resumed run's pending validation comes before any training: nothing to compare it with
+            self._t_val_end = None if self.progress.val_pending is not None else t0
             try:
                 self.bar = self._open_bar()
                 self.hooks("on_train_start")
