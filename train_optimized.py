@@ -61,18 +61,17 @@ from tasks import (  # noqa: E402
 )
 from trainer.checkpoint import CheckpointError  # noqa: E402
 from trainer.checkpointer import ResumeError  # noqa: E402
-from trainer.config import TrainConfig, check_output_dirs, check_settings, field_rules, knob  # noqa: E402
-from trainer.loggers import CSVLogger, WandbLogger, parse_logger_names  # noqa: E402
-from trainer.options import (  # noqa: E402
-    ConfigError,
+from trainer.cli.options import (  # noqa: E402
     add_dataclass_arguments,
     add_function_arguments,
     add_help_flags,
     function_parameters,  # fmt: skip
     load_config_file,
 )
+from trainer.config import ConfigError, TrainConfig, check_output_dirs, check_settings, field_rules, knob  # noqa: E402
+from trainer.extras.loggers import CSVLogger, WandbLogger, parse_logger_names  # noqa: E402
 from trainer.runfiles import RunDirError, find_resumable  # noqa: E402
-from trainer.setup import launch_prefix  # noqa: E402
+from trainer.runtime import launch_prefix  # noqa: E402
 from trainer.usercode import cli_script, cli_session  # noqa: E402
 
 RUN = "task and run"

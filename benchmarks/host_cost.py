@@ -292,7 +292,7 @@ def loop_lightning_data(c: dict, cache_dir: Path, device: torch.device, batch: i
     from benchmarks.lightning_peer import LIGHTNING_PRECISION, SAME_DATA_PEER, GatherBatches
     from trainer.data import ShardedBatchSampler
     from trainer.optim import build_adamw
-    from trainer.setup import resolve_runtime
+    from trainer.runtime import resolve_runtime
 
     task = _task(c, cache_dir, None, seed)
     task.train_set.maybe_to_device(device)

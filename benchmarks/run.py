@@ -10,7 +10,7 @@ Configurations (same model, same data, same optimizer AdamW(lr 1e-3, wd 0.01)):
                   that has it, fp16 on older GPUs, fp32 on a CPU), data cached and held on the device
   seed_loader     defaults, but the seed's data path: a DataLoader over the cached dataset with 8 workers,
                   pinned, persistent (device_cache off): defaults / seed_loader = the data path's share
-  tuned           defaults + torch.compile (--compile-mode) + a batch size found by trainer.autobatch
+  tuned           defaults + torch.compile (--compile-mode) + a batch size found by trainer.extras.autobatch
   user_trainer    a user's own model (the seed's network, forward only: no `loss` method, so plainloop's
                   default MSE) through `trainer.Trainer` with defaults
   user_base       the same model through seed 000's door, `trainer.BaseTrainer(...).train()`
@@ -402,7 +402,7 @@ def run_lightning_config(b: Bench, name: str) -> dict[str, Any]:
         SEED_PEER,
         run_lightning,
     )
-    from trainer.setup import resolve_runtime
+    from trainer.runtime import resolve_runtime
 
     same = name == "lightning_data"
     precision = "32" if name == "lightning_fp32" else "16-mixed"
@@ -448,10 +448,10 @@ RUNNERS = {
 
 
 def autotune_batch(b: Bench) -> dict:
-    """Largest batch that fits (trainer.autobatch's search, from the preset's batch up), capped so an epoch
+    """Largest batch that fits (trainer.extras.autobatch's search, from the preset's batch up), capped so an epoch
     still has at least two steps."""
-    from trainer.autobatch import find_max_batch_size
-    from trainer.setup import resolve_runtime
+    from trainer.extras.autobatch import find_max_batch_size
+    from trainer.runtime import resolve_runtime
 
     task = _build_task(b, False)
     rt = resolve_runtime("auto", str(b.device))
@@ -934,7 +934,7 @@ def setup_notes(b: Bench, configs: tuple[str, ...]) -> tuple[tuple[str, ...], li
         at = autotune_batch(b)
         b.tuned_batch = at["batch_size"]
         notes.append(
-            f"tuned: batch {b.tuned_batch} from trainer.autobatch (capped at {at['cap']} so an epoch has >= "
+            f"tuned: batch {b.tuned_batch} from trainer.extras.autobatch (capped at {at['cap']} so an epoch has >= "
             f"2 steps), torch.compile mode {b.compile_mode!r}"
         )
     return configs, notes

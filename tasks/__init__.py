@@ -347,7 +347,7 @@ def check_flag_names(spec: str, flags: list[FlagSpec], taken: dict[str, str]) ->
 
 
 def typed_signature(spec: str, flags: list[FlagSpec]) -> Callable[..., Any]:
-    """A stand-in with the flags' resolved types as its signature (what trainer/options.py reads for flags)."""
+    """A stand-in with the flags' resolved types as its signature (what trainer/cli/options.py reads for flags)."""
 
     def builder(**kw: Any) -> Any:  # never called
         raise NotImplementedError(spec)
@@ -415,7 +415,7 @@ def spec_from_argv(argv: list[str]) -> str | None:
     --config file's `task`, else the run --resume names (its config.toml); None for a built-in task."""
     import argparse
 
-    from trainer.options import load_config_file
+    from trainer.cli.options import load_config_file
 
     pre = argparse.ArgumentParser(add_help=False)
     for flag in ("--task", "--config", "--resume", "--output_dir"):
@@ -446,7 +446,7 @@ def _resume_config(resume: str | None) -> Path | None:
 def find_resumable_user_task(output_dir: str | Path, spec: str) -> Path | None:
     """--resume auto for a user task: the newest unfinished run under output_dir whose config.toml names `spec`
     and that no live process is training (the built-in tasks' rule, trainer/runfiles.py find_resumable)."""
-    from trainer.options import load_config_file
+    from trainer.cli.options import load_config_file
     from trainer.runfiles import finished, held_by_live_process
 
     root = Path(output_dir)
@@ -468,7 +468,7 @@ def find_resumable_user_task(output_dir: str | Path, spec: str) -> Path | None:
 
 def register_user_task(spec: str, taken: dict[str, str] | None = None) -> list[FlagSpec]:
     """Make `spec` a task of this process's CLI, beside the built-in ones: TASK_BUILDERS[spec] gives a stand-in
-    whose signature holds the builder's flags with their resolved types (what trainer/options.py reads), and
+    whose signature holds the builder's flags with their resolved types (what trainer/cli/options.py reads), and
     task_module(spec) its help lines. `taken`: the CLI's own flag names -> what they are (a parameter may not reuse
     one; TrainConfig's fields are always checked). Building the task is `build_user_task` (it needs the run's cfg)."""
     flags = builder_flags(spec)

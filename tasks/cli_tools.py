@@ -56,8 +56,8 @@ def profile(cfg: TrainConfig, task: Any, sections: dict[str, dict[str, Any]]) ->
 def autotune(cfg: TrainConfig, task: Any, opts: Any) -> TrainConfig:
     from utils.autotune import tune_num_workers
 
-    if opts.auto_batch_size:  # the search is the engine's own (trainer/autobatch.py), shared with BaseTrainer
-        from trainer.autobatch import auto_batch_size
+    if opts.auto_batch_size:  # the search is the engine's own (trainer/extras/autobatch.py), shared with BaseTrainer
+        from trainer.extras.autobatch import auto_batch_size
 
         cfg, note = auto_batch_size(cfg, task)
         print(f"[plainloop] {note}")

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-import trainer.base as base_mod
+import trainer.compat.base_trainer as base_mod
 
 
 @pytest.fixture(scope="session")

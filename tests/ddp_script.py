@@ -22,7 +22,7 @@ from torch.utils.data import TensorDataset
 
 from trainer.config import TrainConfig
 from trainer.loop import Trainer
-from trainer.setup import cleanup_distributed
+from trainer.runtime import cleanup_distributed
 from trainer.task import Task
 
 out = sys.argv[1]

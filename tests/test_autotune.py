@@ -1,4 +1,4 @@
-"""trainer.autobatch (batch-size search under a fake memory limit) and utils.autotune (LR scaling, num_workers)."""
+"""trainer.extras.autobatch (batch-size search under a fake memory limit) and utils.autotune (LR scaling, num_workers)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainer.autobatch import find_max_batch_size, is_oom_error
+from trainer.extras.autobatch import find_max_batch_size, is_oom_error
 from trainer.optim import scaled_lr
 from utils.autotune import default_worker_candidates, tune_num_workers
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import trainer.base as base_mod
-from trainer.base import BaseTrainer
+import trainer.compat.base_trainer as base_mod
+from trainer.compat.base_trainer import BaseTrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 QUICKSTART = Path(__file__).resolve().parents[1] / "docs" / "examples" / "seed000_quickstart.py"
@@ -384,7 +384,7 @@ def test_auto_batch_size_searches_before_training(tmp_path):
 def test_same_samples_compares_values_nan_included():
     import numpy as np
 
-    from trainer.base import same_samples
+    from trainer.compat.base_trainer import same_samples
 
     nan = torch.tensor([1.0, float("nan")])
     a = [({"x": nan.clone(), "name": np.array(["rgb"]), "pid": 3}, nan.clone()) for _ in range(4)]
@@ -489,7 +489,7 @@ def test_lightning_style_trainer_params_are_honoured_or_named(tmp_path):
 
 
 def test_save_load_round_trip_rebuilds_the_model_in_one_call(tmp_path):
-    from trainer.base import load_model
+    from trainer.compat.base_trainer import load_model
 
     tr = grid_trainer(tmp_path, model_params={"width": 4, "height": 3})
     model = tr.train()
@@ -610,7 +610,7 @@ def test_title_and_save_path_are_checked_before_anything_is_written(tmp_path):
     from datasets.area import Area
     from datasets.era5 import ERA5SSTMonthlyDataset
     from models.ratransformer import RecursiveAttentionTransformer
-    from trainer.options import ConfigError
+    from trainer.config import ConfigError
 
     area = Area("g", lon=[-180, 180], lat=[-80, 80])
     args = (RecursiveAttentionTransformer, ERA5SSTMonthlyDataset)
@@ -628,7 +628,7 @@ def test_model_params_that_do_not_fit_the_model_are_one_line(tmp_path):
     from datasets.area import Area
     from datasets.era5 import ERA5SSTMonthlyDataset
     from models.ratransformer import RecursiveAttentionTransformer
-    from trainer.options import ConfigError
+    from trainer.config import ConfigError
 
     tr = BaseTrainer("t", "u", Area("g", lon=[-180, 180], lat=[-80, 80]), RecursiveAttentionTransformer,
                      ERA5SSTMonthlyDataset, tmp_path / "m.pt", None, False, {"seq_len": 2},

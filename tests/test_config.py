@@ -15,7 +15,8 @@ import train_optimized as cli
 from tasks import TASK_BUILDERS
 from tests.helpers import SMALL
 from trainer import TrainConfig
-from trainer.options import ConfigError, function_parameters, load_config_file
+from trainer.cli.options import function_parameters, load_config_file
+from trainer.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -306,8 +307,8 @@ def test_a_new_field_gets_flag_check_and_message_from_its_knob():
     """The metadata scheme other helpers' fields use: a knob's rule is enforced by every door with one message."""
     import argparse
 
+    from trainer.cli.options import add_dataclass_arguments
     from trainer.config import check_settings, field_rules, knob
-    from trainer.options import add_dataclass_arguments
 
     @dataclasses.dataclass
     class Extra:
@@ -389,7 +390,7 @@ def test_config_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     """config.toml was truncated, then written: a bad value or a kill in between left it empty, and the next
     resume then ran with defaults. Now a temp file is renamed over it, and text that cannot be written fails
     before the old file is touched."""
-    from trainer import options
+    from trainer import runfiles as options
 
     path = tmp_path / "config.toml"
     options.write_config_file(path, {"train": {"lr": 0.5}})

@@ -1,4 +1,4 @@
-"""EMA of weights (trainer/ema.py): timm's decay schedule, the update, buffers, every-N, state and the swap."""
+"""EMA of weights (trainer/extras/ema.py): timm's decay schedule, the update, buffers, every-N, state and the swap."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.ema import EMA, ema_decay_at
+from trainer.extras.ema import EMA, ema_decay_at
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -315,7 +315,7 @@ def test_no_host_sync_from_the_ema_during_training(tmp_path, monkeypatch):
         def wrapper(x, *a, _o=orig, _n=name, **k):
             import sys
 
-            if sys._getframe(1).f_code.co_filename.endswith("trainer/ema.py"):
+            if sys._getframe(1).f_code.co_filename.endswith("trainer/extras/ema.py"):
                 calls.append(_n)
             return _o(x, *a, **k)
 
@@ -330,7 +330,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 from trainer import Task, TrainConfig, Trainer
-from trainer.setup import cleanup_distributed
+from trainer.runtime import cleanup_distributed
 
 g = torch.Generator().manual_seed(0)
 x = torch.randn(256, 8, generator=g)

@@ -20,7 +20,7 @@ from trainer.data import ShardedBatchSampler, loader_settings, to_device
 from trainer.hooks import HOOK_NAMES, Callback
 from trainer.loop import Trainer
 from trainer.optim import scaled_lr
-from trainer.setup import Runtime
+from trainer.runtime import Runtime
 from trainer.task import Task
 
 N = 256
@@ -515,7 +515,7 @@ def test_atomic_save_leaves_no_partial_file(tmp_path, monkeypatch):
 
 def test_progress_bar_moves_every_epoch_even_when_epochs_are_short(tmp_path, monkeypatch, capsys):
     """8 batches per epoch with progress_every 10: one run-level bar still advances at every epoch end."""
-    import trainer.progress as progress
+    import trainer.console as progress
 
     seen: list[tuple[int, dict]] = []
 
@@ -584,7 +584,7 @@ def test_trainer_seeds_the_loop_not_a_model_built_before_it(tmp_path):
 
 
 def test_cpu_precision_auto_is_fp32_and_bf16_is_honoured():
-    from trainer.setup import resolve_runtime
+    from trainer.runtime import resolve_runtime
 
     auto = resolve_runtime("auto", "cpu")
     assert (auto.precision, auto.amp_dtype) == ("32", None)

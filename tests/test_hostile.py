@@ -169,7 +169,7 @@ def test_every_flag_with_the_worst_values(knob, arena, tmp_path):
 def test_every_trainer_params_key_with_hostile_values(knob, value):
     """BaseTrainer's door: TrainConfig.from_dict (what base.py calls) converts and checks with the same rules."""
     from trainer import TrainConfig
-    from trainer.options import ConfigError
+    from trainer.config import ConfigError
 
     try:
         cfg = TrainConfig.from_dict({knob: value}, where="trainer_params")
@@ -390,8 +390,7 @@ def test_a_stop_right_after_the_run_directory_is_made_saves_and_resumes(tmp_path
 
 def test_a_killed_settings_write_leaves_a_temp_the_next_start_removes(tmp_path):
     """config.toml's temp file is named as checkpoint temps are, so a writer killed mid-write is tidied up."""
-    from trainer.checkpoint import _owner_tag, remove_orphan_temps
-    from trainer.options import atomic_write_text
+    from trainer.checkpoint import _owner_tag, atomic_write_text, remove_orphan_temps
 
     atomic_write_text(tmp_path / "config.toml", "x = 1\n")
     dead = 2**22 + 12345  # above pid_max's default: no such process

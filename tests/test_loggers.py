@@ -1,4 +1,4 @@
-"""Loggers (trainer/loggers.py): CSV and W&B receive the rows of metrics.jsonl and the configuration."""
+"""Loggers (trainer/extras/loggers.py): CSV and W&B receive the rows of metrics.jsonl and the configuration."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from tests.helpers import metric_rows, toy_config
-from trainer.loggers import WANDB_MISSING, CSVLogger, WandbLogger, parse_logger_names
+from trainer.extras.loggers import WANDB_MISSING, CSVLogger, WandbLogger, parse_logger_names
 from trainer.loop import Trainer
 from trainer.task import Task
 

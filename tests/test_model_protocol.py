@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tests.helpers import metric_rows
 from trainer import Task, TrainConfig, Trainer
-from trainer.model_protocol import ModelProtocolError, UnsupportedLightningFeature, parse_optimizers
+from trainer.compat.lightning import ModelProtocolError, UnsupportedLightningFeature, parse_optimizers
 
 L = pytest.importorskip("lightning")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -406,7 +406,7 @@ def test_validation_step_drives_evaluation_and_is_capped_by_limit_val_batches(tm
 
 
 def test_lightning_checkpoint_weights_load_into_the_same_model(tmp_path):
-    from trainer.base import load_weights_into
+    from trainer.compat.base_trainer import load_weights_into
 
     train, val = data()
     a = Base()
@@ -458,7 +458,7 @@ def test_your_model_guide_examples_run(tmp_path):
 def test_a_wrapped_model_reaches_training_step_through_its_forward():
     """Under DDP (or torch.compile) the wrapper's forward must run, or gradients are not synchronised: the loss goes
     model(batch) -> the module's forward -> training_step, and the module's own forward is untouched otherwise."""
-    from trainer.model_protocol import model_parts
+    from trainer.compat.lightning import model_parts
 
     class Wrap(nn.Module):  # what DDP does with a call: forward to self.module
         def __init__(self, module):
@@ -486,7 +486,7 @@ def test_a_wrapped_model_reaches_training_step_through_its_forward():
 def test_the_models_optimizer_under_the_fp16_scaler_and_the_non_finite_guard():
     """GradScaler (fp16) and the guard drive the model's own optimizer: a non-finite step leaves the weights alone;
     the model's step scheduler advances as under Lightning (only the device knows about the skip there)."""
-    from trainer.model_protocol import model_optimizer
+    from trainer.compat.lightning import model_optimizer
     from trainer.step import OptimizerStep
 
     class Model(Base):
@@ -512,7 +512,7 @@ def test_the_models_optimizer_under_the_fp16_scaler_and_the_non_finite_guard():
 def test_schedule_knobs_the_models_own_optimizer_ignores_are_named():
     """warmup_steps & co. shape plainloop's own AdamW and cosine; with the model's configure_optimizers they do
     nothing, so the start-up notes name each one set away from its default (and only those the model is not given)."""
-    from trainer.model_protocol import model_optimizer
+    from trainer.compat.lightning import model_optimizer
 
     class GPTLike(nn.Module):
         def __init__(self):

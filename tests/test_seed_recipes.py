@@ -18,10 +18,10 @@ import pytest
 import torch
 
 import train_optimized as cli
-import trainer.base as base_mod
+import trainer.compat.base_trainer as base_mod
 from tests.helpers import metric_rows
 from trainer import TrainConfig, Trainer
-from trainer.base import BaseTrainer
+from trainer.compat.base_trainer import BaseTrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,7 +85,7 @@ def test_seed000_1_quick_start(in_tmp):
     assert tr.trainer.on_device  # better than workers: the normalised data is held in memory
     assert cfg.batch_size == 150 and tr.summary["steps"] == 2 * (len(tr.trainer.task.train_set) // 150)
     state = torch.load(Path(base_mod.MODEL_SAVE_PATH) / "seq_len-2" / "ra_transformer.pkl", weights_only=True)
-    # the returned model's weights and its constructor arguments (trainer.base.load_model rebuilds it in one call)
+    # the returned model's weights and its constructor arguments (trainer.compat.base_trainer.load_model rebuilds it in one call)
     assert set(state["state_dict"]) == set(g["model"].state_dict()) and state["model_params"]["d_model"] > 0
 
 
@@ -440,7 +440,7 @@ def test_seed002_mmseg_config_knobs(tmp_path, era5_cache, capsys):
 
 def test_seed002_config_examples_as_written(tmp_path):
     """策略2/5/6's dicts (data, evaluation, runner) as a config file, key for key."""
-    from trainer.options import load_config_file
+    from trainer.cli.options import load_config_file
 
     path = tmp_path / "seed002.toml"
     path.write_text(
@@ -657,9 +657,9 @@ def test_seed004_log_every_norm_every_progress(tmp_path, monkeypatch):
         def close(self):
             pass
 
-    import trainer.progress
+    import trainer.console
 
-    monkeypatch.setattr(trainer.progress, "tqdm", Bar)  # the engine's progress bar
+    monkeypatch.setattr(trainer.console, "tqdm", Bar)  # the engine's progress bar
     data = PKRows()
 
     def sampler(ds, batch_size, seed, rank, world_size, drop_last):
@@ -816,7 +816,7 @@ def test_readme_seed_table_points_at_real_flags_keys_and_apis():
     BaseTrainer argument/key, mmseg config key, launcher variable, file of the repository, or importable name."""
     import inspect
 
-    from trainer.options import _MMSEG
+    from trainer.cli.options import _MMSEG
 
     flags = {o for a in cli.build_parser()._actions for o in a.option_strings}
     keys = (

@@ -127,7 +127,7 @@ def test_a_parameter_may_not_shadow_a_training_flag(user_pkg):
 
 
 def test_typed_signature_is_what_options_reads(user_pkg):
-    from trainer.options import function_parameters
+    from trainer.cli.options import function_parameters
 
     spec = "userpkg.regress:build"
     params = function_parameters(tasks.typed_signature(spec, tasks.builder_flags(spec)))
@@ -204,7 +204,7 @@ def test_every_door_of_the_cli(cli, capsys, monkeypatch):
     import os
     import subprocess
 
-    from trainer.options import load_config_file
+    from trainer.cli.options import load_config_file
 
     # --help --task: the builder's parameters with their help and defaults
     with pytest.raises(SystemExit) as e:

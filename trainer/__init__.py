@@ -4,10 +4,16 @@ Self-contained: torch, numpy and the standard library (tqdm optional); nothing f
 SPDX-License-Identifier: MIT. Copyright (c) 2026 The plainloop authors; keep this line in a copy (text: LICENSE).
 """
 
-from .base import BaseTrainer
+from . import layers
+from .compat.base_trainer import BaseTrainer
 from .config import TrainConfig
+from .extras.ema import EMA
 from .hooks import Callback
 from .loop import Trainer
 from .task import Task
 
+# the layers plug into the core here; the core never imports them (trainer/layers.py)
+layers.CONFIG_CALLBACKS.append(EMA.for_config)
+
+__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 __all__ = ["BaseTrainer", "Callback", "TrainConfig", "Task", "Trainer"]

@@ -344,3 +344,10 @@ def remove_orphan_temps(folder: str | os.PathLike, max_age_s: float = 900.0) -> 
                 continue
             removed.append(p)
     return removed
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write a file whole or not at all: a temp file beside it, fsync, rename. A kill or a bad value mid-write
+    leaves the previous file (never an empty one, which a resume would read as "no settings")."""
+    data = text.encode("utf-8")  # fails before anything is touched when the text cannot be written
+    return atomic_write(path, lambda fh: fh.write(data))

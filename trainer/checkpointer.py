@@ -22,7 +22,7 @@ from .evaluation import BestTracker
 from .hooks import Hooks
 from .optim import Schedule
 from .runfiles import RunDirError, RunFiles, finished
-from .setup import Runtime, launch_prefix, rng_state, set_rng_state
+from .runtime import Runtime, launch_prefix, rng_state, set_rng_state
 from .step import OptimizerStep
 from .usercode import resume_hint
 

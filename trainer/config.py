@@ -24,6 +24,7 @@ Defaults are the optimised setup; `baseline=True` turns every optimisation off a
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import shutil
@@ -34,7 +35,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .options import ConfigError, check_keys
+
+class ConfigError(ValueError):
+    """A bad config file, key or value: the message names it and what to do."""
+
+
+def did_you_mean(key: Any, known: Iterable[str]) -> str:
+    """ " (did you mean a, b?)" with the nearest known names, or "" — for every unknown-key message."""
+    near = difflib.get_close_matches(str(key), list(known), n=3, cutoff=0.6)
+    return f" (did you mean {', '.join(near)}?)" if near else ""
+
+
+def unknown_keys(d: Iterable[Any], known: Iterable[str]) -> list[str]:
+    """'key (did you mean ...?)' for each key of `d` not in `known`."""
+    known = list(known)
+    return [f"{k!r}{did_you_mean(k, known)}" for k in d if k not in known]
+
+
+def check_keys(d: dict[str, Any], known: Iterable[str], where: str, valid: str | None = None) -> None:
+    """Unknown keys are one error that names each one and the nearest valid names; `valid` says where the
+    valid ones are listed (default: the CLI's --help-all)."""
+    hints = unknown_keys(d, known)
+    if hints:
+        raise ConfigError(
+            f"{where}: unknown setting(s) {'; '.join(hints)}. "
+            + (valid or "Valid settings are the TrainConfig fields (the --flags of train_optimized.py --help-all)")
+        )
+
 
 PRECISIONS = ("auto", "32", "16-mixed", "bf16-mixed")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")

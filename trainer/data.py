@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from .config import TrainConfig, default_num_workers, usable_cpus
 from .knobs import deterministic_worker
-from .setup import Runtime
+from .runtime import Runtime
 from .signals import ignore_stop_signals
 from .task import Task
 from .usercode import StreamBatches, auto_workers_for, batch_sampler_state_note, is_stream, stream_steps_error

@@ -11,7 +11,7 @@ from torch import nn
 
 from .config import TrainConfig
 from .data import ShardedBatchSampler, batch_size_of, build_loader, to_device
-from .setup import Runtime
+from .runtime import Runtime
 from .task import LossFn, Task
 from .usercode import eval_batches, is_stream
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from .checkpointer import Progress
 from .evaluation import BestTracker
-from .setup import Runtime
+from .runtime import Runtime
 from .task import Task
 
 

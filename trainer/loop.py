@@ -30,18 +30,17 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import knobs
 from .checkpointer import Checkpointer, Progress
+from .compat.lightning import ModelParts, model_parts
 from .config import TrainConfig
+from .console import epoch_line, open_bar
 from .data import batch_size_of, build_data, close_loader, split_batch, to_device
-from .ema import EMA
 from .evaluation import BestTracker, Evaluator
 from .finish import TrainingDiverged, TrainingStopped, ddp_weight_diff, summary_of
 from .hooks import Hooks, Monitor
-from .model_protocol import ModelParts, model_parts
+from .layers import config_callbacks
 from .optim import Schedule, build_optimizer
-from .options import write_config_file
-from .progress import epoch_line, open_bar
-from .runfiles import ROLLED_BACK, RunFiles, shared_run_dir
-from .setup import Runtime, launch_prefix, resolve_runtime, seed_everything
+from .runfiles import ROLLED_BACK, RunFiles, shared_run_dir, write_config_file
+from .runtime import Runtime, launch_prefix, resolve_runtime, seed_everything
 from .signals import StopRequest, agree_stop
 from .step import OptimizerStep
 from .task import LossFn, Task, pick_default_loss, read_step_metrics
@@ -197,10 +196,9 @@ class Trainer:
             self.notes.append(f"loss scale: static {cfg.scale_value():g}")
 
         # the parts: callbacks, evaluation, checkpoints
-        if cfg.ema_decay is not None and not any(isinstance(cb, EMA) for cb in self.callbacks):
-            ema = EMA.from_config(cfg)  # an ordinary callback; its state rides in the checkpoints
-            self.callbacks.append(ema)
-            self.notes.append(ema.describe())
+        made, notes = config_callbacks(cfg, self.callbacks)  # EMA for ema_decay: ordinary callbacks (trainer/layers.py)
+        self.callbacks += made
+        self.notes += notes
         self.best = BestTracker(task.monitor_metric, task.monitor_mode)
         self.hooks = Hooks(self.callbacks, self, rt.is_main)
         self.evaluator = Evaluator(task, self.raw_model, rt, self.loss_fn, cfg, self.loader_kw, self.resident)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .config import TrainConfig
-from .setup import Runtime
+from .runtime import Runtime
 
 
 @runtime_checkable
@@ -81,7 +81,7 @@ def build_optimizer(
 ) -> OptimizerSetup:
     """The model's own `configure_optimizers()` (any of Lightning's forms, trainer/model_protocol.py) and its
     schedulers, as they are; else plainloop's AdamW with warm-up + cosine and lr scaling."""
-    from .model_protocol import epoch_callbacks, model_optimizer
+    from .compat.lightning import epoch_callbacks, model_optimizer
 
     fp16 = runtime.amp_dtype == torch.float16
     notes: list[str] = []
@@ -103,7 +103,7 @@ def build_optimizer(
     horizon = cfg.lr_decay_steps or total_steps  # nanoGPT's lr_decay_iters: the cosine may end before the run
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else min(500, int(0.05 * horizon))
     schedule = WarmupCosine(optimizer, horizon, warmup, cfg.min_lr_ratio, on_device=tensor_lr)
-    from .model_protocol import optimizer_hparams
+    from .compat.lightning import optimizer_hparams
 
     hparams = {
         "source": "plainloop AdamW + warm-up/cosine",

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .checkpoint import remove_orphan_temps
-from .options import atomic_write_text
-from .setup import Runtime
+from .checkpoint import atomic_write_text, remove_orphan_temps
+from .config import run_name_problem, writable_dir_problem
+from .runtime import Runtime
 from .usercode import resume_hint
 
 
@@ -39,8 +39,6 @@ def claim_run_dir(output_dir: str | Path, name: str | None, prefix: str) -> tupl
     """Create (or take over an unused one of ours), lock and mark a run directory; (path, note when the name had
     to change). The lock is taken before the marker is written, so a directory another launch has just created
     but not yet locked is never taken: it is not marked yet, and once marked its lock is held."""
-    from .config import run_name_problem, writable_dir_problem
-
     if name is not None and (why := run_name_problem(name)):
         raise RunDirError(f"run name {name!r}: {why}")  # checked by TrainConfig too: this covers direct callers
     base = name or f"{prefix}-{datetime.now():%Y%m%d-%H%M%S}"
@@ -316,3 +314,24 @@ class RunFiles:
         if not self._metrics.closed:
             self._metrics.close()
         self.lock.release()
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v) if math.isfinite(v) else json.dumps(str(v))
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return json.dumps(str(v), ensure_ascii=False)  # a JSON string is a valid TOML basic string
+
+
+def write_config_file(path: str | Path, sections: dict[str, dict[str, Any]], header: str = "") -> Path:
+    """Write {table: {key: value}} as TOML that `load_config_file` reads back; None values are left out."""
+    lines = [f"# {h}" for h in header.splitlines()] + [""] if header else []
+    for table, values in sections.items():
+        lines.append(f"[{table}]")
+        for k, v in values.items():
+            lines.append(f"{k} = {_toml_value(v)}" if v is not None else f"# {k}: unset")
+        lines.append("")
+    return atomic_write_text(path, "\n".join(lines))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -29,6 +30,10 @@ StepMetricsFn = Callable[[], dict[str, torch.Tensor]]
 # batch_sampler_fn(dataset, batch_size, seed, rank, world_size, drop_last) -> a batch sampler
 # with set_epoch / state_dict / load_state_dict (see trainer/data.py for the default one).
 BatchSamplerFn = Callable[..., Any]
+
+
+class ModelProtocolError(ValueError):
+    """A model whose configure_optimizers / training_step cannot be used as it is; the message says why."""
 
 
 @dataclass
@@ -82,10 +87,42 @@ def masked_mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     return (diff**2).sum() / finite.sum().clamp_min(1)
 
 
+_TARGET_NAMES = ("targets", "target", "y", "labels", "label", "tgt")
+
+
+def forward_takes_targets(model: nn.Module) -> bool:
+    """forward(x, targets) as nanoGPT's GPT: the second parameter is named like a target."""
+    try:
+        params = [p for p in inspect.signature(model.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]  # fmt: skip
+    except (TypeError, ValueError):
+        return False
+    return len(params) >= 2 and params[1].name in _TARGET_NAMES
+
+
+def forward_output_loss(out: Any, pred_target: Any = None) -> torch.Tensor:
+    """The loss a forward(x, targets) returned: (logits, loss), a dict with "loss", or a 0-dim tensor."""
+    if isinstance(out, tuple | list):
+        for v in [*out[1:], *out[:1]]:  # nanoGPT: (logits, loss)
+            if isinstance(v, torch.Tensor) and v.dim() == 0:
+                return v
+        raise ModelProtocolError(
+            f"forward(x, targets) returned a {type(out).__name__} of {len(out)} without a scalar loss; return "
+            f"(logits, loss), a dict with 'loss', or give Task(loss_fn=...)"
+        )
+    if isinstance(out, dict) and "loss" in out:
+        return out["loss"]
+    if isinstance(out, torch.Tensor) and out.dim() == 0:
+        return out
+    raise ModelProtocolError(
+        f"forward(x, targets) returned {type(out).__name__}"
+        f"{' of shape ' + str(tuple(out.shape)) if isinstance(out, torch.Tensor) else ''}, not a loss; return "
+        f"(logits, loss), a dict with 'loss' or a 0-dim tensor, or give Task(loss_fn=...)"
+    )
+
+
 def targets_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     """nanoGPT-style: forward(x, targets) computes the loss and returns (logits, loss), {"loss": ...} or it."""
-    from .model_protocol import forward_output_loss
-
     return forward_output_loss(model(batch[0], batch[1]))
 
 
@@ -93,8 +130,6 @@ def pick_default_loss(model: nn.Module, first_batch: Any) -> tuple[LossFn, str |
     """The loss when the task gives no loss_fn, decided once at start-up from the model and the first sample:
     forward(x, targets) computing it (nanoGPT); the model's `loss(pred, y)`; else MSE, over finite targets only
     when the first sample's target holds NaN. A non-float target without either is an error naming loss_fn."""
-    from .model_protocol import forward_takes_targets
-
     inner = _inner(model)
     if forward_takes_targets(inner):
         return targets_loss, f"loss: {type(inner).__name__}.forward(x, targets) computes it (the loss it returns)"

@@ -2,7 +2,7 @@
 
 Ground floor: nothing here imports the trainer. The trainer hands in callables:
 - `tune_num_workers(make_loader)`: `make_loader(n)` returns a fresh DataLoader with `num_workers=n`.
-The largest batch size that fits is searched by the engine itself: `trainer/autobatch.py`
+The largest batch size that fits is searched by the engine itself: `trainer/extras/autobatch.py`
 (`find_max_batch_size`, `auto_batch_size`), so a copied `trainer/` folder has it too.
 
 Seed 003's learning-rate rule of thumb (`new_lr = old_lr * sqrt(new_bs / old_bs)`) is the engine's

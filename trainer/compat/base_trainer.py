@@ -31,11 +31,11 @@ import torch
 from torch import nn
 from torch.utils.data import Subset
 
-from .checkpoint import CheckpointError, atomic_save, load_checkpoint
-from .config import TrainConfig, run_name_problem, writable_dir_problem
-from .loop import Trainer
-from .options import ConfigError, unknown_keys
-from .task import Task
+from ..checkpoint import CheckpointError, atomic_save, load_checkpoint
+from ..config import ConfigError, TrainConfig, run_name_problem, unknown_keys, writable_dir_problem
+from ..extras.autobatch import auto_batch_size
+from ..loop import Trainer
+from ..task import Task
 
 # Where the seed's scripts keep trained models (their src.config.params.MODEL_SAVE_PATH).
 MODEL_SAVE_PATH = os.environ.get("PLAINLOOP_MODEL_DIR", "saved_models")
@@ -464,8 +464,6 @@ class BaseTrainer:
         """Train and return the model; save() writes its weights and constructor arguments to save_path."""
         task = self.build_task()
         if self.auto_batch_size:
-            from .autobatch import auto_batch_size
-
             self.config, note = auto_batch_size(self.config, task)
             self.notes.append(note)
         callbacks = list(self.callbacks)

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import load_checkpoint
+from ..checkpoint import load_checkpoint
 
 
 def ema_decay_at(
@@ -129,6 +129,14 @@ class EMA:
             raise ValueError(
                 f"TrainConfig: {field.get(name, 'ema_decay')}={value!r}; {str(e).split(': ', 1)[-1]}"
             ) from None
+
+    @classmethod
+    def for_config(cls, cfg: Any, given: list[Any]) -> tuple[EMA, str] | None:
+        """The EMA callback `cfg.ema_decay` asks for, unless one is given already (trainer/layers.py)."""
+        if cfg.ema_decay is None or any(isinstance(cb, EMA) for cb in given):
+            return None
+        ema = cls.from_config(cfg)  # an ordinary callback; its state rides in the checkpoints
+        return ema, ema.describe()
 
     def describe(self) -> str:
         """One line for the start-up report."""

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .optim import group_lr
+from ..optim import group_lr
+from ..task import ModelProtocolError
 
 _SENTINEL = "_plainloop_training_step"  # routes a wrapped (DDP/compiled) call to training_step
 HOOKS = (
@@ -42,10 +43,6 @@ class UnsupportedLightningFeature(AttributeError):
 
     An AttributeError, so `hasattr(self.trainer, "x")` in a model answers False instead of raising.
     """
-
-
-class ModelProtocolError(ValueError):
-    """A model whose configure_optimizers / training_step cannot be used as it is; the message says why."""
 
 
 def is_lightning_style(model: nn.Module) -> bool:
@@ -536,45 +533,6 @@ def _loss_of(out: Any, where: str) -> torch.Tensor:
             f"supported; return the loss"
         )
     raise ModelProtocolError(f"{where} returned {type(out).__name__}; return the loss tensor or a dict with 'loss'")
-
-
-_TARGET_NAMES = ("targets", "target", "y", "labels", "label", "tgt")
-
-
-def forward_takes_targets(model: nn.Module) -> bool:
-    """forward(x, targets) as nanoGPT's GPT: the second parameter is named like a target."""
-    try:
-        params = [p for p in inspect.signature(model.forward).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]  # fmt: skip
-    except (TypeError, ValueError):
-        return False
-    return len(params) >= 2 and params[1].name in _TARGET_NAMES
-
-
-def forward_output_loss(out: Any, pred_target: Any = None) -> torch.Tensor:
-    """The loss a forward(x, targets) returned: (logits, loss), a dict with "loss", or a 0-dim tensor."""
-    if isinstance(out, tuple | list):
-        for v in [*out[1:], *out[:1]]:  # nanoGPT: (logits, loss)
-            if isinstance(v, torch.Tensor) and v.dim() == 0:
-                return v
-        raise ModelProtocolError(
-            f"forward(x, targets) returned a {type(out).__name__} of {len(out)} without a scalar loss; return "
-            f"(logits, loss), a dict with 'loss', or give Task(loss_fn=...)"
-        )
-    if isinstance(out, dict) and "loss" in out:
-        return out["loss"]
-    if isinstance(out, torch.Tensor) and out.dim() == 0:
-        return out
-    raise ModelProtocolError(
-        f"forward(x, targets) returned {type(out).__name__}"
-        f"{' of shape ' + str(tuple(out.shape)) if isinstance(out, torch.Tensor) else ''}, not a loss; return "
-        f"(logits, loss), a dict with 'loss' or a 0-dim tensor, or give Task(loss_fn=...)"
-    )
-
-
-def targets_loss(model: nn.Module, batch: Any) -> torch.Tensor:
-    """Loss of a nanoGPT-style model: forward(x, y) computes it."""
-    return forward_output_loss(model(batch[0], batch[1]))
 
 
 class ModelAdapter:

@@ -17,8 +17,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils.data import default_collate
 
-from .config import TrainConfig
+from ..config import TrainConfig
+from ..data import to_device
+from ..loop import Trainer
+from ..task import clone_task_model
 
 __all__ = ["auto_batch_size", "find_max_batch_size", "is_oom_error"]
 
@@ -148,12 +152,6 @@ def auto_batch_size(cfg: TrainConfig, task: Any) -> tuple[TrainConfig, str]:
     given (ref_batch_size). With `accumulate_grad_batches > 1` the effective batch is kept and split into as
     few micro-batches as fit (seed 000's "smaller batch + accumulation" remedy, found automatically).
     """
-    from torch.utils.data import default_collate
-
-    from .data import to_device
-    from .loop import Trainer
-    from .task import clone_task_model
-
     made = Trainer(
         dataclasses.replace(cfg, max_steps=1, progress_bar=False, resume=None),
         clone_task_model(task),

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import inspect
 import json
-import math
 import sys
 import types
 import typing
@@ -28,12 +26,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import atomic_write
-
-
-class ConfigError(ValueError):
-    """A bad config file, key or value: the message names it and what to do."""
-
+from ..config import ConfigError, check_value
 
 # ------------------------------------------------------------------------------------------- value parsing
 TRUE, FALSE, AUTO = ("1", "true", "yes", "on"), ("0", "false", "no", "off"), ("auto", "none")
@@ -98,8 +91,6 @@ def _help(text: str, default: Any) -> str:
 def _checked(name: str, tp: Any, rule: dict[str, Any]) -> Callable[[str], Any]:
     """An argparse `type` that converts and checks one value with the field's rule (the one validator); a tuple
     field's elements are checked one by one here, the whole tuple again when the settings are checked."""
-    from .config import check_value
-
     elem_rule = {k: v for k, v in rule.items() if k != "check"} if nargs_of(tp) else rule
 
     def parse(s: str) -> Any:
@@ -267,29 +258,6 @@ def add_help_flags(parser: argparse.ArgumentParser, common: Iterable[str]) -> No
 
 
 # ------------------------------------------------------------------------------------------- config files
-def did_you_mean(key: Any, known: Iterable[str]) -> str:
-    """ " (did you mean a, b?)" with the nearest known names, or "" — for every unknown-key message."""
-    near = difflib.get_close_matches(str(key), list(known), n=3, cutoff=0.6)
-    return f" (did you mean {', '.join(near)}?)" if near else ""
-
-
-def unknown_keys(d: Iterable[Any], known: Iterable[str]) -> list[str]:
-    """'key (did you mean ...?)' for each key of `d` not in `known`."""
-    known = list(known)
-    return [f"{k!r}{did_you_mean(k, known)}" for k in d if k not in known]
-
-
-def check_keys(d: dict[str, Any], known: Iterable[str], where: str, valid: str | None = None) -> None:
-    """Unknown keys are one error that names each one and the nearest valid names; `valid` says where the
-    valid ones are listed (default: the CLI's --help-all)."""
-    hints = unknown_keys(d, known)
-    if hints:
-        raise ConfigError(
-            f"{where}: unknown setting(s) {'; '.join(hints)}. "
-            + (valid or "Valid settings are the TrainConfig fields (the --flags of train_optimized.py --help-all)")
-        )
-
-
 # mmseg/mmcv config names: (table, key) -> (our key, converter)
 _MMSEG: dict[tuple[str, str], tuple[str, Callable[[Any], Any]]] = {
     ("data", "samples_per_gpu"): ("batch_size", int),
@@ -419,38 +387,3 @@ def _mm(conv: Callable[[Any], Any], v: Any, path: Path, key: str) -> Any:
         return conv(v)
     except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{path}: {key} = {v!r}: not a {conv.__name__}") from None
-
-
-def coerce(values: dict[str, Any], types_: dict[str, Any], where: str) -> dict[str, Any]:
-    """Convert and check file values by type only (no rules): kept for callers with plain type maps."""
-    from .config import check_value
-
-    return {k: check_value(f"{where}: {k}=", v, types_[k]) for k, v in values.items()}
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v) if math.isfinite(v) else json.dumps(str(v))
-    if isinstance(v, list | tuple):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    return json.dumps(str(v), ensure_ascii=False)  # a JSON string is a valid TOML basic string
-
-
-def write_config_file(path: str | Path, sections: dict[str, dict[str, Any]], header: str = "") -> Path:
-    """Write {table: {key: value}} as TOML that `load_config_file` reads back; None values are left out."""
-    lines = [f"# {h}" for h in header.splitlines()] + [""] if header else []
-    for table, values in sections.items():
-        lines.append(f"[{table}]")
-        for k, v in values.items():
-            lines.append(f"{k} = {_toml_value(v)}" if v is not None else f"# {k}: unset")
-        lines.append("")
-    return atomic_write_text(path, "\n".join(lines))
-
-
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write a file whole or not at all: a temp file beside it, fsync, rename. A kill or a bad value mid-write
-    leaves the previous file (never an empty one, which a resume would read as "no settings")."""
-    data = text.encode("utf-8")  # fails before anything is touched when the text cannot be written
-    return atomic_write(path, lambda fh: fh.write(data))

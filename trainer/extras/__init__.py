@@ -1,0 +1,1 @@
+"""Extras the core never imports: EMA, loggers, the batch-size search (callbacks or callables)."""

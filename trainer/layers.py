@@ -1,0 +1,45 @@
+"""Where the layers plug into the core, so that the core never imports them.
+
+`trainer/__init__.py` fills these lists when the package is imported (as it always is before any of its modules):
+- TASK_ADAPTERS: each takes the Task given to `Trainer` and returns a Task the core trains as it is (a
+  LightningModule or nanoGPT-style model becomes a loss, an evaluation, an optimizer and callbacks), or None to
+  leave it to the next one.
+- CONFIG_CALLBACKS: each takes the TrainConfig and the callbacks given so far and returns a callback the config
+  asks for with its one-line note (EMA for `ema_decay`), or None.
+A copy of `trainer/` used without its `__init__.py` trains plain models only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .config import TrainConfig
+from .task import Task
+
+TaskAdapter = Callable[[Task], "Task | None"]
+ConfigCallback = Callable[[TrainConfig, list[Any]], "tuple[Any, str] | None"]
+
+TASK_ADAPTERS: list[TaskAdapter] = []
+CONFIG_CALLBACKS: list[ConfigCallback] = []
+
+
+def adapt_task(task: Task) -> Task:
+    """The first adapter's answer, or the task unchanged."""
+    for adapter in TASK_ADAPTERS:
+        adapted = adapter(task)
+        if adapted is not None:
+            return adapted
+    return task
+
+
+def config_callbacks(cfg: TrainConfig, given: list[Any]) -> tuple[list[Any], list[str]]:
+    """The callbacks `cfg` asks for that `given` does not already hold, and a note for each."""
+    made: list[Any] = []
+    notes: list[str] = []
+    for factory in CONFIG_CALLBACKS:
+        out = factory(cfg, given + made)
+        if out is not None:
+            made.append(out[0])
+            notes.append(out[1])
+    return made, notes
