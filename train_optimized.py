@@ -26,9 +26,10 @@ import re
 import shlex
 import signal
 import sys
+from collections.abc import Sized
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 
 def _early_stop(signum: int, frame: Any) -> None:
@@ -144,7 +145,8 @@ class RunOptions:
     auto_num_workers: bool = knob(False, "measure loader throughput and pick num_workers", TOOLS)
 
 
-PRESETS = ("auto", "cpu", "full", "seed")  # "seed": the earlier name of "full", still read (with a note)
+# "seed": the earlier name of "full", still read (with a note)
+PRESETS: tuple[str, ...] = ("auto", "cpu", "full", "seed")
 KNOWN_ERRORS = (ConfigError, ResumeError, RunDirError, CheckpointError, OSError, ValueError)
 NOT_IN_CONFIG_FILE = ("config", "debug", "resume")  # never written into a run's config.toml
 # the short --help: what most runs set; --help GROUP / --help-all show the rest
@@ -532,7 +534,7 @@ def train(opts: RunOptions, task_kw: dict[str, Any], train_kw: dict[str, Any], n
     for line in data_lines(task):
         say(f"[plainloop] {line}")
     if not is_user_task(opts.task):
-        defaults = train_defaults(opts.task, on_gpu, task_kw, len(task.train_set))
+        defaults = train_defaults(opts.task, on_gpu, task_kw, len(cast(Sized, task.train_set)))  # map-style
         cfg = TrainConfig(**{"run_name": None, **defaults, **train_kw})
     if opts.auto_batch_size or opts.auto_num_workers:
         from tasks.cli_tools import autotune
@@ -570,6 +572,7 @@ def train(opts: RunOptions, task_kw: dict[str, Any], train_kw: dict[str, Any], n
             f"{e}{' (settings changed from the saved run: ' + '; '.join(c[8:] for c in changed) + ')' if changed else ''}"
         ) from None
     if trainer.rt.is_main:
+        assert trainer.run_dir is not None  # fit() made it
         report_run(summary, trainer.run_dir, opts, task.console_metrics)
     return 0
 

@@ -1,6 +1,6 @@
 """Recursive-attention transformer for next-month SST on a lat-lon grid.
 
-Shape of the model (the name and arguments follow the seed guide 000):
+Shape of the model:
     x (B, T=seq_len-1, H, W)                      previous months, normalised, land = 0
       -> pad H, W up to multiples of patch_size (replicate), cut into p x p patches
       -> Linear(T*p*p -> d_model) per patch       one token per patch
@@ -22,6 +22,7 @@ Only torch and the sibling `spherical_harmonics.py` are imported.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from models.spherical_harmonics import num_harmonics, real_spherical_harmonics
 
-# patch_size=4 by default: the seed's global 2-degree grid (80 x 180) becomes 20 x 45 = 900 tokens of
+# patch_size=4 by default: the full-size global 2-degree grid (80 x 180) becomes 20 x 45 = 900 tokens of
 # 8 x 8 degrees. That is enough tokens for attention to relate distant basins, small enough that
 # attention (O(N^2 d)) stays well below the per-token matmuls' cost at d_model=512 (N=900 < 6*d), and each
 # token still sees 16 cells. patch 2 would give 3600 tokens (attention dominates, 4x the FLOPs per layer
@@ -76,7 +77,9 @@ def _check_int(name: str, value: object, minimum: int) -> int:
 
 def _pair(name: str, value: object) -> tuple[float, float]:
     try:
-        a, b = (float(v) for v in value)  # type: ignore[union-attr]
+        if not isinstance(value, Iterable):
+            raise TypeError(name)
+        a, b = (float(v) for v in value)
     except (TypeError, ValueError):
         raise ValueError(f"RecursiveAttentionTransformer: {name} must be a pair of degrees, got {value!r}") from None
     if not (math.isfinite(a) and math.isfinite(b)):
@@ -123,17 +126,17 @@ class RecursiveAttentionTransformer(nn.Module):
         seq_len: months per sample including the target; the model sees seq_len - 1 months.
         d_model, num_heads, num_layers, dim_feedforward, dropout: transformer sizes.
         recursion_depth: how many times the one stack of num_layers blocks is applied (shared weights).
-        learning_rate: stored only, for the trainer's optimizer (seed-guide compatibility).
+        learning_rate: stored only, for the trainer's optimizer (a model may carry its own rate).
         patch_size: p; each p x p block of cells is one token. H, W need not be multiples of p: the input
             is padded by replicating the last row/column and the output is cropped back.
         lon_range, lat_range: area bounds in degrees, used only for the patch-centre coordinates:
             lon_range = (west, east) read eastward in the dataset's own convention, so (170, -120) is the
             dateline-crossing Nino 3.4 box (170E -> 120W, 70 degrees wide) and (-180, 180) or (0, 360) the
-            full circle; lat_range = (south, north). Default: (-180, 180) and (-80, 80), the seed's global
-            area. Cell (i, j) is centred at lat_range[0] + (i + 1/2) * cell height and lon_range[0] +
+            full circle; lat_range = (south, north). Default: (-180, 180) and (-80, 80), the
+            global area. Cell (i, j) is centred at lat_range[0] + (i + 1/2) * cell height and lon_range[0] +
             (j + 1/2) * cell width, wrapped like the dataset's `lons` (to [-180, 180) when both edges are
             <= 180, else [0, 360)): exactly `ERA5SSTMonthlyDataset.lats/lons` when the area's width and
-            height are whole multiples of the resolution (every seed example is). A grid stored the other
+            height are whole multiples of the resolution (every shipped example is). A grid stored the other
             way round (latitude descending) only mirrors the positions: Y_l^m(-lat) = (-1)^(l+m) Y_l^m(lat)
             and a rotation in longitude mixes only the cos/sin pair of each m, so the learned Linear on
             the features absorbs either exactly.
@@ -148,8 +151,13 @@ class RecursiveAttentionTransformer(nn.Module):
         lead: months from the last input month to the target (only used with calendar=True).
         use_gradient_checkpointing: in training, recompute each transformer layer in the backward pass
             instead of keeping its activations (torch.utils.checkpoint, non-reentrant; dropout masks are
-            replayed, so results equal those without it). Seed 000's out-of-memory remedy.
+            replayed, so results equal those without it): the remedy for running out of memory.
     """
+
+    # buffers (register_buffer), declared so that they type as tensors
+    sh_features: torch.Tensor
+    cal_back: torch.Tensor
+    ocean_mask: torch.Tensor
 
     def __init__(
         self,
@@ -390,7 +398,7 @@ class RecursiveAttentionTransformer(nn.Module):
 
 
 def _memory_probe(argv: list[str] | None = None) -> None:
-    """`python -m models.ratransformer [--batch 4]`: activation memory of one training step of the seed
+    """`python -m models.ratransformer [--batch 4]`: activation memory of one training step of the full-size
     configuration with and without gradient checkpointing, each in a fresh process (peak RSS is per process)."""
     import argparse
     import json

@@ -87,13 +87,10 @@ def real_spherical_harmonics(
             # Sectoral step: one multiplication by cos(lat) per order, values shrink like cos(lat)^m
             # (harmless underflow towards the poles, never overflow).
             p_mm = math.sqrt((2 * m + 1) / (2 * m)) * c * p_mm
-        if m == 0:
-            cos_m = sin_m = None
-        else:
-            cos_m = sqrt2 * torch.cos(m * lam)
-            sin_m = sqrt2 * torch.sin(m * lam)
+        cos_m = sqrt2 * torch.cos(m * lam)  # read only for m > 0
+        sin_m = sqrt2 * torch.sin(m * lam)
 
-        p_prev2 = None  # Pbar_{l-2}^m
+        p_prev2 = p_mm  # Pbar_{l-2}^m: first read at l = m + 2, after the shift below has set it
         p_prev = p_mm  # Pbar_{l-1}^m, starting at l = m
         for l in range(m, L + 1):  # noqa: E741 - l is the conventional name of the degree
             if l == m:

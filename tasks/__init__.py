@@ -231,9 +231,9 @@ def load_builder(spec: str) -> Callable[..., Any]:
                 sys.modules.pop(name, None)
                 raise TaskSpecError(f"--task {spec}: running {path} failed: {type(e).__name__}: {e}") from e
     else:
-        for folder in (os.getcwd(), caller):  # `python train_optimized.py` puts the script's folder first, not these
-            if folder and folder not in sys.path:
-                sys.path.append(folder)
+        for place in (os.getcwd(), caller):  # `python train_optimized.py` puts the script's folder first, not these
+            if place and place not in sys.path:
+                sys.path.append(place)
         try:
             module = importlib.import_module(mod_name)
         except ModuleNotFoundError as e:
@@ -276,10 +276,10 @@ def docstring_args(fn: Callable[..., Any]) -> dict[str, str]:
             if not line.strip():
                 continue
             ind = len(line) - len(line.lstrip())
-            m = re.match(r"\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)", line)
-            if m and (indent is None or ind <= indent):
-                indent, current = ind, m.group(1)
-                out[current] = m.group(2).strip()
+            arg = re.match(r"\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)", line)
+            if arg and (indent is None or ind <= indent):
+                indent, current = ind, arg.group(1)
+                out[current] = arg.group(2).strip()
             elif current is not None:
                 out[current] = f"{out[current]} {line.strip()}".strip()
     return out

@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from models.ratransformer import RecursiveAttentionTransformer
 from tasks.args import check_task_args, input_path_problem
 from trainer import Task
 
-# The seed's configuration (seed 000 quick start) and the reduced CPU preset of the demo.
+# The full-size configuration (--preset full) and the reduced CPU preset of the demo.
 SEED_PRESET = {
     "resolution": 2.0,
     "d_model": 512,
@@ -36,7 +38,7 @@ SEED_PRESET = {
     "dim_feedforward": 1024,
     "recursion_depth": 2,
     "dropout": 0.1,
-    "seq_len": 2,  # the seed's one input month
+    "seq_len": 2,  # one input month
 }
 # Sized for monthly data (a few hundred training months): one layer applied twice, d_model 64.
 CPU_PRESET = {
@@ -162,8 +164,22 @@ class PriorForecaster(nn.Module):
     `fields`: how many of x's channels are months (calendar channels follow them). The wide-region priors
     (WIDE_PRIORS) are precomputed per sample and arrive as x's last channel, which the members do not see."""
 
+    # buffers (register_buffer), declared so that they type as tensors; each prior registers only its own
+    correction_scale: torch.Tensor
+    damping: torch.Tensor
+    lim_encode: torch.Tensor
+    lim_decode: torch.Tensor
+    lim_recon: torch.Tensor
+    residual_damping: torch.Tensor
+    residual_neighbours: torch.Tensor
+    ocean: torch.Tensor
+
     def __init__(
-        self, members: list[nn.Module], prior: str, prior_tensors: dict[str, torch.Tensor], fields: int
+        self,
+        members: Sequence[RecursiveAttentionTransformer],
+        prior: str,
+        prior_tensors: dict[str, torch.Tensor],
+        fields: int,
     ) -> None:
         super().__init__()
         if prior not in PRIORS:
@@ -176,6 +192,10 @@ class PriorForecaster(nn.Module):
             self.register_buffer(k, v.float())
         self.register_buffer("correction_scale", torch.ones(()))
         self.learning_rate = getattr(members[0], "learning_rate", None)
+
+    def nets(self) -> list[RecursiveAttentionTransformer]:
+        """The members with their type (nn.ModuleList yields plain modules; __init__ takes only these)."""
+        return cast("list[RecursiveAttentionTransformer]", list(self.members))
 
     def _members_input(self, x: torch.Tensor) -> torch.Tensor:
         return x[:, :-1] if self.plane else x
@@ -215,17 +235,17 @@ class PriorForecaster(nn.Module):
         return torch.stack([m(xm) for m in self.members]) + self.prior_forecast(x)  # (E, B, H, W)
 
     def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        m = self.members[0]
+        m = self.nets()[0]
         if pred.dim() == target.dim() + 1:  # training: every member against the same target
             return torch.stack([m.loss(p, target) for p in pred]).mean()
         return m.loss(pred, target)
 
     def set_ocean_mask(self, mask: torch.Tensor) -> None:
-        for m in self.members:
+        for m in self.nets():
             m.set_ocean_mask(mask)
 
     def flops_per_sample(self, training: bool = True) -> float:
-        return float(sum(m.flops_per_sample(training=training) for m in self.members))
+        return float(sum(m.flops_per_sample(training=training) for m in self.nets()))
 
 
 def choose_correction_scale(
@@ -290,7 +310,7 @@ def load_wide_region(dataset_kw: dict[str, Any], area: Any) -> tuple[Any, Any]:
     if not np.array_equal(wds.months, area.months):
         raise ValueError("its months differ from the area's")
     wmask = wds.ocean_mask.numpy()
-    if not wmask.any(axis=1)[np.abs(wds.lats) <= WIDE_LAT].all():
+    if not np.asarray(wmask.any(axis=1))[np.abs(wds.lats) <= WIDE_LAT].all():
         raise ValueError(f"some latitudes within {WIDE_LAT:g}°S-{WIDE_LAT:g}°N have no data")
     return wds, WideRegion.build(wds._array(), wds.lats, wds.lons, wmask, area.lats, area.lons)
 
@@ -320,7 +340,7 @@ def _wide_prior_anomalies(
 
 
 def _predict_all(
-    model: nn.Module, ds: Any, device: torch.device, batch_size: int = 64, part: int | None = None
+    model: PriorForecaster, ds: Any, device: torch.device, batch_size: int = 64, part: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalised predictions (or `model.parts(x)[part]`) and targets for every sample of `ds`, in order."""
     preds, targets = [], []
@@ -363,7 +383,6 @@ def build_era5_task(
 ) -> Task:
     """Monthly SST forecasting: ERA5SSTMonthlyDataset + RecursiveAttentionTransformer + lat-weighted scores."""
     from datasets.era5 import ERA5SSTMonthlyDataset
-    from models.ratransformer import RecursiveAttentionTransformer
     from utils.baselines import (
         PRIOR_BASES,
         PRIOR_FALLBACKS,
@@ -377,7 +396,7 @@ def build_era5_task(
     from utils.metrics import lat_weights, score_forecasts, weighted_rmse
 
     check_task_args(build_era5_task, ARGS_RULES, locals())
-    common = dict(
+    common: dict[str, Any] = dict(
         lon=list(lon),
         lat=list(lat),
         seq_len=seq_len,
@@ -429,7 +448,8 @@ def build_era5_task(
         }
         w = lat_weights(val.lats)
         val_pm = {p: per_month_sq_error(fv[b], ref["truth_c"], w, mask) for p, b in PRIOR_BASELINE.items() if b in fv}
-    prior_asked, why = prior, "asked"
+    chosen: str = prior  # "auto" becomes the prior it chooses
+    why = "asked"
     if prior == "auto":  # the default (the first of PRIOR_BASES there is) unless another is clearly better
         candidates = [
             p
@@ -437,15 +457,15 @@ def build_era5_task(
             if p in PRIOR_BASELINE and (wide_all is not None or p not in WIDE_PRIORS)
         ]
         if val_pm:
-            prior, gain, se = choose_on_validation({p: val_pm[p] for p in candidates}, lead)
+            chosen, gain, se = choose_on_validation({p: val_pm[p] for p in candidates}, lead)
             why = choice_reason(gain, se, candidates[0])
         else:
-            prior, why = candidates[0], "default (no validation months)"
-        _say(f"prior: {prior} ({why})")
-    if prior in WIDE_PRIORS:  # x carries the prior as its last channel, in normalised units
+            chosen, why = candidates[0], "default (no validation months)"
+        _say(f"prior: {chosen} ({why})")
+    if chosen in WIDE_PRIORS:  # x carries the prior as its last channel, in normalised units
         for ds in (train, val, test):
             if len(ds):
-                ds.set_prior_plane(wide_anomalies(ds)[prior] / ds.anomaly_std)
+                ds.set_prior_plane(wide_anomalies(ds)[chosen] / ds.anomaly_std)
     if patch_size is None and train.height < 24:
         patch_size = 2  # a small area: 4 x 4 patches would leave a handful of tokens
     torch.manual_seed(seed)  # the model's initial weights follow --seed
@@ -473,8 +493,8 @@ def build_era5_task(
         nn.init.zeros_(net.head.weight)  # start exactly at the prior
         net.set_ocean_mask(train.ocean_mask)
         members.append(net)
-    prior_t = _prior_tensors(prior, fitted, lead, (train.height, train.width))
-    model = PriorForecaster(members, prior, prior_t, fields=seq_len - 1)
+    prior_t = _prior_tensors(chosen, fitted, lead, (train.height, train.width))
+    model = PriorForecaster(members, chosen, prior_t, fields=seq_len - 1)
     artifacts: dict[str, Any] = {}
     refs: dict[str, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = {}
 
@@ -490,13 +510,15 @@ def build_era5_task(
         return refs[split]
 
     def evaluate(m: nn.Module, split: str, device: torch.device) -> dict[str, float]:
+        if not isinstance(m, PriorForecaster):  # the engine hands back the task's own model
+            raise TypeError(f"the era5 task scores its PriorForecaster, got a {type(m).__name__}")
         ds = val if split == "val" else test
         if len(ds) == 0:
             return {}
         ref, extra = reference(split, ds)
         truth_c = ref["truth_c"]
         shrink = {}
-        if split == "val" and hasattr(m, "parts"):  # the correction scale validation prefers (0 = the prior)
+        if split == "val":  # the correction scale validation prefers (0 = the prior)
             base, y = _predict_all(m, ds, device, part=0)
             corr, _ = _predict_all(m, ds, device, part=1)
             # note: sync point (evaluation) — the prior and the correction come to the host once
@@ -553,7 +575,7 @@ def build_era5_task(
         "samples": [len(train), len(val), len(test)],
         "lead_months": lead,
         "model": {k: v for k, v in model_kw.items() if k not in ("lon_range", "lat_range")},
-        "prior": prior,
+        "prior": chosen,
         "prior_choice": why,
         "prior_val_rmse_c": {k: round(v, 5) for k, v in val_rmse.items()},
         "ensemble": int(ensemble),

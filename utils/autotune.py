@@ -5,7 +5,7 @@ Ground floor: nothing here imports the trainer. The trainer hands in callables:
 The largest batch size that fits is searched by the engine itself: `trainer/extras/autobatch.py`
 (`find_max_batch_size`, `auto_batch_size`), so a copied `trainer/` folder has it too.
 
-Seed 003's learning-rate rule of thumb (`new_lr = old_lr * sqrt(new_bs / old_bs)`) is the engine's
+The square-root learning-rate rule of thumb (`new_lr = old_lr * sqrt(new_bs / old_bs)`) is the engine's
 `trainer.optim.scaled_lr(..., "sqrt")` (`--ref_batch_size`, `--lr_scaling`); "linear" is Goyal et al.'s rule for
 SGD; the right one is the one your validation loss agrees with.
 """

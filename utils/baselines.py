@@ -36,17 +36,19 @@ Leads count months from the last input month to the target month (the dataset's 
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 
 def _check_anoms(anom: np.ndarray, mask: np.ndarray | None, what: str) -> tuple[np.ndarray, np.ndarray]:
     a = np.asarray(anom, dtype=np.float64)
     if a.ndim != 3:
         raise ValueError(f"{what}: anomalies must be (T, H, W), got shape {a.shape}")
-    m = np.isfinite(a).all(axis=0) if mask is None else np.asarray(mask, dtype=bool)
+    m = np.asarray(np.isfinite(a).all(axis=0) if mask is None else mask, dtype=bool)
     if m.shape != a.shape[1:]:
         raise ValueError(f"{what}: mask shape {m.shape} does not match the fields {a.shape[1:]}")
     if not m.any():
@@ -384,7 +386,15 @@ class WideRegion:
     cols: np.ndarray  # (W,) the wide column of each area column
 
     @classmethod
-    def build(cls, data, lats, lons, mask, area_lats, area_lons) -> WideRegion:
+    def build(
+        cls,
+        data: npt.ArrayLike,
+        lats: npt.ArrayLike,
+        lons: npt.ArrayLike,
+        mask: npt.ArrayLike,
+        area_lats: np.ndarray,
+        area_lons: np.ndarray,
+    ) -> WideRegion:
         """Index the area's cell centres in the wide grid (longitudes compared modulo 360)."""
         lats, lons = np.asarray(lats, dtype=np.float64), np.asarray(lons, dtype=np.float64)
         rows = np.array([int(np.argmin(np.abs(lats - v))) for v in area_lats])
@@ -482,7 +492,10 @@ def clear_gain(pm_new: np.ndarray, pm_ref: np.ndarray, lead: int = 1, z: float =
     return gain if gain - z * se > 0 else 0.0
 
 
-def choose_on_validation(per_month: dict[str, np.ndarray], lead: int = 1, z: float = Z) -> tuple[str, float, float]:
+K = TypeVar("K", bound=Hashable)  # a candidate's name: a prior's, or a correction scale
+
+
+def choose_on_validation(per_month: Mapping[K, np.ndarray], lead: int = 1, z: float = Z) -> tuple[K, float, float]:
     """(name, gain, se): the first of `per_month` (the default, gain 0) unless others clear `clear_gain`
     against it; then the one of those with the largest mean gain."""
     if not per_month:

@@ -149,7 +149,8 @@ def diagnose(summary: dict[str, Any], *, device_type: str, step_stats: dict[str,
 
     dw = summary.get("data_wait_frac")
     it = summary.get("iter_time_s") or {}
-    p50_ms = it.get("p50") * 1000 if it.get("p50") is not None else None
+    p50 = it.get("p50")
+    p50_ms = p50 * 1000 if p50 is not None else None
     sps = summary.get("samples_per_s")
     ranks = int(st.get("world_size") or 1)  # the monitor measures one process: under DDP, say so
     if p50_ms is not None:

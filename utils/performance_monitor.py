@@ -1,6 +1,6 @@
 """Measure where a training run's time goes: step times, data wait, CPU/RAM and GPU telemetry.
 
-Seed 001's API, kept:
+Use:
 
     monitor = TrainingMonitor()
     monitor.start_monitoring()
@@ -91,7 +91,8 @@ class _NvmlBackend:
         if torch is not None and torch.cuda.is_available():
             try:
                 p = torch.cuda.get_device_properties(cuda_index)
-                bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+                # the PCI fields exist at runtime (torch >= 2.2) but torch's stub omits them
+                bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"  # type: ignore[attr-defined]
                 return nv.nvmlDeviceGetHandleByPciBusId(bus)
             except Exception:
                 pass
@@ -406,7 +407,7 @@ def _busiest_others(
     top: int = 5,
 ) -> list[dict[str, Any]]:
     """The processes outside our tree that used the most CPU between two tables, in cores (1.0 = one core)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for key, (name, cpu) in after.items():
         if key[0] in ours:
             continue
@@ -795,7 +796,8 @@ class TrainingMonitor:
             if k in cpu:
                 not_measured.append(cpu.pop(k))
 
-        energy_j, energy_src = self._gpu_energy_j, "nvml_energy_counter"
+        energy_j = self._gpu_energy_j
+        energy_src: str | None = "nvml_energy_counter"
         if energy_j is None:
             p = mean("gpu_power_w")
             energy_j, energy_src = (p * wall, "mean_power_x_wall") if p is not None else (None, None)

@@ -214,12 +214,12 @@ def curves_figure(train: list[dict], val: list[dict], title: str = "", selection
                     ax.plot(xm, ym, ls="--", lw=1.2, color=color, label=f"{label}: {ym[-1]:.4f}")
                 continue
             chosen = key == selection
-            color = next(styles, None)
-            ax.plot(xm, ym, lw=2.4 if chosen else 1.4, color=color, **_val_markers(xm.size),
+            line_color = next(styles, None)
+            ax.plot(xm, ym, lw=2.4 if chosen else 1.4, color=line_color, **_val_markers(xm.size),
                     label=f"{label}{' (selects best.pt)' if chosen else ''}: {ym[-1]:.4f}")  # fmt: skip
             xsd, sd = _series(val, f"{key}_std")  # mean ± std over trials (SYSU-MM01's gallery draws)
             if xsd.size and xsd.size == xm.size and np.array_equal(xsd, xm):
-                ax.fill_between(xm, ym - sd, ym + sd, color=color, alpha=0.15, lw=0)
+                ax.fill_between(xm, ym - sd, ym + sd, color=line_color, alpha=0.15, lw=0)
                 seen += list(ym + sd)
         ax.set_title(ptitle)
         ax.set_ylabel(ylabel)

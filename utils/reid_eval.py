@@ -10,7 +10,7 @@ AP = mean over the true matches of precision at their rank; mAP = mean AP.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -105,7 +105,7 @@ def retrieval_metrics(
     features: np.ndarray,
     pids: np.ndarray,
     camids: np.ndarray,
-    protocols: dict[str, tuple[np.ndarray, np.ndarray | Sequence[np.ndarray]]],
+    protocols: Mapping[str, tuple[np.ndarray, np.ndarray | Sequence[np.ndarray]]],
     excluded_camera_pairs: Sequence[tuple[int, int]] = (),
     ranks: Sequence[int] = (1, 5, 10),
     prefix: str = "",
@@ -142,7 +142,7 @@ def retrieval_metrics(
 
 
 def score_names(
-    protocols: dict[str, tuple[np.ndarray, np.ndarray | Sequence[np.ndarray]]],
+    protocols: Mapping[str, tuple[np.ndarray, np.ndarray | Sequence[np.ndarray]]],
     ranks: Sequence[int] = (1, 5, 10),
     prefix: str = "",
 ) -> tuple[str, ...]:
