@@ -12,15 +12,16 @@
 
 Every flag comes from one place: TrainConfig's fields (trainer/config.py), the task builders' parameters
 (tasks/era5.py, tasks/reid.py) and RunOptions below; each value is checked by the rule beside its definition
-(trainer/config.py's `check_value`) before anything is written. Exit codes: 0 done, 2 a bad input (one clear line;
---debug for the traceback), 3 training diverged, 128 + N stopped by signal N (after writing last.pt when training
-had started).
+(trainer/config.py's `check_value`) before anything is written. Exit codes (EXIT_CODES below, also in --help and
+docs/guides/cli.md): 0 done, 2 a bad input (one clear line; --debug for the traceback), 3 training diverged, 4 an I/O
+failure (a full disk, no permission, the run directory removed), 128 + N stopped by signal N.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
 import re
 import shlex
@@ -42,7 +43,8 @@ def _early_stop(signum: int, frame: Any) -> None:
 SETUP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP") if hasattr(signal, n))
 if __name__ == "__main__":  # run as a program (not imported): covered from the first line on
     for _s in SETUP_SIGNALS:
-        signal.signal(_s, _early_stop)
+        if signal.getsignal(_s) != signal.SIG_IGN:  # ignored at start (nohup's SIGHUP): stays ignored
+            signal.signal(_s, _early_stop)
 
 import torch  # noqa: E402
 
@@ -60,8 +62,7 @@ from tasks import (  # noqa: E402
     train_defaults,
     user_train_defaults,
 )
-from trainer.checkpoint import CheckpointError  # noqa: E402
-from trainer.checkpointer import ResumeError  # noqa: E402
+from trainer.checkpoint import STORAGE_ERRNOS, CheckpointError, StorageError  # noqa: E402
 from trainer.cli.options import (  # noqa: E402
     add_dataclass_arguments,
     add_function_arguments,
@@ -73,7 +74,9 @@ from trainer.config import ConfigError, TrainConfig, check_output_dirs, check_se
 from trainer.extras.loggers import CSVLogger, WandbLogger, parse_logger_names  # noqa: E402
 from trainer.runfiles import RunDirError, find_resumable  # noqa: E402
 from trainer.runtime import launch_prefix  # noqa: E402
-from trainer.usercode import cli_script, cli_session  # noqa: E402
+from trainer.signals import handled_signals  # noqa: E402
+from trainer.state import ResumeError, RunFinished, resume_changes  # noqa: E402
+from trainer.usercode import cli_script, cli_session, set_task_flag  # noqa: E402
 
 RUN = "task and run"
 TOOLS = "measurement tools"
@@ -143,12 +146,27 @@ class RunOptions:
     )
     auto_batch_size: bool = knob(False, "largest batch that fits; keeps the effective batch with accumulation", TOOLS)
     auto_num_workers: bool = knob(False, "measure loader throughput and pick num_workers", TOOLS)
+    trust_task: bool = knob(
+        False,
+        "run the task file (path/to/file.py:function) that --config or the resumed run's config.toml names without "
+        "--task naming it too (code from a run directory or a config file runs only when you say so)",
+        RUN,
+    )
 
 
 # "seed": the earlier name of "full", still read (with a note)
 PRESETS: tuple[str, ...] = ("auto", "cpu", "full", "seed")
 KNOWN_ERRORS = (ConfigError, ResumeError, RunDirError, CheckpointError, OSError, ValueError)
-NOT_IN_CONFIG_FILE = ("config", "debug", "resume")  # never written into a run's config.toml
+NOT_IN_CONFIG_FILE = ("config", "debug", "resume", "trust_task")  # never written into a run's config.toml
+# one table, shown by --help and docs/guides/cli.md
+EXIT_CODES = {
+    "0": "done (a closed stdout, as with | head, does not change it)",
+    "2": "bad input: a flag, config file, checkpoint or data (one line)",
+    "3": "training diverged: too many non-finite steps skipped (checked at log points and at the end)",
+    "4": "I/O failure: a full disk, no permission, the run directory removed (the file is named)",
+    "128+N": "stopped by signal N (130 Ctrl-C, 143 SIGTERM); last.pt written when training had started",
+}
+EXIT_TEXT = "Exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()) + "."
 # the short --help: what most runs set; --help GROUP / --help-all show the rest
 COMMON_FLAGS = ("task", "config", "data_path", "output_dir", "run_name", "resume", "epochs", "max_steps",
                 "batch_size", "lr", "precision", "num_workers", "device", "compile_model", "preset", "debug")  # fmt: skip
@@ -158,15 +176,29 @@ class _Parser(argparse.ArgumentParser):
     """A bad flag is one line (argparse would print its whole usage block, 80 lines, before it)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (--help-all lists every flag)\n")
+        self.exit(2, f"{self.prog}: error: {message}{self.suggest(message)} (--help-all lists every flag)\n")
+
+    def suggest(self, message: str) -> str:
+        """ " (--batch_sise: did you mean --batch_size?)" for the misspelt flags of an unrecognized-arguments error."""
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+        hints = []
+        for word in message.split(":", 1)[1].split():
+            name = word.split("=", 1)[0]
+            if name.startswith("--") and name not in flags:
+                near = difflib.get_close_matches(name, flags, n=1, cutoff=0.75)
+                if near:
+                    hints.append(f"{name}: did you mean {near[0]}?")
+        return f" ({'; '.join(hints)})" if hints else ""
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
-        prog="train_optimized.py",
+        prog="plainloop" if Path(sys.argv[0]).stem == "plainloop" else "train_optimized.py",  # pip's command
         usage="%(prog)s [--flag VALUE ...]",
         description="plainloop: fast training in plain PyTorch.",
-        epilog="Exit codes: 0 done, 2 bad input, 3 diverged, 128+N stopped by signal N.",
+        epilog=EXIT_TEXT,
         add_help=False,
     )
     add_help_flags(p, COMMON_FLAGS)
@@ -242,7 +274,7 @@ def resolve_settings(explicit: dict[str, Any], notes: list[str]) -> dict[str, An
     resume = given.get("resume")
     saved: dict[str, Any] = {}
     if resume:
-        run_dir = _resume_dir(resume, given)
+        run_dir = _resume_dir(resume, given, notes)
         # a checkpoint file is resumed from itself; its run directory only supplies the saved settings
         file_given = resume != "auto" and Path(resume).is_file()
         given["resume"] = resume if file_given else (str(run_dir) if run_dir else None)
@@ -319,30 +351,34 @@ def _json_block(path: Path, key: str) -> dict[str, Any]:
     return block if isinstance(block, dict) else {}
 
 
-# settings a checkpoint's position depends on: its step count and its place in the epoch are counted in batches of
-# this size, in this order, so another value cannot continue the same run (refused; documented)
-FIXED_ON_RESUME = ("batch_size", "accumulate_grad_batches", "seed")
-
-
 def check_resume_changes(ckpt_path: Path, given: dict[str, Any]) -> None:
-    """Refuse, before anything is written, a resume that changes what the checkpoint's position is counted in
-    (batch size, accumulation, seed) or gives a step budget below the checkpoint's step."""
+    """Refuse, before anything is written, a resume that changes a fixed setting (trainer/state.py's one rule:
+    RESUME_MAY_CHANGE) or gives a step budget below the checkpoint's step."""
     meta = _checkpoint_meta(ckpt_path)
     if meta is None:
         return  # no checkpoint yet (resume auto starting a run) or a damaged one: the engine reports it
-    old, step = meta.get("config") or {}, meta.get("step")
-    for k in FIXED_ON_RESUME:
-        if k in given and k in old and given[k] != old[k]:
-            raise ConfigError(
-                f"--{k} {given[k]}: the run at {ckpt_path} was trained with {k} {old[k]}, and its step count and "
-                f"place in the epoch are counted with it; resume without --{k}, or start a new run from its "
-                f"settings: --config {shlex.quote(str(ckpt_path.parent.parent / 'config.toml'))} --{k} {given[k]}"
-            )
+    sections = meta.get("settings")
+    if not isinstance(sections, dict):  # written before checkpoints carried the settings
+        sections = {"train": meta.get("config") or {}}
+    now = {t: {k: given[k] for k in v if k in given} for t, v in sections.items() if isinstance(v, dict)}
+    changed = resume_changes(sections, now)
+    if changed:
+        raise ConfigError(
+            f"{', '.join(f'--{k} {_shown(b)}' for k, _, b in changed)}: the run at {ckpt_path} was made with "
+            f"{', '.join(f'{k} {_shown(a)}' for k, a, _ in changed)}, and a resumed run keeps them (its state was "
+            f"made with them); resume without {'them' if len(changed) > 1 else 'it'}, or start a new run with the "
+            f"new values: --config {shlex.quote(str(ckpt_path.parent.parent / 'config.toml'))} plus the flags"
+        )
+    step = meta.get("step")
     if isinstance(step, int) and given.get("max_steps") is not None and given["max_steps"] < step:
         raise ConfigError(
             f"--max_steps {given['max_steps']}: the run at {ckpt_path} is already at step {step}; give at least "
             f"--max_steps {step} (more continues it), or leave it out to keep the run's own length"
         )
+
+
+def _shown(v: Any) -> str:
+    return " ".join(map(str, v)) if isinstance(v, list) else str(v)
 
 
 def _checkpoint_meta(path: Path) -> dict[str, Any] | None:
@@ -368,18 +404,20 @@ def checkpoint_settings(path: Path) -> dict[str, Any] | None:
     return flat
 
 
-def _resume_dir(resume: str, given: dict[str, Any]) -> Path | None:
+def _resume_dir(resume: str, given: dict[str, Any], notes: list[str] | None = None) -> Path | None:
     out = Path(given.get("output_dir", TrainConfig.output_dir))
     if resume != "auto":
         p = Path(resume)
         if not p.exists():
             raise ResumeError(f"--resume {resume}: no such checkpoint or run directory")
+        if not p.is_dir() and not p.is_file():  # reading a FIFO would wait forever for a writer
+            raise ResumeError(f"--resume {resume}: not a checkpoint file or a run directory (a FIFO or a device?)")
         return p if p.is_dir() else p.parent.parent
     if given.get("run_name"):  # a fixed name: continue it if it has a checkpoint, else start it
         cand = out / given["run_name"]
         return cand if (cand / "checkpoints" / "last.pt").is_file() else None
     task = given.get("task", RunOptions.task)
-    return find_resumable_user_task(out, task) if is_user_task(task) else find_resumable(out, task)
+    return find_resumable_user_task(out, task) if is_user_task(task) else find_resumable(out, task, notes)
 
 
 def _auto_place(given: dict[str, Any]) -> str:
@@ -423,10 +461,37 @@ def _setup_stop(signum: int, frame: Any) -> None:
     raise StoppedInSetUp(signum)
 
 
+def untrusted_task(argv: list[str], spec: str) -> str | None:
+    """Why the task file `spec` may not be imported: it was named by a --config file or the resumed run's config.toml
+    (a run directory received from someone else), not by --task or --trust_task on this command line. None: it may."""
+    pre = argparse.ArgumentParser(add_help=False)
+    for flag in ("--task", "--config", "--resume"):
+        pre.add_argument(flag)
+    pre.add_argument("--trust_task", nargs="?", const="on")
+    known, _ = pre.parse_known_args(argv)
+    mod = spec.rpartition(":")[0]
+    caller = os.environ.get("PLAINLOOP_CALLER_DIR", "")
+    if known.task or not mod.endswith(".py") or not (Path(mod).is_file() or (Path(caller) / mod).is_file()):
+        return None  # typed by the user, a module (not a file), or no such file (the import says so; nothing runs)
+    if known.trust_task is not None and known.trust_task.strip().lower() in ("1", "true", "yes", "on"):
+        print(f"[plainloop] task: running {mod} as the settings name it (--trust_task)")
+        return None
+    where = f"--config {known.config}" if known.config else f"--resume {known.resume}: its config.toml"
+    return (
+        f"{where} names the task {spec}, a Python file that would run; code named by a config file or a run directory "
+        f"runs only when you name it too: add --task {shlex.quote(spec)} (or --trust_task, if you trust that file)"
+    )
+
+
 def use_task_flags(argv: list[str]) -> None:
     """A user task (--task module:function, or the one a --config file or the resumed run names) joins
     TASK_BUILDERS, so its parameters are flags and config-file keys like the built-in tasks'."""
     spec = spec_from_argv(argv)
+    set_task_flag(None)
+    if spec is not None and spec.rpartition(":")[0].endswith(".py"):
+        if why := untrusted_task(argv, spec):
+            raise ConfigError(why)
+        set_task_flag(spec)  # the resume line a stop prints names it: the resume needs it again
     if spec is not None and spec not in TASK_BUILDERS:
         try:
             register_user_task(spec, {f.name: "the command-line flag" for f in dataclasses.fields(RunOptions)})
@@ -440,7 +505,61 @@ def use_task_flags(argv: list[str]) -> None:
             ) from None
 
 
+class _Unbreakable:
+    """stdout/stderr whose reader went away (`| head` exits): its writes are dropped and the run goes on (exit 0);
+    the run's files hold everything it printed."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream, self.broken = stream, False
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return int(self._stream.write(text))
+            except BrokenPipeError:
+                self._quiet()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._quiet()
+
+    def _quiet(self) -> None:
+        self.broken = True
+        try:  # what is still buffered goes nowhere, also at interpreter exit (else "Exception ignored ...")
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (s if isinstance(s, _Unbreakable) else _Unbreakable(s) for s in streams)
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout, sys.stderr = streams
+
+
+def exit_code(e: BaseException) -> int:
+    """4 for a failure of the storage (a full disk, no permission, a vanished run directory), else 2 (bad input)."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, StorageError) or (isinstance(seen, OSError) and seen.errno in STORAGE_ERRNOS):
+            return 4
+        seen = seen.__cause__
+    return 2
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         use_task_flags(argv)
@@ -455,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if threading_main():
             # until the trainer installs its own handlers (which save last.pt), a signal ends set-up cleanly
-            old = {s: signal.signal(s, _setup_stop) for s in SETUP_SIGNALS}
+            old = {s: signal.signal(s, _setup_stop) for s in handled_signals()}
         with cli_session():  # the engine's messages name this script's flags (not the Python call)
             return run(explicit)
     except StoppedInSetUp as e:
@@ -467,15 +586,22 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"[plainloop] {name} {what}", file=sys.stderr)
         return 128 + e.signum
+    except KeyboardInterrupt:  # a second Ctrl-C: the first one's orderly stop was cut short on purpose
+        print(
+            "[plainloop] SIGINT again: stopped at once, nothing more written; the run's checkpoints/last.pt is the "
+            "last one saved (resume from it)",
+            file=sys.stderr,
+        )
+        return 128 + signal.SIGINT
     except KNOWN_ERRORS as e:
         if debug:
             raise
         text = str(e).strip() or type(e).__name__
-        if isinstance(e, OSError) and not isinstance(e, FileNotFoundError) and e.filename:
+        if isinstance(e, OSError) and not isinstance(e, FileNotFoundError | StorageError) and e.filename:
             text = f"{e.filename}: {e.strerror or e}"
         print(f"error: {' '.join(text.splitlines()) if len(text.splitlines()) > 2 else text}", file=sys.stderr)
         print("(run with --debug or PLAINLOOP_DEBUG=1 for the traceback)", file=sys.stderr)
-        return 2
+        return exit_code(e)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -546,7 +672,8 @@ def train(opts: RunOptions, task_kw: dict[str, Any], train_kw: dict[str, Any], n
         return system_report(cfg, opts, task_kw)
     sections = {
         "run": {k: v for k, v in dataclasses.asdict(opts).items() if k not in NOT_IN_CONFIG_FILE},
-        "task": {k: v for k, v in task_kw.items() if k not in ("seed", "device_cache")},
+        # every task setting, its defaults included: a resume compares them (trainer/state.py resume_changes)
+        "task": {k: v for k, v in {**task_defaults(opts.task), **task_kw}.items() if k not in ("seed", "device_cache")},
     }
     if opts.profile:
         from tasks.cli_tools import profile
@@ -566,6 +693,9 @@ def train(opts: RunOptions, task_kw: dict[str, Any], train_kw: dict[str, Any], n
             say(f"[plainloop] sampler: {line}")  # the P x K sampler's cache summary, once (rank 0)
         summary = trainer.fit()
         _TRAINED.append(True)  # a signal in the closing report no longer says "set-up"
+    except RunFinished as e:  # nothing to do is not an error: one line, exit 0, no file touched
+        say(f"[plainloop] {e}")
+        return 0
     except ResumeError as e:
         changed = [n for n in notes if n.startswith("resume:")]
         raise ResumeError(
@@ -575,6 +705,16 @@ def train(opts: RunOptions, task_kw: dict[str, Any], train_kw: dict[str, Any], n
         assert trainer.run_dir is not None  # fit() made it
         report_run(summary, trainer.run_dir, opts, task.console_metrics)
     return 0
+
+
+def task_defaults(name: str) -> dict[str, Any]:
+    """The task builder's keyword defaults that are plain values (what config.toml can hold)."""
+    plain = (bool, int, float, str, list, tuple)
+    try:
+        params = function_parameters(TASK_BUILDERS[name]())
+    except (KeyError, TypeError, ValueError):
+        return {}
+    return {k: d for k, (_, d) in params.items() if isinstance(d, plain)}
 
 
 def data_lines(task: Any) -> list[str]:
@@ -591,12 +731,6 @@ def data_lines(task: Any) -> list[str]:
     if task.info.get("data_source"):
         return [f"data: {task.info['data_source']}"]
     return []
-
-
-def steps_text(summary: dict[str, Any]) -> str:
-    """The steps of the run, and after a resume how many this process trained (its time and speed cover those)."""
-    steps, now = summary["steps"], summary.get("steps_this_process", summary["steps"])
-    return f"{steps} steps" + (f" ({now} since the resume)" if now != steps else "")
 
 
 def plugins(opts: RunOptions, cfg: TrainConfig) -> tuple[list[Any], Any]:
@@ -625,13 +759,9 @@ def plugins(opts: RunOptions, cfg: TrainConfig) -> tuple[list[Any], Any]:
 
 def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions, shown: tuple[str, ...] | None = None) -> None:
     """The closing lines; of the final metrics, those in `shown` (the task's console_metrics; None: all)."""
-    v = summary.get("verdict") or {}
-    verdict = v.get("headline") or v.get("verdict", "not judged")
-    sps = summary["samples_per_s"]
-    print(
-        f"[plainloop] done: {steps_text(summary)} in {summary['train_time_s']:.1f} s, "
-        f"{f'{sps:.0f}' if sps else '?'} samples/s, {summary.get('skipped_steps', 0)} skipped, verdict: {verdict}"
-    )
+    from utils.tools import done_line, write_plots
+
+    print(done_line(summary))  # the Python API's measuring_tools print the same line
     if "test_scores" in summary:
         from utils.metrics import format_scores
 
@@ -646,21 +776,18 @@ def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions, shown: 
         if hidden:
             print(f"  (+{hidden} more in summary.json)")
     if opts.plots:
-        try:
-            from utils.plot import plot_run
-
-            paths = plot_run(run_dir)
-            print(f"[plainloop] plots: {', '.join(str(p) for p in paths)}")
-        except ImportError as e:
-            print(f"[plainloop] plots skipped: {e}")
-    print(f"[plainloop] run directory: {run_dir} (re-run: {rerun_command(run_dir / 'config.toml')})")
+        write_plots(run_dir)
+    print(f"[plainloop] run directory: {run_dir} (re-run: {rerun_command(run_dir / 'config.toml', task=opts.task)})")
 
 
-def rerun_command(config: Path, env: Any = os.environ) -> str:
+def rerun_command(config: Path, env: Any = os.environ, task: str | None = None) -> str:
     """The command that runs this job again: under torchrun (WORLD_SIZE > 1) with its torchrun prefix; the path is
-    shell-quoted, so a directory with a space or a `$(...)` in its name pastes as itself."""
+    shell-quoted, so a directory with a space or a `$(...)` in its name pastes as itself. A task file is named with
+    --task: a config file's task file is not run unless the command line names it too."""
     launch = launch_prefix(env)
     cmd = f"{launch} {cli_script()} --config {shlex.quote(str(config))}"
+    if task and task.rpartition(":")[0].endswith(".py"):
+        cmd += f" --task {shlex.quote(task)}"
     return cmd + (" (on each node)" if "--nnodes" in launch else "")
 
 

@@ -50,7 +50,7 @@ def _patched(variant: str, device: torch.device, phases: dict[str, list[float]],
     import os
 
     import trainer.checkpoint as ck
-    from trainer.checkpointer import Checkpointer
+    from trainer.state import Checkpointer
 
     saved: list[tuple[Any, str, Any]] = []
 

@@ -24,7 +24,9 @@ SMALL = [
 
 
 def toy_config(tmp_path: Path, **kw: Any) -> TrainConfig:
-    """The engine tests' TrainConfig: 2 epochs of batch 32 in the main process, a run in tmp_path; kw overrides."""
+    """The engine tests' TrainConfig: 2 epochs of batch 32 in the main process, a run in tmp_path; kw overrides.
+    last.pt at every epoch end (checkpoint_interval 0), so that a test can stop or kill a run at any epoch; the
+    default interval has its own tests (test_checkpoint_cadence.py)."""
     base = dict(
         epochs=2,
         batch_size=32,
@@ -35,6 +37,7 @@ def toy_config(tmp_path: Path, **kw: Any) -> TrainConfig:
         log_every=4,
         validation_interval=1,
         warmup_steps=2,
+        checkpoint_interval=0,
     )
     return TrainConfig(**{**base, **kw})
 

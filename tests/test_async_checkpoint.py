@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-import trainer.checkpointer as checkpointer_mod
+import trainer.state as checkpointer_mod
 from tests.helpers import toy_config
 from trainer import TrainConfig
 from trainer.checkpoint import CheckpointError, load_checkpoint, snapshot_to_host
@@ -39,8 +39,9 @@ def task(seed: int = 0) -> Task:
 
 def test_the_default_is_background_on_a_gpu_only(tmp_path):
     t = Trainer(toy_config(tmp_path, epochs=1), task())
-    assert TrainConfig().async_checkpoint is None and t.async_checkpoint is False  # this CPU
-    assert Trainer(toy_config(tmp_path, run_name="b", epochs=1, async_checkpoint=True), task()).async_checkpoint
+    assert TrainConfig().async_checkpoint is None and t.checkpointer.background is False  # this CPU
+    on = Trainer(toy_config(tmp_path, run_name="b", epochs=1, async_checkpoint=True), task())
+    assert on.checkpointer.background
 
 
 def test_snapshot_is_a_copy_training_cannot_change():

@@ -39,6 +39,30 @@ def test_seed001_command_line_parses():
 
 
 @pytest.mark.parametrize(
+    "argv, hint",
+    [
+        (["--batch_sise", "8"], "(--batch_sise: did you mean --batch_size?)"),
+        (["--batch_sise=8"], "(--batch_sise: did you mean --batch_size?)"),
+        (["--valdation_interval", "2"], "(--valdation_interval: did you mean --validation_interval?)"),
+        (["--no-progres_bar"], "(--no-progres_bar: did you mean --no-progress_bar?)"),
+        (["--zzzqqq", "1"], None),  # nothing near: no guess
+    ],
+)
+def test_a_misspelt_flag_gets_did_you_mean(argv, hint, capsys):
+    assert exit_code(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "unrecognized arguments" in err
+    assert (hint in err) if hint else "did you mean" not in err
+
+
+def test_a_misspelt_config_key_gets_did_you_mean(tmp_path, capsys):
+    (tmp_path / "c.toml").write_text("[train]\nbatch_sise = 8\n")
+    assert exit_code(["--config", str(tmp_path / "c.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown setting(s) 'batch_sise' (did you mean batch_size" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
     "argv, message",
     [
         (["--precision", "fp8"], "--precision: fp8: not allowed; use one of auto, 32, 16-mixed, bf16-mixed"),
@@ -328,10 +352,10 @@ def test_resume_run_dir_alone_restores_the_runs_settings(tmp_path, era5_cache, c
         s["steps"] == 9
         and json.loads((tmp_path / "sizes" / "config.json").read_text())["effective"]["batch_size"] == 16
     )
-    # a change the weights cannot follow is a clear error naming the settings
+    # a change the weights cannot follow is refused before anything is built, naming both values
     assert exit_code(["--resume", str(tmp_path / "sizes"), "--max_steps", "12", "--d_model", "64"]) == 2
     err = capsys.readouterr().err
-    assert "do not fit this model" in err and "d_model 32 -> 64" in err and "Traceback" not in err
+    assert "--d_model 64: the run at" in err and "made with d_model 32" in err and "Traceback" not in err
 
 
 def test_resume_auto_continues_the_named_run_or_starts_it(tmp_path, era5_cache):
@@ -419,14 +443,17 @@ def _stopped_run(tmp_path: Path) -> Path:
 
 def test_resume_refuses_a_changed_batch_size_or_a_budget_below_its_step(tmp_path, era5_cache, capsys):
     """`--resume RUN --batch_size 32` printed "batch 15 of 8", rewrote last.pt and ended in a StopIteration;
-    `--max_steps 10` on a run at step 32 declared it finished and scored the test split. Both are refused with
-    one line before any file changes."""
+    `--split_ratio`/`--offset` moved trained months into the test split; `--max_steps 10` on a run at step 32
+    declared it finished and scored the test split. Each is refused with one line before any file changes."""
     run = _stopped_run(tmp_path)
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
     for flags, message in (
         (["--batch_size", "32"], "--batch_size 32: the run at"),
         (["--accumulate_grad_batches", "2"], "--accumulate_grad_batches 2: the run at"),
         (["--seed", "7"], "--seed 7: the run at"),
+        (["--split_ratio", "0.5", "0.25", "0.25"], "--split_ratio 0.5 0.25 0.25: the run at"),
+        (["--offset", "2"], "--offset 2: the run at"),
+        (["--lr", "0.5"], "--lr 0.5: the run at"),
         (["--max_steps", "3"], "--max_steps 3: the run at"),
     ):
         capsys.readouterr()

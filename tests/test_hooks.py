@@ -92,7 +92,7 @@ def test_every_hook_in_order_with_accumulation(tmp_path):
         "on_train_epoch_end": 2,
         "on_validation_start": 2,
         "on_validation_end": 2,
-        "on_save_checkpoint": 2,  # last.pt at each epoch end (save_best off)
+        "on_save_checkpoint": 2,  # last.pt after each epoch's validation (interval 0; the end), save_best off
         "on_log": 0,  # Recorder does not define it
         "on_train_end": 1,
         "on_test_end": 0,  # the toy task has no test split
@@ -108,7 +108,7 @@ def test_every_hook_in_order_with_accumulation(tmp_path):
     ]
     ends = [d for n, d in epoch0 if n == "on_train_batch_end"]
     assert ends == [(0, 0), (1, 0), (2, 1), (3, 1), (4, 1), (5, 2), (6, 2), (7, 3)]  # after the step that closed it
-    # the run level: fit start -> train start -> epochs (train, epoch end, checkpoint, validation) -> end -> fit end
+    # the run level: fit start -> train start -> epochs (train, epoch end, validation, checkpoint) -> end -> fit end
     top = names(
         rec.calls,
         "on_fit_start",
@@ -122,9 +122,9 @@ def test_every_hook_in_order_with_accumulation(tmp_path):
     )
     assert top == ["on_fit_start", "on_train_start"] + [
         "on_train_epoch_end",
-        "on_save_checkpoint",
         "on_validation_start",
         "on_validation_end",
+        "on_save_checkpoint",
     ] * 2 + ["on_train_end", "on_fit_end"]
     assert ("on_validation_end", ["val_loss"]) in rec.calls
 
@@ -239,9 +239,9 @@ def test_the_guides_example_callback(tmp_path):
     vals = [r for r in metric_rows(tmp_path / "run") if r["kind"] == "val"]
     assert len(vals) == 2 and all(r["val_rmse"] == pytest.approx(math.sqrt(r["val_loss"])) for r in vals)
     assert summary["validations"] == 2
-    # last.pt is written before the epoch's validation (a resume runs it again): it holds the count before it
+    # the end's last.pt is written after the last validation: it holds both
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["callbacks"] == {
-        "RootMeanSquare": {"validations": 1}
+        "RootMeanSquare": {"validations": 2}
     }
 
 

@@ -16,9 +16,9 @@ from torch.utils.data import Dataset, TensorDataset
 from tests.helpers import metric_rows, toy_config
 from trainer import Task, Trainer
 from trainer.checkpoint import load_checkpoint
-from trainer.checkpointer import ResumeError
 from trainer.finish import TrainingDiverged, TrainingStopped
 from trainer.runfiles import RunDirError, RunLock
+from trainer.state import ResumeError
 from trainer.step import OptimizerStep, nonfinite_flag, step_unless
 
 N = 256
@@ -243,7 +243,7 @@ def test_extending_epochs_notes_how_the_schedule_continues(tmp_path):
         toy_config(tmp_path, epochs=3, resume=str(tmp_path / "run")), Task("toy", toy(), TensorDataset(*data()))
     )
     assert any("now has 24 optimizer steps (was 8)" in n for n in t.notes)
-    with pytest.raises(ResumeError, match="nothing left to train"):
+    with pytest.raises(ResumeError, match="nothing is left to do"):
         Trainer(
             toy_config(tmp_path, epochs=1, resume=str(tmp_path / "run")), Task("toy", toy(), TensorDataset(*data()))
         )
@@ -274,7 +274,7 @@ def test_a_run_stopped_while_scoring_the_test_split_finishes_on_resume(tmp_path)
     done = t.fit()
     assert done["final_metrics"] == ref["final_metrics"] and done["steps"] == ref["steps"] == 16
     assert calls.count("test") == 3  # the reference, the interrupted one, the resumed one
-    with pytest.raises(ResumeError, match="nothing left to train"):  # now it has finished
+    with pytest.raises(ResumeError, match="nothing is left to do"):  # now it has finished
         Trainer(toy_config(tmp_path, resume=str(tmp_path / "cut")), make_task(False))
 
 
@@ -284,7 +284,7 @@ def test_a_finished_run_with_a_validation_is_not_trained_or_scored_again(tmp_pat
     ds = TensorDataset(*data())
     Trainer(toy_config(tmp_path, epochs=1), Task("toy", toy(), ds, val_set=ds, test_set=ds)).fit()
     summary = (tmp_path / "run" / "summary.json").read_bytes()
-    with pytest.raises(ResumeError, match="nothing left to train"):
+    with pytest.raises(ResumeError, match="nothing is left to do"):
         Trainer(toy_config(tmp_path, epochs=1, resume=str(tmp_path / "run")), Task("toy", toy(), ds, val_set=ds))
     assert (tmp_path / "run" / "summary.json").read_bytes() == summary
 

@@ -68,6 +68,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 CLIP_ALGORITHMS = ("norm", "value")
 LR_SCALING = ("sqrt", "linear", "none")
 MP_CONTEXTS = ("spawn", "fork", "forkserver")
+AUTO_VALIDATIONS = 100  # validation_interval auto: runs of up to this many epochs validate every epoch
 INT_LIMIT = 2**31  # whole numbers live in [-INT_LIMIT, INT_LIMIT) unless a field's min/max say otherwise
 RULE_KEYS = ("choices", "min", "max", "gt", "allow_inf", "allow_empty", "check", "aliases")
 NAME_MAX = 120  # run names: well under NAME_MAX 255, leaving room for "-N" suffixes and temp names
@@ -498,9 +499,11 @@ class TrainConfig:
     progress_bar: bool = knob(
         True, "show the tqdm progress bar (rank 0) when stderr is a terminal; piped or redirected it stays off", LOG
     )
-    validation_interval: int = knob(
-        20,
-        "epochs between validations (Lightning's check_val_every_n_epoch); the last epoch always validates",
+    validation_interval: int | None = knob(
+        None,
+        "epochs between validations (Lightning's check_val_every_n_epoch); the last epoch always validates "
+        f"(default: auto = every epoch; a run of more than {AUTO_VALIDATIONS} epochs validates about "
+        f"{AUTO_VALIDATIONS} times, and says so at start)",
         LOG,
         min=1,
     )
@@ -508,11 +511,15 @@ class TrainConfig:
     val_check_batches: int | None = knob(
         None, "batches between validations, instead of epochs (mmseg's evaluation.interval)", LOG, min=1
     )
-    checkpoint_every: int | None = knob(
-        None,
-        "optimizer steps between extra last.pt writes (mid-epoch resume); last.pt is also written every epoch",
+    checkpoint_interval: float = knob(
+        60.0,
+        "seconds of training between last.pt writes, at the next log point or epoch end (also written at the end "
+        "and on a stop signal; a kill -9 loses at most this much); 0 = at every epoch end",
         LOG,
-        min=1,
+        min=0,
+    )
+    checkpoint_every: int | None = knob(
+        None, "optimizer steps between extra last.pt writes, whatever checkpoint_interval says", LOG, min=1
     )
     async_checkpoint: bool | None = knob(
         None,
@@ -521,6 +528,16 @@ class TrainConfig:
         LOG,
     )
     save_best: bool = knob(True, "keep best.pt by the task's validation metric", LOG)
+    save_top_k: int = knob(
+        1,
+        "keep the K best checkpoints by the task's validation metric as checkpoints/epoch=E-step=S.pt "
+        "(Lightning's ModelCheckpoint(save_top_k)); best.pt is always the best; 1 = best.pt only",
+        LOG,
+        min=1,
+    )
+    summary: bool = knob(
+        False, "print the model's layers at start: name, type, output shape, parameters (Lightning's ModelSummary)", LOG
+    )
     test_with_best: bool = knob(False, "score the test split with best.pt's weights instead of the last ones", LOG)
     # robustness
     max_consecutive_skips: int = knob(
@@ -615,6 +632,19 @@ class TrainConfig:
         """Build from a dict (BaseTrainer's trainer_params, a checkpoint's settings): unknown keys name the nearest
         valid names, every value is converted and checked by its rule; `where` starts each message."""
         return cls(**check_settings(dict(d), field_rules(cls), where, notes))
+
+
+def validation_every(interval: int | None, max_epochs: int) -> tuple[int, str | None]:
+    """The epochs between validations, and the start-up line when the run will not validate every epoch.
+
+    interval None (auto): every epoch, unless the run has more than AUTO_VALIDATIONS epochs (short ones, where
+    validating each would cost about as much as training); then every ceil(epochs / AUTO_VALIDATIONS) epochs."""
+    auto = interval is None
+    every = max(1, math.ceil(max_epochs / AUTO_VALIDATIONS)) if interval is None else interval
+    if every == 1 or max_epochs <= 1:
+        return every, None
+    why = f"auto: about {AUTO_VALIDATIONS} validations in {max_epochs} epochs" if auto else "validation_interval"
+    return every, f"validation: every {every} epochs and the last ({why}); --validation_interval 1 validates each"
 
 
 def default_num_workers(world_size: int = 1) -> int:

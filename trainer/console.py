@@ -48,13 +48,13 @@ def epoch_line(
     row: dict[str, Any],
     eta_s: float,
     extra: tuple[str, ...] = (),
-    saved: str = "last.pt saved",
+    saved: str = "",
 ) -> str:
-    """One line per epoch checkpoint: where the run is, its last logged figures (and the `extra` names of the row:
-    what the model's self.log gave), and the time left."""
+    """One line per epoch: where the run is, its last logged figures (and the `extra` names of the row: what the
+    model's self.log gave), the time left, and `saved` when last.pt was written with it."""
     more = "".join(f", {k} {row[k]:.4g}" for k in extra if isinstance(row.get(k), int | float))
     return (
         f"[epoch {epoch}/{max_epochs}] step {step}/{total_steps}: loss "
         f"{row.get('loss', float('nan')):.4g}{more}, {row.get('samples_per_s', 0):.0f} samples/s, data wait "
-        f"{100 * row.get('data_wait_frac', 0):.0f}%, ETA {_hms(eta_s)}; {saved}"
+        f"{100 * row.get('data_wait_frac', 0):.0f}%, ETA {_hms(eta_s)}" + (f"; {saved}" if saved else "")
     )

@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .checkpointer import Progress
 from .evaluation import BestTracker
 from .runtime import Runtime
+from .state import Progress
 from .task import Task
 
 

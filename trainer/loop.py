@@ -18,10 +18,11 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -29,20 +30,19 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import knobs
-from .checkpointer import Checkpointer, Progress
-from .compat.lightning import ModelParts, model_parts
-from .config import TrainConfig
+from .config import TrainConfig, validation_every
 from .console import epoch_line, open_bar
-from .data import batch_size_of, build_data, close_loader, split_batch, to_device
+from .data import batch_size_of, build_data, close_loader, split_batch, start_epoch, to_device
 from .evaluation import BestTracker, Evaluator
 from .finish import TrainingDiverged, TrainingStopped, ddp_weight_diff, summary_of
 from .hooks import Hooks, Monitor
-from .layers import config_callbacks
+from .layers import adapt_task, config_callbacks
 from .optim import Schedule, build_optimizer
 from .runfiles import ROLLED_BACK, RunFiles, shared_run_dir, write_config_file
 from .runtime import Runtime, launch_prefix, resolve_runtime, seed_everything
-from .signals import StopRequest, agree_stop
-from .step import OptimizerStep
+from .signals import StopNow, StopRequest, agree_stop
+from .state import CallbackStates, Checkpointer, Progress, RunState, SamplerState, register_run_state, weights_finite
+from .step import LossError, OptimizerStep, loss_problem
 from .task import LossFn, Task, pick_default_loss, read_step_metrics
 from .usercode import is_stream, rerun_hint, resume_hint
 
@@ -65,7 +65,7 @@ class Trainer:
     config_sections: dict[str, dict[str, Any]]  # task/run settings written beside [train] in config.toml
     # data
     loader: Any  # DataLoader, or DeviceBatches when the data is held on the device
-    sampler: Any  # batch sampler: set_epoch / state_dict / load_state_dict
+    sampler: Any  # batch sampler; set_epoch / state_dict / load_state_dict when it has them
     on_device: bool
     resident: dict[int, Any]
     loader_kw: dict[str, Any]
@@ -73,10 +73,10 @@ class Trainer:
     steps_per_epoch: int
     total_steps: int  # optimizer steps of the whole run
     max_epochs: int
+    validation_every: int  # epochs between validations (cfg.validation_interval, auto resolved)
     # model and optimization
     raw_model: nn.Module  # the user's module
     model: nn.Module  # raw_model, maybe wrapped in DDP and/or torch.compile: what the step calls
-    parts: ModelParts | None  # a Lightning-style model's training_step, hooks and self.log (model_protocol.py)
     loss_fn: LossFn
     global_batch: int  # samples per optimizer step over all processes
     optimizer: torch.optim.Optimizer
@@ -94,7 +94,6 @@ class Trainer:
     monitor: Any
     evaluator: Evaluator
     checkpointer: Checkpointer
-    async_checkpoint: bool  # per-epoch last.pt written from a background thread (cfg.async_checkpoint resolved)
     # the run while it lasts
     run_dir: Path | None
     files: RunFiles | None  # rank 0's writer of the run's files
@@ -102,7 +101,6 @@ class Trainer:
     stop: StopRequest
     stopping: int | None  # the last agreed stop signal (None: go on)
     last_row: dict[str, Any]  # the last train row (for the epoch line)
-    last_val: dict[str, float]  # the last validation's scores (for the summary)
     stats: dict[str, float]  # samples, iterations and their timings (for the summary)
     _t_val_end: float | None  # when the last validation ended (the slow-validation warning)
     _warned_slow_val: bool
@@ -118,21 +116,29 @@ class Trainer:
         monitor: Any = None,
         config_sections: dict[str, dict[str, Any]] | None = None,
     ) -> None:
-        self.requested, self.cfg, self.task = cfg, cfg.effective(), task
-        self._print, self.callbacks, self.monitor = log, list(callbacks or []), monitor or Monitor()
+        # a LightningModule or nanoGPT-style model becomes a plain Task here (trainer/layers.py): its loss,
+        # evaluation, optimizer and callbacks are the task's, and nothing below knows where they came from
+        self.requested, self.cfg, self.task = cfg, cfg.effective(), adapt_task(task)
+        task = self.task
+        self._print, self.monitor = log, monitor or Monitor()
+        self.callbacks = [*(callbacks or []), *task.callbacks]
         self.config_sections = config_sections or {}
         self.progress, self.chunks = Progress(), 1
         self.run_dir, self.files, self.bar, self.stopping = None, None, None, None
-        self.last_row, self.last_val = {}, {}
+        self.last_row = {}
+        self._halted = False  # early stopping ended training
+        self._finite: tuple[int, bool] | None = None  # (step, weights finite) read at that step's log point
         self._t_val_end, self._warned_slow_val = None, False
+        self._row_extra: tuple[str, ...] = ()  # the names log_metrics_fn added to the train rows (epoch lines)
         self.stats = {"samples": 0, "data_s": 0.0, "iters": 0, "iter_s": 0.0}
         self._start_batches = self._start_step = 0
+        self._loss_checked = False  # the loss's type and shape are checked on the first step
         cfg = self.cfg
 
         # runtime
         self.rt = rt = resolve_runtime(cfg.precision, cfg.device, cfg.tf32, cfg.cudnn_benchmark)
         seed_everything(cfg.seed)
-        self.notes = list(rt.notes)
+        self.notes = [*rt.notes, *task.notes]
         if cfg.num_threads is not None and rt.device.type == "cpu" and cfg.num_threads != torch.get_num_threads():
             self.notes.append(f"threads: {torch.get_num_threads()} -> {cfg.num_threads} torch intra-op thread(s)")
             torch.set_num_threads(cfg.num_threads)
@@ -150,6 +156,9 @@ class Trainer:
         self.steps_per_epoch = math.ceil(self.batches_per_epoch / cfg.accumulate_grad_batches)
         self.total_steps = cfg.max_steps or cfg.epochs * self.steps_per_epoch
         self.max_epochs = math.ceil(self.total_steps / self.steps_per_epoch)
+        self.validation_every, note = validation_every(cfg.validation_interval, self.max_epochs)
+        if note and task.val_set is not None and cfg.val_check_steps is None:
+            self.notes.append(note)
 
         # model and loss; the model knobs (trainer/knobs.py) before the optimizer sees the parameters
         self.model = self.raw_model = task.model.to(rt.device)
@@ -160,14 +169,10 @@ class Trainer:
         if cfg.channels_last:
             self.notes.append(knobs.channels_last(self.raw_model, rt.device))
         self.model_size = knobs.parameter_count(self.raw_model)
-        # a Lightning-style model brings its training_step and hooks (trainer/model_protocol.py)
-        self.parts = model_parts(self.raw_model)
-        if self.parts is not None:
-            self.callbacks.append(self.parts.hooks)  # before the schedulers' callback: on_train_epoch_end logs first
+        if why := model_problem(self.raw_model, task, rt.amp_dtype):  # before any file: one line, no traceback
+            raise ValueError(why)
         if task.loss_fn is not None:
             self.loss_fn = task.loss_fn
-        elif self.parts is not None and self.parts.loss_fn is not None:
-            self.loss_fn = self.parts.loss_fn
         else:
             self.loss_fn, note = pick_default_loss(self.raw_model, _first_sample(task.train_set))
             if note:
@@ -175,13 +180,11 @@ class Trainer:
 
         # optimizer, schedule, the optimizer step
         self.global_batch = cfg.batch_size * cfg.accumulate_grad_batches * rt.world_size
-        setup = build_optimizer(self.raw_model, cfg, rt, self.global_batch, self.total_steps)
+        setup = build_optimizer(self.raw_model, cfg, rt, self.global_batch, self.total_steps, task.optimizer_fn)
         self.optimizer, self.scheduler, self.optimizer_hparams = setup.optimizer, setup.schedule, setup.hparams
         self.warmup_steps = int(setup.hparams.get("warmup_steps", 0))
         self.notes += setup.notes
         self.callbacks += setup.callbacks
-        if self.parts is not None:
-            self.parts.bind(self.optimizer, self.scheduler, setup.callbacks)
         fp16 = rt.amp_dtype == torch.float16
         self.opt = OptimizerStep(
             self.optimizer,
@@ -199,28 +202,40 @@ class Trainer:
         made, notes = config_callbacks(cfg, self.callbacks)  # EMA for ema_decay: ordinary callbacks (trainer/layers.py)
         self.callbacks += made
         self.notes += notes
-        self.best = BestTracker(task.monitor_metric, task.monitor_mode)
+        self.best = BestTracker(task.monitor_metric, task.monitor_mode, cfg.save_top_k)
         self.hooks = Hooks(self.callbacks, self, rt.is_main)
         self.evaluator = Evaluator(task, self.raw_model, rt, self.loss_fn, cfg, self.loader_kw, self.resident)
-        if self.parts is not None and self.parts.evaluates and task.evaluate_fn is None:
-            self.evaluator.own = self.parts.adapter.evaluate  # validation_step / test_step
-        self.checkpointer = Checkpointer(
+        # the run's state: one registry that every checkpoint walks out and every resume walks in (state.py)
+        self.sampler_state = SamplerState(self.sampler, self.progress)
+        self.run_state = register_run_state(
+            RunState(),
             model=self.raw_model,
             optimizer=self.optimizer,
             schedule=self.scheduler,
             opt_step=self.opt,
-            sampler=self.sampler,
-            best=self.best,
             progress=self.progress,
+            sampler=self.sampler_state,
+            best=self.best,
+            callbacks=CallbackStates(self.hooks, self.notes),
+        )
+        self.settings = self._settings()
+        self.checkpointer = Checkpointer(
+            state=self.run_state,
+            model=self.raw_model,
+            progress=self.progress,
+            best=self.best,
             hooks=self.hooks,
             cfg=cfg,
+            settings=self.settings,
             task_name=task.name,
             rt=rt,
+            # per-interval last.pt from a background thread on a GPU (on a CPU the write would share the cores)
+            background=cfg.async_checkpoint if cfg.async_checkpoint is not None else rt.device.type == "cuda",
         )
-        self.async_checkpoint = cfg.async_checkpoint if cfg.async_checkpoint is not None else rt.device.type == "cuda"
         if cfg.resume:
             path = Path(cfg.resume)
-            self.run_dir = self.checkpointer.resume(path, self.total_steps, self.batches_per_epoch, self.notes)
+            horizon = getattr(self.scheduler, "total_steps", None)
+            self.run_dir = self.checkpointer.resume(path, self.total_steps, self.batches_per_epoch, self.notes, horizon)
             if is_stream(task.train_set):  # a stream is one long epoch of this run's length: count its batches
                 self.progress.epoch, self.progress.batches_done = 0, self.progress.step * cfg.accumulate_grad_batches
 
@@ -315,6 +330,7 @@ class Trainer:
             self.monitor.start_monitoring()
             t0 = time.perf_counter()
             self._start_batches, self._start_step = self.batches_total_done(), self.progress.step
+            self._start_skips = self.opt.skip_counts()[0]
             # a resumed run's pending validation comes before any training: nothing to compare it with
             self._t_val_end = None if self.progress.val_pending is not None else t0
             try:
@@ -328,47 +344,78 @@ class Trainer:
                     self.bar.close()
                     self.bar = None
         train_time = time.perf_counter() - t0
-        if not stopped and self._validation_left():
-            self.validate()
-        self.hooks("on_train_end")
         if stopped:
+            self.hooks("on_train_end")
             self._stopped_by_signal(stopped, train_time)
-        # compared before rank 0 alone loads best.pt to score the test split (--test_with_best)
-        weight_diff = ddp_weight_diff(self.raw_model) if self.rt.distributed else None
-        test = self._test()
-        return self._finish(train_time, test, weight_diff)
+        self._check_skips_at_end()
+        # after training a stop still loses nothing: the last validation finishes and last.pt is marked ended; from
+        # then on (the test, the summary) a stop ends the run at once, and its resume only scores and summarises
+        with StopRequest(at_once=lambda: self.progress.ended is not None) as self.stop:
+            try:
+                self._end_training()
+                if self.stop.signum:
+                    raise StopNow(self.stop.signum)
+                self.hooks("on_train_end")
+                # compared before rank 0 alone loads best.pt to score the test split (--test_with_best)
+                weight_diff = ddp_weight_diff(self.raw_model) if self.rt.distributed else None
+                test = self._test()
+                return self._finish(train_time, test, weight_diff)
+            except StopNow as e:
+                self._stopped_after_training(e.signum)
 
     def _train(self, t0: float) -> int | None:
-        """Epochs until the last step, a stop or early stopping; returns the stop signal all ranks agreed on."""
+        """Epochs until the last step, a stop or early stopping; returns the stop signal all ranks agreed on.
+        last.pt is written when its interval is due (state.SaveClock), on a stop, and at the end (_end_training)."""
         p, cfg = self.progress, self.cfg
-        halted = False
-        if p.val_pending is not None:  # resumed from a checkpoint written right before a validation
+        if p.ended is not None:  # resumed after training ended, before the summary: the test and summary are left
+            return self._agree_stop()
+        halted = self._halted = False
+        if p.val_pending is not None:  # resumed from a stop that came right before a validation
             self._validate_pending()
-            halted = self._early_stop()
+            halted = self._halted = not self.stopping and self._early_stop()
         elif self._agree_stop():  # a stop during set-up: no epoch starts
             assert self.run_dir is not None
             if self.rt.is_main and not (self.run_dir / "checkpoints" / "last.pt").is_file():
                 self._save("last.pt")  # the weights the run starts from: the printed resume line continues from them
+            return self.stopping
         while not halted and not self.stopping and p.epoch < self.max_epochs and p.step < self.total_steps:
             self._train_epoch()
             # DDP: agree once more, so a signal that reached one rank after the epoch's last log point
             # cannot send that rank out of the loop while the others validate
             stopping = self._agree_stop()
             epoch_done, last = p.batches_done == 0, p.step >= self.total_steps
-            val_now = cfg.val_check_steps is None and (last or (epoch_done and p.epoch % cfg.validation_interval == 0))
-            if epoch_done or last or stopping:
-                # before validation: a stop during it (or before it) loses nothing, the resume runs it first
+            val_now = cfg.val_check_steps is None and (last or (epoch_done and p.epoch % self.validation_every == 0))
+            if stopping:  # the validation that was due runs first when the run resumes
                 due = val_now or (last and cfg.val_check_steps is not None and p.last_val_step != p.step)
                 p.val_pending = p.step if due and self.task.val_set is not None else None
-                # in the background except the run's last and a stop's save (the process may exit right after)
-                self._save("last.pt", background=self.async_checkpoint and not (stopping or last))
-                self.log(self._epoch_line(t0))
+            elif val_now:
+                self.validate()
+                stopping = self._agree_stop()  # a stop during validation: last.pt now, with the validation done
+            halted = self._halted = not stopping and self._early_stop()
+            if epoch_done or last or stopping:
+                # an epoch's end writes last.pt only when its interval is due; a stop and the end always do
+                saved = bool(stopping) or (not (last or halted) and self.checkpointer.clock.due(epoch_end=True))
+                if saved:
+                    self._save("last.pt", background=self.checkpointer.background and not stopping)
+                self.log(self._epoch_line(t0, saved))
             if stopping:
-                break
-            if val_now:
-                self._validate_pending()
-            halted = self._early_stop()
-        return self._agree_stop()
+                return stopping
+        stopping = self._agree_stop()
+        if stopping:  # after a resumed run's pending validation, or a stop that ended the last epoch early
+            self._save("last.pt")
+        return stopping
+
+    def _end_training(self) -> None:
+        """Training is over: the last validation (val_check_steps), then last.pt marked as ended, so that a resume
+        never trains or scores the run again (only the test and the summary, if they were not written)."""
+        p = self.progress
+        if p.ended is not None:  # resumed after the end: nothing left to train or save
+            return
+        if not self._halted and self._validation_left():
+            self.validate()
+        p.ended = "early_stopped" if self._halted else "finished"
+        p.val_pending = None
+        self._save("last.pt")
 
     # ------------------------------------------------------------------ one epoch, one step
     def _train_epoch(self) -> None:
@@ -377,16 +424,16 @@ class Trainer:
         start, nb = p.batches_done, self.batches_per_epoch
         replay = 0
         if start == 0:
-            self.sampler.set_epoch(p.epoch)
+            start_epoch(self.sampler, p.epoch)
         elif hasattr(self.sampler, "load_state_dict"):
             # resuming mid-epoch: the sampler regenerates this epoch's order and skips what was consumed
             self.sampler.load_state_dict({**self.sampler.state_dict(), "epoch": p.epoch, "batches_done": start})
         else:  # a sampler without state: replay its epoch and drop the batches already trained
-            self.sampler.set_epoch(p.epoch)
+            start_epoch(self.sampler, p.epoch)
             replay = start
         # the sampler's state before this epoch's order is drawn: a checkpoint mid-epoch saves it, so that a resume
         # draws the same order again (a sampler with its own RNG) and skips the batches already trained
-        self.checkpointer.sampler_epoch_state = self.sampler.state_dict() if hasattr(self.sampler, "state_dict") else {}
+        self.sampler_state.epoch_started()
         hooks("on_train_epoch_start", p.epoch)
         pending: list[torch.Tensor] = []  # per-batch losses, kept on the device until the next log point
         n_samples = n_iters = 0  # this epoch's totals, and since the last log point (i_*)
@@ -422,8 +469,11 @@ class Trainer:
             if hooks.batch_end:
                 hooks("on_train_batch_end", loss, batch, i)
             if boundary:
-                if p.step % cfg.log_every == 0 or p.step >= self.total_steps or i + 1 == nb:
-                    i_t = self._log_point(pending, i_samples, i_data, i_t, norm if want_norm else None)
+                logged = p.step % cfg.log_every == 0 or p.step >= self.total_steps or i + 1 == nb
+                if logged:
+                    # a save may follow: the weights' finiteness rides in the log point's one transfer
+                    save_due = self.checkpointer.clock.due(epoch_end=i + 1 == nb) or p.step >= self.total_steps
+                    i_t = self._log_point(pending, i_samples, i_data, i_t, norm if want_norm else None, save_due)
                     i_samples, i_data = 0, 0.0
                     if self.rt.distributed:  # every rank must stop at the same step: agree at the log point (a sync)
                         agreed = self._agree_stop() is not None
@@ -432,8 +482,11 @@ class Trainer:
                 if cfg.val_check_steps is not None and p.step % cfg.val_check_steps == 0:
                     self.validate()
                     self.model.train()
-                if cfg.checkpoint_every is not None and p.step % cfg.checkpoint_every == 0 and i + 1 < nb:
-                    self._save("last.pt", background=self.async_checkpoint)
+                if i + 1 < nb and (
+                    (cfg.checkpoint_every is not None and p.step % cfg.checkpoint_every == 0)
+                    or (logged and self.checkpointer.clock.due(epoch_end=False))
+                ):
+                    self._save("last.pt", background=self.checkpointer.background)
             t1 = time.perf_counter()
             self.monitor.log_iteration(t1 - t0, t_data, bs)
             n_samples += bs
@@ -473,6 +526,10 @@ class Trainer:
         with no_sync:
             with self.rt.autocast() if self.rt.amp_dtype is not None else _NULL:
                 loss = self.loss_fn(self.model, batch)
+            if not self._loss_checked:  # once: a float, detached or vector loss is one line, not backward's traceback
+                if why := loss_problem(loss):
+                    raise LossError(f"{self.task.name}: {why}")
+                self._loss_checked = True
             self.opt.backward(loss, window)
         return loss.detach()
 
@@ -505,12 +562,23 @@ class Trainer:
         data_s: float,
         t_last: float,
         norm: torch.Tensor | None,
+        with_finite: bool = False,
     ) -> float:
-        # note: sync point (LOG_EVERY): the only read of the loss in the hot path; the skip counters ride along
-        vals = torch.cat([torch.stack(pending).float().mean().reshape(1), self.opt.device_counts()]).tolist()
+        # note: sync point (LOG_EVERY): the only read of the loss in the hot path; the skip counters, a device lr
+        # and (when a save follows) the weights' finiteness ride along in the same transfer
+        loss_t = torch.stack(pending).float().mean().reshape(1)
+        parts = [loss_t, self.opt.device_counts().to(loss_t)]
+        lr_t = self.optimizer.param_groups[0]["lr"]
+        if isinstance(lr_t, torch.Tensor):
+            parts.append(lr_t.detach().float().reshape(1).to(loss_t.device))
+        if with_finite:
+            parts.append(weights_finite(self.raw_model).float().reshape(1).to(loss_t.device))
+        vals = torch.cat(parts).tolist()
         pending.clear()
         loss = vals[0]
-        skipped, run = self.opt.skip_counts(vals[1:])
+        skipped, run = self.opt.skip_counts(vals[1:3])
+        if with_finite:
+            self._finite = (self.progress.step, vals[-1] == 1.0)
         now = time.perf_counter()
         elapsed = max(now - t_last, 1e-9)
         row: dict[str, Any] = {
@@ -518,17 +586,19 @@ class Trainer:
             "step": self.progress.step,
             "epoch": self.progress.epoch + 1,
             "loss": loss,
-            "lr": self.scheduler.current_lr(),
+            "lr": vals[3] if isinstance(lr_t, torch.Tensor) else self.scheduler.current_lr(),
             "samples_per_s": samples * self.rt.world_size / elapsed,
             "data_wait_frac": data_s / elapsed,
             "skipped_steps": skipped,
         }
-        if self.parts is not None:
-            row.update(self.parts.hooks.train_logs())  # the model's self.log values, averaged since the last point
+        if self.task.log_metrics_fn is not None:
+            extra = self.task.log_metrics_fn()  # e.g. a model's self.log values, averaged since the last point
+            row.update(extra)
+            self._row_extra = tuple(extra)
         if norm is not None:
             row["grad_norm"] = norm.item()  # note: sync point (NORM_EVERY)
             row.update(read_step_metrics(self.task))
-        self._row(row)
+        self.log_row(row)
         self.last_row = row
         if self.bar is not None:
             self.bar.set_postfix(
@@ -545,7 +615,7 @@ class Trainer:
         row: dict[str, Any] = {"kind": "norm", "step": self.progress.step, **read_step_metrics(self.task)}
         if norm is not None:
             row["grad_norm"] = norm.item()  # note: sync point (NORM_EVERY)
-        self._row(row)
+        self.log_row(row)
 
     # ------------------------------------------------------------------ validation and test
     def evaluate(self, split: str) -> dict[str, float]:
@@ -567,12 +637,17 @@ class Trainer:
         self._warn_slow_validation(t_start, time.perf_counter())
         self.hooks("on_validation_end", metrics)  # may replace or add scores: what follows reads the dict after it
         metrics = self._from_rank0(metrics)
+        if metrics and self.task.evaluate_fn is not None and self.best.metric not in metrics:
+            raise ValueError(  # best.pt would be picked by another score under this one's name
+                f"{self.task.name}: the monitored metric {self.best.metric!r} is not among the scores evaluate_fn "
+                f"returned ({', '.join(map(str, metrics))}); set Task(monitor_metric=...) to the one that picks best.pt"
+            )
         improved = self.best.update(metrics)
         if metrics:
-            self.last_val = metrics
+            p.last_val = dict(metrics)
         if self.rt.is_main:
             epoch = p.epoch + (1 if p.batches_done else 0)  # 1-based, also mid-epoch
-            self._row({"kind": "val", "step": p.step, "epoch": epoch, **metrics})
+            self.log_row({"kind": "val", "step": p.step, "epoch": epoch, **metrics})
             shown = self.task.console_metrics or tuple(metrics)
             self.log(
                 f"[val] step {p.step} epoch {epoch}: "
@@ -581,7 +656,18 @@ class Trainer:
             )
             if improved and self.cfg.save_best:
                 self._save("best.pt")
+        self._keep_top_k(metrics, p.epoch + (1 if p.batches_done else 0))
         return metrics
+
+    def _keep_top_k(self, metrics: dict[str, float], epoch: int) -> None:
+        """save_top_k: this validation's checkpoint when it is among the k best; the one it pushed out removed."""
+        name = f"epoch={epoch}-step={self.progress.step}.pt"
+        kept, dropped = self.best.rank(metrics, name, self.progress.step)  # every rank: the same state everywhere
+        if self.rt.is_main and self.run_dir is not None:
+            if kept:
+                self._save(name)
+            for old in dropped:
+                (self.run_dir / "checkpoints" / old).unlink(missing_ok=True)
 
     def _warn_slow_validation(self, t_start: float, t_end: float) -> None:
         """Once per run: a validation that took longer than the training since the previous one, with the fixes."""
@@ -600,10 +686,9 @@ class Trainer:
             self.log(f"[plainloop] {msg}")
 
     def _validate_pending(self) -> dict[str, float]:
-        """The validation last.pt announced; a stop during it writes last.pt again, without the pending mark."""
+        """The validation a stop left for the resume; a stop during it writes last.pt again (_train's end)."""
         metrics = self.validate()
-        if self._agree_stop():
-            self._save("last.pt")
+        self._agree_stop()
         return metrics
 
     def _validation_left(self) -> bool:
@@ -623,8 +708,8 @@ class Trainer:
 
     def _test(self) -> dict[str, float]:
         """Rank 0 scores the test split (with best.pt's weights under test_with_best); then on_test_end."""
-        own_test = self.parts is not None and self.parts.adapter.test_step is not None
-        if self.task.test_set is None or (self.task.evaluate_fn is None and not own_test) or not self.rt.is_main:
+        scored = self.task.evaluate_fn is not None or self.task.batch_evaluate_fn is not None
+        if self.task.test_set is None or not scored or not self.rt.is_main:
             return {}
         assert self.run_dir is not None
         best = self.run_dir / "checkpoints" / "best.pt"
@@ -655,15 +740,41 @@ class Trainer:
         self.log(f"[plainloop] {self.notes[-1]}")
         return True
 
-    def _diverged(self, run: int) -> None:
+    def _check_skips_at_end(self) -> None:
+        """Skips are checked at log points; a short run can end between two with most of its steps skipped."""
+        skipped, run = self.opt.skip_counts()  # note: sync point (end of training)
+        steps, new = self.progress.step - self._start_step, skipped - self._start_skips
+        if run >= self.cfg.max_consecutive_skips:
+            self._diverged(run)
+        if new >= 2 and 2 * new > steps:
+            self._diverged(run, f"{new} of the {steps} optimizer steps of this run had non-finite loss or gradients")
+
+    def _stopped_after_training(self, signum: int) -> NoReturn:
+        """A stop signal after training ended (the last validation, the test, the summary): last.pt holds the
+        trained weights, marked ended; the resume scores the test split and writes summary.json, training nothing."""
         assert self.run_dir is not None
+        name = signal.Signals(signum).name
         msg = (
-            f"stopped at step {self.progress.step}: the last {run} optimizer steps had non-finite loss or gradients "
+            f"{name} after training ended at step {self.progress.step}, before summary.json was written; "
+            f"{self.run_dir / 'checkpoints' / 'last.pt'} holds the trained weights. To score the test split and "
+            f"write the summary (nothing is trained again): {resume_hint(self.run_dir, launch_prefix())}"
+        )
+        self.log_row({"kind": "event", "step": self.progress.step, "event": "stopped", "signal": name})
+        self.log(f"[plainloop] {msg}")
+        if self.files is not None:
+            self.files.close()
+        raise TrainingStopped(128 + signum)
+
+    def _diverged(self, run: int, what: str | None = None) -> None:
+        assert self.run_dir is not None
+        what = what or f"the last {run} optimizer steps had non-finite loss or gradients"
+        msg = (
+            f"stopped at step {self.progress.step}: {what} "
             f"and were skipped (--max_consecutive_skips {self.cfg.max_consecutive_skips}). Nothing non-finite was "
             f"saved; {self.run_dir / 'checkpoints'} holds the last finite weights. Try a lower --lr, "
             f"--gradient_clip_val 1.0, precision 32, or check the data for NaN/inf values."
         )
-        self._row({"kind": "event", "step": self.progress.step, "event": "diverged", "message": msg})
+        self.log_row({"kind": "event", "step": self.progress.step, "event": "diverged", "message": msg})
         self.log(f"[plainloop] {msg}")
         if self.files is not None:
             self.files.close()
@@ -679,7 +790,7 @@ class Trainer:
             f"{self.run_dir / 'checkpoints' / 'last.pt'} written. Resume with: "
             f"{resume_hint(self.run_dir, launch_prefix())}"
         )
-        self._row({"kind": "event", "step": self.progress.step, "event": "stopped", "signal": name})
+        self.log_row({"kind": "event", "step": self.progress.step, "event": "stopped", "signal": name})
         self.log(f"[plainloop] {msg}")
         summary = self._summary(train_time, {}, {})  # on every rank: under DDP it holds a collective
         if self.files is not None:
@@ -705,6 +816,7 @@ class Trainer:
                 resumed_step=self.progress.step if cfg.resume else None,
                 val_pending=self.progress.val_pending is not None,
             )
+            self.notes += files.notes  # e.g. the lock of a process that died, taken over
             if files.removed:
                 self.notes.append(f"removed {len(files.removed)} temp file(s) left by an interrupted write")
             if files.rolled_back:
@@ -721,23 +833,36 @@ class Trainer:
             f"{self.batches_per_epoch} batches/epoch, {self.total_steps} optimizer steps, device {rt.device}, "
             f"precision {rt.precision}, model {knobs.describe_parameters(self.model_size)}, run dir {self.run_dir}"
         )
+        if cfg.summary and rt.is_main:
+            for line in knobs.model_summary(self.raw_model, self._summary_input()):
+                self.log(f"[plainloop] {line}")
 
-    def _write_config(self, files: RunFiles, run_dir: Path) -> None:
-        rt = self.rt
+    def _summary_input(self) -> torch.Tensor | None:
+        """One training sample's input as a batch of one on the device, for the summary's output shapes."""
+        sample = _first_sample(self.task.train_set)
+        x = sample[0] if sample is not None else None
+        return x.unsqueeze(0).to(self.rt.device) if isinstance(x, torch.Tensor) else None
+
+    def _settings(self) -> dict[str, dict[str, Any]]:
+        """The run's full resolved settings ({table: {key: value}}), as config.toml and every checkpoint hold them."""
         resolved = {
             **self.requested.to_dict(),
-            "precision": rt.precision,
+            "precision": self.rt.precision,
             "num_workers": self.loader_kw.get("num_workers", 0),
             "warmup_steps": self.warmup_steps,
             "resume": None,
         }
+        return {**self.config_sections, "train": resolved}
+
+    def _write_config(self, files: RunFiles, run_dir: Path) -> None:
+        rt, train = self.rt, self.settings["train"]
         files.write_json(
             "config.json",
             {
                 "requested": self.requested.to_dict(),
                 "effective": {
                     **self.cfg.to_dict(),
-                    **{k: resolved[k] for k in ("precision", "num_workers", "warmup_steps")},
+                    **{k: train[k] for k in ("precision", "num_workers", "warmup_steps")},
                 },
                 "runtime": {
                     "device": str(rt.device),
@@ -749,25 +874,25 @@ class Trainer:
                 "optimizer": self.optimizer_hparams,  # the real hyper-parameters of the optimizer that runs
             },
         )
-        settings = {**self.config_sections, "train": resolved}
-        self.checkpointer.settings = settings  # every checkpoint carries them: config.toml is not the only copy
-        write_config_file(
-            run_dir / "config.toml",
-            settings,
-            rerun_hint(run_dir / "config.toml"),
-        )
+        write_config_file(run_dir / "config.toml", self.settings, rerun_hint(run_dir / "config.toml"))
 
     def _on_row(self, row: dict[str, Any]) -> None:
         self.hooks("on_log", row)
 
-    def _row(self, row: dict[str, Any]) -> None:
+    def log_row(self, row: dict[str, Any]) -> None:
+        """Append `row` to metrics.jsonl (rank 0; other ranks drop it); callbacks see it in on_log. A row has
+        "kind" ("train", "val", "norm", "event" or a kind of its own) and "step"."""
         if self.files is not None:  # rank 0
             self.files.log(row)
 
     def _save(self, name: str, background: bool = False) -> None:
         if self.rt.is_main:
             assert self.run_dir is not None
-            self.checkpointer.save(name, self.run_dir, self.files, background=background)
+            if self.files is not None:  # a removed run directory stops the run: never recreated by the save
+                self.files.check(f"checkpoints/{name}")
+            # the weights' finiteness was read at this step's log point, with the loss: no second sync
+            finite = self._finite[1] if self._finite is not None and self._finite[0] == self.progress.step else None
+            self.checkpointer.save(name, self.run_dir, self.files, background=background, finite=finite)
 
     def _open_bar(self) -> Any:
         return open_bar(self.cfg.progress_bar and self.rt.is_main, self._total_batches(), self.batches_total_done())
@@ -775,7 +900,7 @@ class Trainer:
     def _total_batches(self) -> int:
         return min(self.max_epochs * self.batches_per_epoch, self.total_steps * self.cfg.accumulate_grad_batches)
 
-    def _epoch_line(self, t0: float) -> str:
+    def _epoch_line(self, t0: float, saved: bool) -> str:
         done, total = self.batches_total_done(), self._total_batches()
         ran = done - self._start_batches
         eta = (time.perf_counter() - t0) / ran * (total - done) if ran > 0 else float("nan")
@@ -787,9 +912,11 @@ class Trainer:
             step=p.step,
             total_steps=self.total_steps,
             row=self.last_row,
-            saved="last.pt writing in the background" if self.checkpointer.writing else "last.pt saved",
+            saved=("last.pt writing in the background" if self.checkpointer.writing else "last.pt saved")
+            if saved
+            else "",
             eta_s=eta,
-            extra=self.parts.adapter.logger.train_names if self.parts is not None else (),
+            extra=self._row_extra,
         )
 
     # ------------------------------------------------------------------ the summary
@@ -815,7 +942,7 @@ class Trainer:
         )
 
     def _finish(self, train_time: float, test: dict[str, float], weight_diff: float | None) -> dict[str, Any]:
-        summary = self._summary(train_time, self.last_val, test, weight_diff)
+        summary = self._summary(train_time, self.progress.last_val, test, weight_diff)
         summary["model"] = {
             "parameters": self.model_size["total"],
             "trainable": self.model_size["trainable"],
@@ -844,3 +971,30 @@ def _samples(ds: Any) -> str:
         return str(len(ds))
     except TypeError:  # a stream (IterableDataset)
         return "streamed"
+
+
+def model_problem(model: nn.Module, task: Task, amp_dtype: torch.dtype | None) -> str | None:
+    """Why `model` and `task` cannot be trained as given (checked before the run directory is made), or None."""
+    if task.monitor_mode not in ("min", "max"):
+        guess = "max" if str(task.monitor_mode).lower().startswith("max") else "min"
+        return f"Task(monitor_mode={task.monitor_mode!r}): use 'min' or 'max' (did you mean {guess!r}?)"
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        return (
+            f"{task.name}: the model has no trainable parameters (every one has requires_grad=False, or it has none): "
+            f"nothing to train; unfreeze the layers to train (p.requires_grad_(True))"
+        )
+    wide = any(p.dtype == torch.float64 for p in params)
+    if wide and amp_dtype is not None:
+        return (
+            f"{task.name}: the model's parameters are torch.float64, which mixed precision ({amp_dtype}) does not "
+            f"train: call model.float() (and give float32 inputs), or use --precision 32"
+        )
+    sample = _first_sample(task.train_set)
+    x = sample[0] if sample is not None else None
+    if wide and isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float64:
+        return (
+            f"{task.name}: the model's parameters are torch.float64 and the data's inputs {x.dtype}: a layer cannot "
+            f"take them together; call model.float() (plainloop trains float32 weights), or give float64 inputs"
+        )
+    return None

@@ -1,0 +1,133 @@
+"""The engine's shape: a core and its layers (docs/concepts/trainer.md).
+
+The core is trainer/'s top-level modules; compat/, extras/ and cli/ are layers above it. The core never imports a
+layer, a layer takes only the core's public names, nothing imports a trainer module inside a function (the way to
+dodge a circle), there is no import circle, and the core stays small enough to read.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "trainer"
+LAYERS = ("compat", "extras", "cli")
+CORE_MAX_LINES = 4000
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted name under trainer ('loop', 'compat.lightning') -> file."""
+    out = {}
+    for f in sorted(ROOT.rglob("*.py")):
+        rel = f.relative_to(ROOT).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        out[".".join(parts)] = f
+    return out
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, list[str], bool]]:
+    """(imported trainer module, names taken, at module level) for each relative import of `path`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name.split(".")[:-1] if path.name != "__init__.py" else name.split(".") if name else []
+    top_level = {id(n) for n in tree.body}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+            target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            names = [a.name for a in node.names]
+            if not node.module:  # from . import knobs
+                for n in names:
+                    out.append((".".join([*base, n]), [], id(node) in top_level))
+            else:
+                out.append((target, names, id(node) in top_level))
+    return out
+
+
+def _layer(name: str) -> str | None:
+    return name.split(".")[0] if name.split(".")[0] in LAYERS else None
+
+
+MODULES = _modules()
+
+
+def test_the_core_imports_no_layer():
+    bad = [
+        f"{name} imports {target}"
+        for name, path in MODULES.items()
+        if name and _layer(name) is None
+        for target, _, _ in _imports(name, path)
+        if _layer(target) is not None
+    ]
+    assert bad == [], "only trainer/__init__.py may import the layers: " + "; ".join(bad)
+
+
+def test_a_layer_takes_only_public_names_of_the_core():
+    bad = [
+        f"{name} takes {n} from {target}"
+        for name, path in MODULES.items()
+        if _layer(name) is not None
+        for target, names, _ in _imports(name, path)
+        if _layer(target) is None
+        for n in names
+        if n.startswith("_")
+    ]
+    assert bad == []
+
+
+def test_no_trainer_module_is_imported_inside_a_function():
+    bad = [
+        f"{name} imports {target} inside a function"
+        for name, path in MODULES.items()
+        for target, _, top in _imports(name, path)
+        if not top
+    ]
+    assert bad == []
+
+
+def test_no_import_circles():
+    graph = {
+        name: {t for t, _, _ in _imports(name, path) if t in MODULES and t != name}
+        for name, path in MODULES.items()
+        if name  # trainer/__init__.py wires the layers in; nothing imports it back
+    }
+    seen: dict[str, int] = {}  # 1 on the path, 2 done
+    cycles: list[str] = []
+
+    def visit(n: str, path: list[str]) -> None:
+        seen[n] = 1
+        for m in sorted(graph.get(n, ())):
+            if seen.get(m) == 1:
+                cycles.append(" -> ".join([*path[path.index(m) :], m]))
+            elif m not in seen:
+                visit(m, [*path, m])
+        seen[n] = 2
+
+    for n in sorted(graph):
+        if n not in seen:
+            visit(n, [n])
+    assert cycles == []
+
+
+def test_the_core_stays_readable():
+    core = [p for name, p in MODULES.items() if _layer(name) is None]
+    lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in core)
+    assert lines <= CORE_MAX_LINES, f"the core is {lines} lines (at most {CORE_MAX_LINES}): move what is not the loop"
+
+
+def test_the_checker_sees_a_bad_import(tmp_path):
+    """The walk above is not vacuous: it finds a core module importing a layer, and one inside a function."""
+    f = tmp_path / "loop.py"
+    f.write_text("from .compat.lightning import x\n\ndef g():\n    from .state import y\n", encoding="utf-8")
+    found = _imports("loop", f)
+    assert ("compat.lightning", ["x"], True) in found and ("state", ["y"], False) in found
+    assert _layer("compat.lightning") == "compat" and _layer("state") is None
+
+
+@pytest.mark.parametrize("name", ["Trainer", "TrainConfig", "Task", "BaseTrainer", "Callback"])
+def test_the_documented_imports_keep_working(name):
+    import trainer
+
+    assert getattr(trainer, name).__name__ == name

@@ -1,0 +1,539 @@
+"""The run's state: one registry of what a checkpoint holds, writing it, resuming from it, and what may change.
+
+    RunState        every part with state registers once (a key and an object with state_dict/load_state_dict);
+                    a checkpoint is the registry walked out, a resume the registry walked in, so the two match
+    Checkpointer    writes last.pt / best.pt from the registry (in the background on a GPU) and resumes a run
+    resume_changes  the one rule for a resumed run: a setting in RESUME_MAY_CHANGE may differ, any other is fixed
+
+The file format (atomic writes, the digest, safe loading) is `trainer/checkpoint.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from .checkpoint import CheckpointError, atomic_save, load_checkpoint, snapshot_to_host
+from .config import TrainConfig
+from .evaluation import BestTracker
+from .hooks import Hooks
+from .runfiles import RunFiles, finished
+from .runtime import Runtime, launch_prefix, rng_state, set_rng_state
+from .usercode import resume_hint
+
+FORMAT = "plainloop-2"  # plainloop-1 (the scaler at the top level, no opt_step) still loads
+
+# ------------------------------------------------------------------------------------------- what may change
+# TrainConfig fields a resumed run may change: when and how it logs, validates, saves and loads data, where it
+# runs, and how long it is. Every other field is fixed: the step count, the data order, the optimizer's state
+# and the saved weights were made with it (the optimizer's own hyper-parameters come back from its state anyway).
+RESUME_MAY_CHANGE = frozenset(
+    {
+        "output_dir", "run_name", "resume", "epochs", "max_steps", "max_batches", "early_stopping_patience",
+        "max_consecutive_skips", "num_threads", "device", "num_workers", "pin_memory", "persistent_workers",
+        "prefetch_factor", "multiprocessing_context", "device_cache", "log_every", "norm_every", "progress_every",
+        "progress_bar", "validation_interval", "val_check_steps", "val_check_batches", "limit_val_batches",
+        "checkpoint_every", "checkpoint_interval", "async_checkpoint", "save_best", "save_top_k", "test_with_best",
+        "compile_model", "compile_mode", "cudnn_benchmark", "channels_last", "deterministic", "fused", "summary",
+        "warmup_steps",  # derived from the run's length when not given: a longer run recomputes it (a note says so)
+    }
+)  # fmt: skip
+# keys of the other settings tables ([run], [task]) that may change: where files are, and the measuring tools
+TABLE_MAY_CHANGE = frozenset(
+    {"data_path", "cache_dir", "data_root", "logger", "profile", "profile_then_train", "system_report", "debug"}
+)
+
+
+def resume_changes(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> list[tuple[str, Any, Any]]:
+    """(key, saved value, value now) for each fixed setting that differs between a checkpoint's settings and this
+    run's ({table: {key: value}}; a key either side lacks, or holds None, is not compared)."""
+    out = []
+    for table, values in new.items():
+        saved = old.get(table)
+        if not isinstance(saved, dict):
+            continue
+        may = RESUME_MAY_CHANGE if table == "train" else TABLE_MAY_CHANGE
+        for key, value in values.items():
+            if key in may or saved.get(key) is None or value is None:
+                continue
+            if _plain(saved[key]) != _plain(value):
+                out.append((key, _plain(saved[key]), _plain(value)))
+    return out
+
+
+def _plain(v: Any) -> Any:
+    """TOML and checkpoints bring tuples back as lists and may turn 1.0 into 1: compare the plain forms."""
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+class ResumeError(ValueError):
+    """A checkpoint that cannot continue this run (other settings or model shapes, another task)."""
+
+
+class RunFinished(ResumeError):
+    """Resuming a run that already ended (trained to its last step, or stopped early): nothing is redone."""
+
+
+# ------------------------------------------------------------------------------------------- the parts
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> Any: ...
+
+
+@dataclass
+class Progress:
+    """Where the run stands; the loop advances it and every checkpoint records it (at the top level of the file)."""
+
+    epoch: int = 0  # finished epochs
+    step: int = 0  # optimizer steps done
+    batches_done: int = 0  # batches into the current epoch
+    val_pending: int | None = None  # a stop came before this step's validation: a resume runs it first
+    last_val_step: int = -1  # the step of the last validation (val_check_steps: not run twice at one step)
+    ended: str | None = None  # "finished" or "early_stopped": training is over; a resume does not redo it
+    last_val: dict[str, float] = field(default_factory=dict)  # the last validation's scores (for the summary)
+
+    def position(self, batches_per_epoch: int) -> str:
+        """Where the run stands, with epochs counted from 1 as the epoch lines count them."""
+        if self.batches_done:  # inside epoch self.epoch + 1
+            return f"epoch {self.epoch + 1}, batch {self.batches_done} of {batches_per_epoch}"
+        return f"end of epoch {self.epoch}"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "step": self.step,
+            "batches_done": self.batches_done,
+            "val_pending": self.val_pending,
+            "last_val_step": self.last_val_step,
+            "ended": self.ended,
+            "last_val": dict(self.last_val),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.step, self.batches_done = int(state["epoch"]), int(state["step"]), int(state["batches_done"])
+        self.val_pending = self.step if state.get("val_pending") == self.step else None
+        self.last_val_step = int(state.get("last_val_step", -1))
+        self.ended = state.get("ended")
+        self.last_val = {k: float(v) for k, v in (state.get("last_val") or {}).items()}
+
+
+class SamplerState:
+    """The batch sampler's state as a resume needs it: mid-epoch, its state from the epoch's start (the resume
+    draws that epoch's order again and skips what was trained); at an epoch's end, its state now. A sampler
+    without state_dict saves its position only (the resume replays its epoch)."""
+
+    def __init__(self, sampler: Any, progress: Progress) -> None:
+        self.sampler, self.progress = sampler, progress
+        self.stateful = callable(getattr(sampler, "state_dict", None))
+        self._epoch_start: dict[str, Any] | None = None
+
+    def epoch_started(self) -> None:
+        """Called before an epoch's order is drawn from the sampler."""
+        self._epoch_start = self.sampler.state_dict() if self.stateful else {}
+
+    def state_dict(self) -> dict[str, Any]:
+        p = self.progress
+        if p.batches_done and self._epoch_start is not None:
+            own = dict(self._epoch_start)
+        else:
+            own = self.sampler.state_dict() if self.stateful else {}
+        return {**own, "epoch": p.epoch, "batches_done": p.batches_done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if callable(getattr(self.sampler, "load_state_dict", None)):
+            self.sampler.load_state_dict(state)  # its own state (an RNG, a stream's position) too
+
+
+class ModelWeights:
+    """The model's parameters and buffers; weights of another shape are one error naming the differences."""
+
+    def __init__(self, model: nn.Module, state: RunState) -> None:
+        self.model, self.run_state = model, state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        load_model_state(self.model, state, self.run_state.source)
+
+
+def load_model_state(model: nn.Module, state: dict[str, Any], source: Path | str | None) -> None:
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        shapes = [
+            line.strip()
+            for line in str(e).splitlines()
+            if "size mismatch" in line or "Missing" in line or "Unexpected" in line
+        ]
+        raise ResumeError(
+            f"{source or 'the checkpoint'}: its weights do not fit this model; the run that wrote it used other "
+            f"model settings. Differences: {'; '.join(shapes[:6]) or str(e)[:300]}. Resume with the run's own "
+            f"settings (--resume RUN_DIR alone restores them)."
+        ) from None
+
+
+class RngState:
+    """Python's, NumPy's and torch's generators."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return rng_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_rng_state(state)
+
+
+class CallbackStates:
+    """The callbacks' states under their state keys; a saved state no callback takes is one note."""
+
+    def __init__(self, hooks: Hooks, notes: list[str]) -> None:
+        self.hooks, self.notes = hooks, notes
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.hooks.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        unused = self.hooks.load_state_dict(state or {})
+        if unused:
+            self.notes.append(f"resume: no callback of this run takes the saved state of {', '.join(unused)}")
+
+
+class RunState:
+    """The registry: each part registers once, under its key ("" puts its entries at the file's top level).
+
+    `state_dict()` walks it out and `load_state_dict()` walks it in, in registration order (callbacks last,
+    so on_load_checkpoint sees the engine's state complete). A part marked optional may be absent from a
+    checkpoint (an older one, or one without that part), and is left as it is; an empty optional state is not
+    written."""
+
+    def __init__(self) -> None:
+        self._parts: list[tuple[str, Stateful, bool]] = []
+        self.source: Path | None = None  # the checkpoint being loaded (named in errors)
+
+    def register(self, key: str, part: Stateful, *, optional: bool = False) -> None:
+        if any(k == key and key for k, _, _ in self._parts):
+            raise ValueError(f"two parts of the run's state under {key!r}")
+        self._parts.append((key, part, optional))
+
+    def state_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, part, optional in self._parts:
+            state = part.state_dict()
+            if not key:
+                out.update(state)
+            elif state or not optional:
+                out[key] = state
+        return out
+
+    def load_state_dict(self, ckpt: dict[str, Any]) -> None:
+        for key, part, optional in self._parts:
+            if not key:
+                part.load_state_dict(ckpt)
+            elif key in ckpt:
+                part.load_state_dict(ckpt[key])
+            elif not optional:
+                raise ResumeError(f"the checkpoint has no {key!r} state")
+
+
+def upgrade(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """Older checkpoints in today's layout: plainloop-1 kept the scaler at the top level and best as a number."""
+    if "opt_step" not in ckpt and "scaler" in ckpt:
+        ckpt["opt_step"] = {"scaler": ckpt["scaler"]}
+    if "best" in ckpt and not isinstance(ckpt["best"], dict):
+        ckpt["best"] = {"best": ckpt["best"]}
+    return ckpt
+
+
+# ------------------------------------------------------------------------------------------- the checkpointer
+@dataclass
+class SaveClock:
+    """When last.pt is due: every `interval_s` seconds of training (0: at every epoch end)."""
+
+    interval_s: float
+    last: float = field(default_factory=time.perf_counter)
+
+    def due(self, epoch_end: bool) -> bool:
+        if self.interval_s <= 0:
+            return epoch_end
+        return time.perf_counter() - self.last >= self.interval_s
+
+    def reset(self) -> None:
+        self.last = time.perf_counter()
+
+
+class Checkpointer:
+    """Writes last.pt / best.pt from the run's state (rank 0) and restores a run from one (every rank).
+
+    `header` is what says which run a checkpoint belongs to (task, config, settings, processes); `state` the
+    registry. `settings` ({table: {key: value}}, as config.toml holds them) rides in every checkpoint, so
+    `--resume RUN_DIR` alone restores the run even with config.toml missing or empty."""
+
+    def __init__(
+        self,
+        *,
+        state: RunState,
+        model: nn.Module,
+        progress: Progress,
+        best: BestTracker,
+        hooks: Hooks,
+        cfg: TrainConfig,
+        settings: dict[str, dict[str, Any]],
+        task_name: str,
+        rt: Runtime,
+        background: bool,
+    ) -> None:
+        self.state, self.model, self.progress, self.best, self.hooks = state, model, progress, best, hooks
+        self.cfg, self.settings, self.task_name, self.rt = cfg, settings, task_name, rt
+        self.background = background  # last.pt written from a thread while training goes on
+        self.clock = SaveClock(cfg.checkpoint_interval)
+        # save(background=True): the one write in flight, its on_log row, and what it failed with
+        self._writer: threading.Thread | None = None
+        self._written: dict[str, Any] | None = None
+        self._write_error: BaseException | None = None
+
+    # ------------------------------------------------------------------ out
+    def checkpoint(self) -> dict[str, Any]:
+        """The registry's state plus the header: what a file holds."""
+        return {
+            **self.state.state_dict(),
+            "config": self.cfg.to_dict(),
+            "settings": self.settings,
+            "task": self.task_name,
+            # steps and the position in the epoch count batches of this many processes: a resume needs as many
+            "world_size": self.rt.world_size,
+            "launch": launch_prefix(),
+            "format": FORMAT,
+        }
+
+    def save(
+        self,
+        name: str,
+        run_dir: Path,
+        files: RunFiles | None,
+        *,
+        background: bool = False,
+        finite: bool | None = None,
+    ) -> Path:
+        """Write checkpoints/<name> atomically, refusing non-finite weights (they would poison a resume).
+
+        best.pt also writes best.json. Rank 0 only: the other ranks hold the same state. `finite`: the weights'
+        finiteness when the caller read it already (in the log point's one transfer); else read here.
+        background: copy the state to host memory (the loop's only wait) and write it from a thread. One write
+        at a time: a save first waits for the one in flight, so files land in order, and a crash mid-write
+        leaves the previous file whole (atomic_save's rename).
+        """
+        if finite is None:
+            finite = bool(weights_finite(self.model))  # note: sync point (checkpoint)
+        if not finite:
+            params = dict(self.model.named_parameters())
+            bad = [n for n, p in params.items() if not bool(torch.isfinite(p).all())]
+            raise CheckpointError(
+                f"refusing to write {name}: parameter(s) {bad[:5]} are not finite; the previous "
+                f"checkpoint in {run_dir / 'checkpoints'} is kept"
+            )
+        self.wait()
+        state = self.checkpoint()
+        self.hooks("on_save_checkpoint", state)
+        p = self.progress
+        path = run_dir / "checkpoints" / name
+        best = {"metric": self.best.metric, "value": self.best.best, "step": p.step, "epoch": p.epoch}
+        row = {"kind": "checkpoint", "name": name, "step": p.step, "path": str(path)}
+        if name == "last.pt":
+            self.clock.reset()
+        if not background:
+            if self.rt.device.type == "cuda":  # one batched copy to host: the digest and torch.save then read it
+                state = snapshot_to_host(state)
+            self._write(state, path, best if name == "best.pt" else None, files)
+            self.hooks("on_log", row)
+            return path
+        snap = snapshot_to_host(state)
+        self._written, self._write_error = row, None
+        self._writer = threading.Thread(
+            target=self._write_in_background,
+            args=(snap, path, best if name == "best.pt" else None, files),
+            name=f"plainloop-save-{name}",
+        )
+        self._writer.start()
+        return path
+
+    @staticmethod
+    def _write(state: dict[str, Any], path: Path, best: dict[str, Any] | None, files: RunFiles | None) -> None:
+        atomic_save(state, path)
+        if best is not None and files is not None:
+            files.write_json("best.json", best)
+
+    def _write_in_background(
+        self, state: dict[str, Any], path: Path, best: dict[str, Any] | None, files: RunFiles | None
+    ) -> None:
+        try:
+            self._write(state, path, best, files)
+        except BaseException as e:  # raised on the loop's thread by wait()
+            self._write_error = e
+
+    def wait(self) -> None:
+        """Until the background write in flight (if any) is on disk; then its on_log event (on the loop's
+        thread, so callbacks see the file). A failed write raises here, naming the file."""
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        writer.join()
+        row, self._written = self._written, None
+        err, self._write_error = self._write_error, None
+        if err is not None:
+            path = row["path"] if row else "a checkpoint"
+            raise CheckpointError(
+                f"writing {path} in the background failed: {err}; the previous file is kept "
+                f"(free disk space or check the output directory, then resume)"
+            ) from err
+        if row is not None:
+            self.hooks("on_log", row)
+
+    @property
+    def writing(self) -> bool:
+        """A background write is still in flight."""
+        return self._writer is not None and self._writer.is_alive()
+
+    # ------------------------------------------------------------------ in
+    def load_weights(self, path: Path) -> dict[str, Any]:
+        """Load only the model's weights (test_with_best); returns the checkpoint."""
+        ckpt = load_checkpoint(path, map_location=self.rt.device)
+        load_model_state(self.model, ckpt["model"], path)
+        return ckpt
+
+    def resume(
+        self, path: Path, total_steps: int, batches_per_epoch: int, notes: list[str], schedule_steps: int | None = None
+    ) -> Path | None:
+        """Check that `path` (a checkpoint or a run directory's last.pt) can continue this run, then walk the
+        registry in; one line per remark goes to `notes`. Returns the run directory it lives in, or None."""
+        ckpt = upgrade(load_checkpoint(path, map_location=self.rt.device))
+        if str(ckpt.get("integrity", "")).startswith("unverified"):
+            notes.append(f"checkpoint {path}: {ckpt['integrity']}")
+        self._check_same_run(path, ckpt, total_steps)  # before any part changes
+        self.state.source = path
+        self.state.load_state_dict(ckpt)
+        p = self.progress
+        run_dir: Path | None = path if path.is_dir() else path.parent.parent
+        assert run_dir is not None
+        in_run_dir = (run_dir / "checkpoints").is_dir()
+        if in_run_dir and p.val_pending is None:  # a pending validation is redone from the checkpoint's own best
+            self._read_best_json(run_dir)
+        old_total = ckpt["scheduler"].get("total_steps")
+        now_total = schedule_steps or total_steps  # lr_decay_steps: the schedule's own horizon
+        if old_total is not None and int(old_total) != now_total and p.step < total_steps:
+            notes.append(
+                f"schedule: the run now has {total_steps} optimizer steps (was {old_total}); warm-up and "
+                f"cosine are recomputed for the new length and continue from step {p.step}"
+            )
+        self._check_not_finished(path, run_dir if in_run_dir else None, total_steps, notes)
+        notes.append(f"resume: {path} at step {p.step} ({p.position(batches_per_epoch)})")
+        if p.val_pending is not None:
+            notes.append(f"resume: the validation at step {p.step} was due when the run stopped; it runs first")
+        self.hooks("on_load_checkpoint", ckpt)
+        return run_dir if in_run_dir else None
+
+    def _check_same_run(self, path: Path, ckpt: dict[str, Any], total_steps: int) -> None:
+        """The task, the number of processes, the fixed settings and the length must let this run go on exactly."""
+        if ckpt.get("task") not in (None, self.task_name):
+            raise ResumeError(f"{path} is a checkpoint of task {ckpt['task']!r}, not {self.task_name!r}")
+        old = ckpt.get("world_size")
+        if old is not None and int(old) != self.rt.world_size:
+            launch = ckpt.get("launch") or ("python" if int(old) == 1 else f"torchrun --nproc_per_node {old}")
+            raise ResumeError(
+                f"{path} was written by a run of {old} process{'es' if int(old) > 1 else ''} and this one has "
+                f"{self.rt.world_size}: its steps, its position in the epoch and its effective batch (batch_size x "
+                f"processes) do not carry over to another number. Resume it with {old}: {resume_hint(path, launch)}"
+            )
+        if isinstance(ckpt.get("settings"), dict):
+            changed = resume_changes(ckpt["settings"], self.settings)
+        else:  # written before checkpoints carried the settings: the TrainConfig in effect then and now
+            changed = resume_changes({"train": ckpt.get("config") or {}}, {"train": self.cfg.to_dict()})
+        if changed:
+            raise ResumeError(
+                f"{path}: a resumed run keeps the settings its state was made with, and these differ: "
+                f"{'; '.join(f'{k} {a!r} -> {b!r}' for k, a, b in changed)}. Resume with the run's own values (--resume RUN_DIR alone restores them), "
+                f"or start a new run with the new ones"
+            )
+        step = int(ckpt["step"])
+        if step > total_steps:
+            raise ResumeError(
+                f"{path} is at step {step}, beyond this run's {total_steps} optimizer steps: give at least as many "
+                f"steps (--max_steps {step} or more --epochs), or leave the length as the run had it"
+            )
+
+    def _check_not_finished(self, path: Path, run_dir: Path | None, total_steps: int, notes: list[str]) -> None:
+        """A run that ended is never trained or scored again: refused with RunFinished once its summary is
+        written; before that (a stop while scoring the test split) only the test and the summary are left."""
+        p = self.progress
+        extended = p.ended == "finished" and p.step < total_steps
+        if extended:
+            p.ended = None
+            return
+        ended = p.ended is not None or (p.step >= total_steps and p.val_pending is None)
+        legacy_end = p.step >= total_steps and run_dir is not None and finished(run_dir, p.step)
+        if not (ended or legacy_end):
+            return
+        if run_dir is None or finished(run_dir, p.step) or legacy_end:
+            how = "stopped early" if p.ended == "early_stopped" else "finished"
+            raise RunFinished(
+                f"{path}: the run {how} at step {p.step}; its summary is written and nothing is left to do. To "
+                f"train it longer, give more --epochs or --max_steps"
+                + ("" if how == "finished" else "; or start a new run")
+            )
+        p.ended = p.ended or "finished"
+        p.val_pending = None
+        notes.append(f"resume: training had ended at step {p.step}; the run ends with its test scores and summary")
+
+    def _read_best_json(self, run_dir: Path) -> None:
+        """best.pt may be newer than last.pt (a validation after the last save): its value wins."""
+        try:
+            v = json.loads((run_dir / "best.json").read_text(encoding="utf-8")).get("value")
+        except (OSError, ValueError, AttributeError):
+            return
+        if isinstance(v, int | float) and math.isfinite(v) and v != self.best.best:
+            self.best.best, self.best.stale = float(v), 0
+
+
+def weights_finite(model: nn.Module) -> torch.Tensor:
+    """One device flag: every parameter finite (read it with the log point's other values, or alone)."""
+    params = [p for p in model.parameters()]
+    if not params:
+        return torch.ones((), dtype=torch.bool)
+    return torch.stack([torch.isfinite(p).all() for p in params]).all()
+
+
+def register_run_state(
+    state: RunState,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    schedule: Stateful,
+    opt_step: Stateful,
+    progress: Progress,
+    sampler: SamplerState,
+    best: BestTracker,
+    callbacks: CallbackStates,
+) -> RunState:
+    """The engine's parts, in the order a resume restores them (callbacks last)."""
+    state.register("model", ModelWeights(model, state))
+    state.register("optimizer", optimizer)
+    state.register("scheduler", schedule)
+    state.register("opt_step", opt_step)
+    state.register("", progress)
+    state.register("sampler", sampler, optional=True)
+    state.register("best", best, optional=True)
+    state.register("rng", RngState())
+    state.register("callbacks", callbacks, optional=True)
+    return state
