@@ -297,3 +297,86 @@ def test_help_shows_the_defaults_a_user_task_runs_with(cli, capsys):
         cli.main(["--task", SPEC, "--help-all"])
     out = " ".join(capsys.readouterr().out.split())
     assert "(default: 2, from the task's TRAIN_DEFAULTS)" in out and "(default: 16, from the task's" in out
+
+
+# ------------------------------------------------------------------------------------------- a first hour's builder
+UNSEEDED = '''
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from cnn import make_net  # a module beside this file, as a user's project has them
+
+from trainer import Task
+
+
+def build(*, hidden: int = 8) -> Task:
+    """Draws its data and weights from the global RNG, seeding nothing itself."""
+    x = torch.randn(64, 4)
+    y = x.sum(1, keepdim=True) + 0.1 * torch.randn(64, 1)
+    return Task("unseeded", make_net(hidden), TensorDataset(x, y), TensorDataset(x[:16], y[:16]))
+'''
+CNN = """
+from torch import nn
+
+
+def make_net(hidden):
+    return nn.Sequential(nn.Linear(4, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+"""
+
+
+@pytest.fixture
+def unseeded(tmp_path, monkeypatch):
+    """mytask.py beside cnn.py in a folder that is not on sys.path, run from another folder."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "mytask.py").write_text(UNSEEDED)
+    (proj / "cnn.py").write_text(CNN)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # what the loader appends goes away with the test
+    yield proj / "mytask.py"
+    sys.modules.pop("cnn", None)
+
+
+def test_a_builder_file_imports_the_modules_beside_it(unseeded):
+    task = tasks.build_task(f"{unseeded}:build", TrainConfig(), hidden=5)
+    assert task.name == "unseeded" and task.model[0].out_features == 5
+
+
+def test_seed_seeds_a_builder_that_does_not_seed_itself(unseeded):
+    import torch
+
+    spec = f"{unseeded}:build"
+    first = tasks.build_task(spec, TrainConfig(seed=7))
+    torch.rand(100)  # the global RNG moves on between the two builds
+    again = tasks.build_task(spec, TrainConfig(seed=7))
+    other = tasks.build_task(spec, TrainConfig(seed=8))
+    assert torch.equal(first.model[0].weight, again.model[0].weight)
+    assert torch.equal(first.train_set.tensors[0], again.train_set.tensors[0])
+    assert not torch.equal(first.model[0].weight, other.model[0].weight)
+
+
+def test_two_identical_cli_runs_of_a_user_task_are_bit_identical(unseeded, monkeypatch):
+    """The same command twice in one process (the global RNG has moved on in between): same weights, same losses."""
+    import json
+
+    import torch
+
+    import train_optimized
+
+    builders, modules = dict(tasks.TASK_BUILDERS), dict(tasks.USER_MODULES)
+    monkeypatch.setattr(tasks, "TASK_BUILDERS", builders)
+    monkeypatch.setattr(tasks, "USER_MODULES", modules)
+    monkeypatch.setattr(train_optimized, "TASK_BUILDERS", builders)
+    spec = f"{unseeded}:build"
+    for name in ("a", "b"):
+        argv = ["--task", spec, "--max_steps", "6", "--batch_size", "16", "--run_name", name, "--seed", "3", *QUIET]
+        assert train_optimized.main(argv) == 0
+        torch.rand(100)
+    a, b = (torch.load(f"runs/{n}/checkpoints/last.pt", weights_only=True)["model"] for n in ("a", "b"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    rows = [[r["loss"] for r in map(json.loads, Path(f"runs/{n}/metrics.jsonl").read_text().splitlines())
+             if r.get("kind") == "train"] for n in ("a", "b")]  # fmt: skip
+    assert rows[0] and rows[0] == rows[1]

@@ -7,6 +7,7 @@ SPDX-License-Identifier: MIT. Copyright (c) 2026 The plainloop authors; keep thi
 from . import layers
 from .compat.base_trainer import BaseTrainer
 from .config import TrainConfig
+from .evaluation import accuracy, top_k_accuracy
 from .extras.ema import EMA
 from .hooks import Callback
 from .loop import Trainer
@@ -16,4 +17,4 @@ from .task import Task
 layers.CONFIG_CALLBACKS.append(EMA.for_config)
 
 __version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
-__all__ = ["BaseTrainer", "Callback", "TrainConfig", "Task", "Trainer"]
+__all__ = ["BaseTrainer", "Callback", "TrainConfig", "Task", "Trainer", "accuracy", "top_k_accuracy"]

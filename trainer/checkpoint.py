@@ -135,12 +135,28 @@ def atomic_save(obj: Any, path: str | os.PathLike, *, digest: bool | None = None
     return atomic_write(path, lambda f: torch.save(obj, f))
 
 
+def _umask() -> int:
+    """The process's umask, read without setting it where Linux shows it (a background writer thread calls this)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: the only portable read is a set and a set back
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> Path:
     """`write(file)` into a temp file beside `path`, fsync, rename, fsync the folder: the file is whole or not there.
     Temps are named .NAME.host~pid.*.tmp, so `remove_orphan_temps` can tell a dead writer's from a live one's."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_owner_tag()}.", suffix=".tmp", dir=path.parent)
     try:
+        if hasattr(os, "fchmod"):  # mkstemp makes 0600: the file gets the mode open() would give (the umask's)
+            os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

@@ -45,13 +45,53 @@ def mean_loss(
     return (total / max(count, 1)).item()  # note: sync point (validation)
 
 
+def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Task(metrics=...): 1.0 where the highest score is the target class, per sample (output N x C, target N;
+    N x T x C with N x T targets counts each position)."""
+    return (output.argmax(dim=-1) == target).float()
+
+
+def top_k_accuracy(k: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Task(metrics=...): 1.0 where the target is among the k highest scores, per sample."""
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"top_k_accuracy({k!r}): k must be a whole number >= 1, e.g. top_k_accuracy(5)")
+
+    def top_k(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        top = output.topk(min(k, output.shape[-1]), dim=-1).indices
+        return (top == target.unsqueeze(-1)).any(dim=-1).float()
+
+    top_k.__name__ = f"top{k}_accuracy"
+    return top_k
+
+
+def _output_and_target(outputs: list[Any], batch: Any, split: str) -> tuple[Any, torch.Tensor]:
+    """What the metrics score: the last forward's output (a (logits, loss) pair: the logits) and the batch's y."""
+    if not outputs:
+        raise ValueError(
+            f"Task(metrics=...) on {split}: the loss never called the model's forward, so there is no output to "
+            f"score; compute the scores in evaluate_fn instead"
+        )
+    out = outputs[-1]
+    if isinstance(out, tuple | list) and out:
+        out = out[0]
+    elif isinstance(out, dict):
+        out = out.get("logits", next(iter(out.values()), None))
+    if not isinstance(batch, list | tuple) or len(batch) < 2 or not isinstance(batch[1], torch.Tensor):
+        raise ValueError(
+            f"Task(metrics=...) on {split}: metrics score (x, y) batches against y; this batch is a "
+            f"{type(batch).__name__}. Compute the scores in evaluate_fn instead"
+        )
+    return out, batch[1]
+
+
 class BestTracker:
     """The best value of the task's monitor metric, and validations since it last improved."""
 
-    def __init__(self, metric: str, mode: str) -> None:
-        self.metric, self.mode = metric, mode
+    def __init__(self, metric: str, mode: str, keep: int = 1) -> None:
+        self.metric, self.mode, self.keep = metric, mode, keep
         self.best: float | None = None
         self.stale = 0  # validations without improvement (early stopping)
+        self.top: list[dict[str, Any]] = []  # save_top_k: the kept checkpoints {"name", "value", "step"}, best first
 
     def key(self, metrics: dict[str, float]) -> str | None:
         return self.metric if self.metric in metrics else next(iter(metrics), None)
@@ -69,11 +109,23 @@ class BestTracker:
             self.stale += 1
         return better
 
+    def rank(self, metrics: dict[str, float], name: str, step: int) -> tuple[bool, list[str]]:
+        """save_top_k: whether the checkpoint `name` of this validation is among the `keep` best (a tie keeps the
+        earlier one), and the names that fell out of them."""
+        key = self.key(metrics)
+        if self.keep <= 1 or key is None or not math.isfinite(metrics[key]):
+            return False, []
+        entries = [e for e in self.top if e["name"] != name] + [{"name": name, "value": metrics[key], "step": step}]
+        entries.sort(key=lambda e: e["value"], reverse=self.mode == "max")  # stable: the earlier first on a tie
+        self.top = entries[: self.keep]
+        return any(e["name"] == name for e in self.top), [e["name"] for e in entries[self.keep :]]
+
     def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "stale": self.stale}
+        return {"best": self.best, "stale": self.stale, **({"top": [dict(e) for e in self.top]} if self.top else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best, self.stale = state.get("best"), int(state.get("stale", 0))
+        self.top = [dict(e) for e in state.get("top", [])]
 
 
 class Evaluator:
@@ -94,6 +146,18 @@ class Evaluator:
     ) -> None:
         self.task, self.model, self.rt, self.loss_fn = task, model, rt, loss_fn
         self.cfg, self.loader_kw, self.resident = cfg, loader_kw, resident
+        for k, fn in (task.metrics or {}).items():
+            if not isinstance(k, str) or not k.isidentifier() or not callable(fn):
+                raise ValueError(
+                    f"Task(metrics=...): {k!r}: {fn!r} is not a name and a function; give {{name: fn(output, "
+                    f"target) -> tensor}}, e.g. metrics={{'acc': accuracy, 'top5': top_k_accuracy(5)}}"
+                )
+        if task.metrics and (task.evaluate_fn is not None or task.batch_evaluate_fn is not None):
+            raise ValueError(
+                "Task(metrics=...) scores plainloop's own evaluation (the mean loss over the split); this task "
+                "brings its own (evaluate_fn or a validation_step): compute those scores there"
+            )
+
         # a Lightning-style model's own evaluation: (model, split, batches) -> scores (trainer/model_protocol.py)
         self.own: Callable[[nn.Module, str, Iterator[tuple[int, Any]]], dict[str, float]] | None = None
 
@@ -112,15 +176,38 @@ class Evaluator:
                 elif self.own is not None:
                     out = self.own(model, split, self.batches(ds))
                 else:
-                    total, count = torch.zeros((), device=rt.device), 0
-                    for _, batch in self.batches(ds):
-                        n = batch_size_of(batch)
-                        total += self.loss_fn(model, batch).float() * n
-                        count += n
-                    out = {f"{split}_loss": (total / max(count, 1)).item()}  # note: sync point (validation)
+                    out = self.mean_loss(split, ds)
         finally:
             model.train(was_training)
         return {k: float(v) for k, v in out.items()}
+
+    def mean_loss(self, split: str, ds: Any) -> dict[str, float]:
+        """The loss averaged over the split, and the task's `metrics` on the output of the same forward (a hook
+        keeps it): every sum stays on the device until one read at the end."""
+        model, device, metrics = self.model, self.rt.device, self.task.metrics or {}
+        outputs: list[Any] = []
+        hook = model.register_forward_hook(lambda m, i, o: outputs.append(o)) if metrics else None
+        total, count = torch.zeros((), device=device), 0
+        sums = {k: torch.zeros((), device=device) for k in metrics}
+        counts = dict.fromkeys(metrics, 0)
+        try:
+            for _, batch in self.batches(ds):
+                n = batch_size_of(batch)
+                outputs.clear()
+                total += self.loss_fn(model, batch).float() * n
+                count += n
+                if metrics:
+                    pred, target = _output_and_target(outputs, batch, split)
+                    for k, fn in metrics.items():
+                        v = fn(pred, target).float()
+                        sums[k] += v * n if v.dim() == 0 else v.sum()
+                        counts[k] += n if v.dim() == 0 else v.numel()
+        finally:
+            if hook is not None:
+                hook.remove()
+        means = torch.stack([total / max(count, 1), *(sums[k] / max(counts[k], 1) for k in metrics)])
+        values = means.tolist()  # note: sync point (validation)
+        return {f"{split}_loss": values[0], **{f"{split}_{k}": v for k, v in zip(metrics, values[1:])}}
 
     def batches(self, ds: Any) -> Iterator[tuple[int, Any]]:
         """(index, batch on the device) over a split in order, at most cfg.limit_val_batches of them; a private

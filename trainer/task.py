@@ -27,6 +27,9 @@ LossFn = Callable[[nn.Module, Any], torch.Tensor]
 EvaluateFn = Callable[[nn.Module, str, torch.device], dict[str, float]]
 # step_metrics_fn() -> {"name": 0-dim device tensor}: read back at NORM_EVERY points with the grad norm.
 StepMetricsFn = Callable[[], dict[str, torch.Tensor]]
+# metric(output, target) -> a value per sample (or per element; a 0-dim tensor: the batch's mean), averaged over
+# the split on the device: `output` is what the model's forward returned in the loss, `target` the batch's y.
+MetricFn = Callable[[Any, torch.Tensor], torch.Tensor]
 # batch_sampler_fn(dataset, batch_size, seed, rank, world_size, drop_last) -> a batch sampler
 # with set_epoch / state_dict / load_state_dict (see trainer/data.py for the default one).
 BatchSamplerFn = Callable[..., Any]
@@ -56,6 +59,8 @@ class Task:
     flops_per_sample: float | None = None  # forward+backward FLOPs, for MFU in benchmarks
     info: dict[str, Any] = field(default_factory=dict)  # printed once and written to summary.json
     artifacts: dict[str, Any] = field(default_factory=dict)  # filled by evaluate_fn; dicts of arrays -> run_dir/*.npz
+    # scores beside the mean loss when the loop evaluates (no evaluate_fn): {"acc": accuracy} -> val_acc, test_acc
+    metrics: dict[str, MetricFn] | None = None
 
 
 def _inner(model: nn.Module) -> nn.Module:
