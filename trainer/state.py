@@ -263,7 +263,7 @@ class SaveClock:
     """When last.pt is due: every `interval_s` seconds of training (0: at every epoch end)."""
 
     interval_s: float
-    last: float = field(default_factory=time.perf_counter)
+    last: float = field(default_factory=lambda: time.perf_counter())
 
     def due(self, epoch_end: bool) -> bool:
         if self.interval_s <= 0:
