@@ -101,7 +101,7 @@ MAX_RESTARTS="${MAX_RESTARTS:-0}"           # >0: torchrun restarts failed worke
 SKIP_SETUP="${SKIP_SETUP:-0}"               # 1 = use the current python, do not touch .venv
 PLAINLOOP_DRY_RUN="${PLAINLOOP_DRY_RUN:-0}"  # 1 = print the exported variables and the command, run nothing
 
-whole_number NPROC_PER_NODE 1 "" "processes per node"
+whole_number NPROC_PER_NODE 1 256 "processes per node, one per GPU"
 whole_number NNODES 1 "" "nodes"
 whole_number NODE_RANK 0 "$((NNODES - 1))" "this node's index, below NNODES=$NNODES"
 whole_number BATCH_SIZE 1 "" "samples per GPU"

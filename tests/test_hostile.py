@@ -330,13 +330,14 @@ def test_a_claimed_directory_is_never_shared_and_a_live_run_is_never_resumed(tmp
     (tmp_path / "same").mkdir()  # another launch's mkdir, before its lock and mark
     run, note = claim_run_dir(tmp_path, "same", "era5")
     assert run.name == "same-2" and note and not any((tmp_path / "same").iterdir())
+    from trainer.checkpoint import atomic_save
+
     live = tmp_path / "era5-live"
-    (live / "checkpoints").mkdir(parents=True)
-    (live / "checkpoints" / "last.pt").write_bytes(b"")
+    atomic_save({"model": {"w": torch.zeros(1)}, "step": 1}, live / "checkpoints" / "last.pt")
     (live / ".plainloop-run").write_text("1\n")
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
-         "print('held', flush=True); time.sleep(60)", str(live / ".lock")],
+    holder = subprocess.Popen(  # the run's lock is an flock on its directory
+        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); "
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(live)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

@@ -11,12 +11,14 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
 import pickle
 import pickletools
 import re
+import shutil
 import socket
 import tempfile
 import time
@@ -37,6 +39,65 @@ UNVERIFIED = "unverified: written without a digest (an older checkpoint); damage
 
 class CheckpointError(RuntimeError):
     pass
+
+
+# errors of the storage, not of the input: a full disk, a quota, a failing device, a read-only or forbidden place
+STORAGE_ERRNOS = frozenset(
+    getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EIO", "EROFS", "EACCES", "EPERM") if hasattr(errno, n)
+)
+
+
+class StorageError(OSError):
+    """Writing a run's file failed because of the storage (a full disk, no permission, a vanished folder); the
+    message names the file and says what was kept. The command line exits with code 4 on it."""
+
+    def __init__(self, message: str, err: int | None = None, filename: str | os.PathLike | None = None) -> None:
+        super().__init__(err or errno.EIO, message)
+        self.message = message
+        self.filename = str(filename) if filename is not None else None
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def storage_error(path: str | os.PathLike, e: OSError, what: str = "writing") -> StorageError:
+    """`e` (raised while writing `path`) as one line that names the file and the cause."""
+    why = e.strerror or str(e) or type(e).__name__
+    if isinstance(e, FileNotFoundError) or e.errno == errno.ENOENT:
+        why = f"its folder {Path(path).parent} is gone (removed while the run was writing it)"
+    return StorageError(f"{what} {path} failed: {why}", e.errno, path)
+
+
+def _tensor_bytes(obj: Any, limit: int = 100_000) -> int:
+    """About how many bytes torch.save writes for `obj`: its tensors' storage (a lower bound; walks <= limit items)."""
+    total, stack, seen = 0, [obj], 0
+    while stack and seen < limit:
+        o = stack.pop()
+        seen += 1
+        if isinstance(o, torch.Tensor):
+            total += o.numel() * o.element_size()
+        elif isinstance(o, dict):
+            stack.extend(o.values())
+        elif isinstance(o, list | tuple):
+            stack.extend(o)
+    return total
+
+
+def check_free_space(path: str | os.PathLike, needed: int) -> None:
+    """Refuse a write of about `needed` bytes into `path`'s folder when the disk has less free (cheap: one statvfs);
+    the file there now is kept."""
+    folder = Path(path).parent
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:  # the write itself reports a missing folder, with the file's name
+        return
+    if free < needed + 2**20:
+        raise StorageError(
+            f"writing {path} needs about {needed / 2**20:.1f} MB and {folder} has {free / 2**20:.1f} MB free: "
+            f"nothing written, the previous file is kept; free some space (or use another --output_dir), then resume",
+            errno.ENOSPC,
+            path,
+        )
 
 
 # ---------------------------------------------------------------------------------------------- digest
@@ -132,6 +193,7 @@ def atomic_save(obj: Any, path: str | os.PathLike, *, digest: bool | None = None
             raise TypeError(f"atomic_save(digest=True) needs a dict, got {type(obj).__name__}")
         body = {k: v for k, v in obj.items() if k != DIGEST_KEY}
         obj = {**body, DIGEST_KEY: state_digest(body)}
+    check_free_space(path, _tensor_bytes(obj))
     return atomic_write(path, lambda f: torch.save(obj, f))
 
 
@@ -153,7 +215,16 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> P
     """`write(file)` into a temp file beside `path`, fsync, rename, fsync the folder: the file is whole or not there.
     Temps are named .NAME.host~pid.*.tmp, so `remove_orphan_temps` can tell a dead writer's from a live one's."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_owner_tag()}.", suffix=".tmp", dir=path.parent)
+    if path.is_dir():  # os.replace would say "Is a directory" without saying which
+        raise StorageError(
+            f"cannot write {path}: a directory is in its place; move that directory away, then run again",
+            errno.EISDIR,
+            path,
+        )
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_owner_tag()}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise storage_error(path, e) from e
     try:
         if hasattr(os, "fchmod"):  # mkstemp makes 0600: the file gets the mode open() would give (the umask's)
             os.fchmod(fd, 0o666 & ~_umask())
@@ -162,6 +233,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> P
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:  # a full disk, a quota, a vanished folder: named here, the temp file removed
+        Path(tmp).unlink(missing_ok=True)
+        raise storage_error(path, e) from e
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -264,8 +338,13 @@ def load_checkpoint(
     entry; its INTEGRITY_KEY entry says "verified" or why not (UNVERIFIED for checkpoints without a digest).
     """
     path = Path(path)
-    if path.is_dir():  # a run directory: continue from its last checkpoint
+    if path.is_dir() and path.suffix != ".pt":  # a run directory: continue from its last checkpoint
         path = path / "checkpoints" / "last.pt"
+    if path.is_dir():
+        raise CheckpointError(
+            f"checkpoint {path} is a directory, not a checkpoint file; move it away and resume from another "
+            f"checkpoint (best.pt, an earlier copy)"
+        )
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist; pass a last.pt/best.pt file or a run directory")
     try:

@@ -3,15 +3,18 @@
     OUTPUT_DIR/RUN_NAME/  config.json  config.toml  metrics.jsonl  summary.json  checkpoints/{last,best}.pt
 
 A run never writes into another run's directory: a name that exists gets a -2, -3 ... suffix (claimed with an
-atomic mkdir, so simultaneous launches cannot share one), and a lock file makes a second live process on the
-same directory fail with a clear message.
+atomic mkdir, so simultaneous launches cannot share one), and a lock on the directory itself (not on a file in it,
+which a user can delete) makes a second live process on the same directory fail with a clear message. Before each
+write the run checks that its directory is still the one it locked: one removed or replaced stops the run.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import socket
 import time
 import weakref
 from collections.abc import Callable
@@ -21,7 +24,14 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .checkpoint import atomic_write_text, remove_orphan_temps
+from .checkpoint import (
+    StorageError,
+    atomic_write,
+    atomic_write_text,
+    load_checkpoint,
+    remove_orphan_temps,
+    storage_error,
+)
 from .config import run_name_problem, writable_dir_problem
 from .runtime import Runtime
 from .usercode import resume_hint
@@ -29,6 +39,10 @@ from .usercode import resume_hint
 
 class RunDirError(ValueError):
     """The run directory cannot be used (taken by a live process, or not a run)."""
+
+
+class RunDirGone(StorageError):
+    """The run directory was removed or replaced while this process trained it: the run stops (exit code 4)."""
 
 
 MARKER = ".plainloop-run"  # written into a claimed directory while its lock is held: "this is a plainloop run"
@@ -117,7 +131,7 @@ def held_by_live_process(run_dir: Path) -> bool:
     if str(run_dir.resolve()) in _HELD:
         return False
     try:
-        RunLock(run_dir).release()
+        RunLock(run_dir, record=False).release()
     except RunDirError:
         return True
     except OSError:
@@ -125,9 +139,10 @@ def held_by_live_process(run_dir: Path) -> bool:
     return False
 
 
-def find_resumable(output_dir: str | Path, prefix: str) -> Path | None:
-    """The newest run directory under output_dir named <prefix>-... that holds checkpoints/last.pt, has not
-    finished (a finished run has nothing left to train) and is not being trained by a live process."""
+def find_resumable(output_dir: str | Path, prefix: str, notes: list[str] | None = None) -> Path | None:
+    """The newest run directory under output_dir named <prefix>-... that holds a readable checkpoints/last.pt, has
+    not finished (a finished run has nothing left to train) and is not being trained by a live process. A run whose
+    last.pt cannot be read is passed over, with a line in `notes` (else every `--resume auto` would pick it)."""
     root = Path(output_dir)
     if not root.is_dir():
         return None
@@ -139,7 +154,22 @@ def find_resumable(output_dir: str | Path, prefix: str) -> Path | None:
         and not finished(p)
         and not held_by_live_process(p)
     ]
-    return max(runs, key=lambda p: (p / "checkpoints/last.pt").stat().st_mtime, default=None)
+    return newest_readable(runs, notes)
+
+
+def newest_readable(runs: list[Path], notes: list[str] | None = None) -> Path | None:
+    """Of run directories, the one whose checkpoints/last.pt was written last and loads (digest checked)."""
+    by_age = sorted(runs, key=lambda p: (p / "checkpoints/last.pt").stat().st_mtime, reverse=True)
+    for run in by_age:
+        try:
+            load_checkpoint(run / "checkpoints" / "last.pt")
+        except Exception as e:  # noqa: BLE001 (damaged, truncated, not ours: the next run is tried)
+            if notes is not None:
+                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                notes.append(f"resume auto: passed over {run}: its last.pt cannot be read ({first[:160]})")
+            continue
+        return run
+    return None
 
 
 def finished(run_dir: Path, step: int | None = None) -> bool:
@@ -167,46 +197,89 @@ def _checkpoint_step(path: Path) -> int | None:
         return None
 
 
-class RunLock:
-    """An exclusive lock on RUN_DIR/.lock for this process's lifetime (released at exit, also on kill -9)."""
+def _owner_line() -> str:
+    return f"{os.getpid()} {socket.gethostname()}"
 
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / ".lock"
-        self._fh = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (held open while the run lives)
+
+def _recorded_owner(path: Path) -> tuple[int, str] | None:
+    """(pid, host) that RUN_DIR/.lock names, if it names one."""
+    try:
+        parts = path.read_text(encoding="utf-8", errors="replace").split()
+        return int(parts[0]), parts[1] if len(parts) > 1 else ""
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class RunLock:
+    """An exclusive lock on the run directory for this process's lifetime (released at exit, also on kill -9).
+
+    The lock is an flock on the directory itself, so deleting RUN_DIR/.lock (a "stale" lock, to a user) cannot let a
+    second process in; .lock only records the owner (pid and host) for the messages. On Windows, where a directory
+    cannot be locked, the lock is on .lock. `check()` says whether the directory is still the one locked.
+    """
+
+    def __init__(self, run_dir: Path, record: bool = True) -> None:
+        self.run_dir, self.path, self.note = Path(run_dir), Path(run_dir) / ".lock", None
+        if os.name == "nt":
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT)
+        else:
+            self._fd = os.open(self.run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         try:
             if os.name == "nt":
                 import msvcrt
 
-                msvcrt.locking(self._fh.fileno(), msvcrt.LK_NBLCK, 1)  # type: ignore[attr-defined]
+                msvcrt.locking(self._fd, msvcrt.LK_NBLCK, 1)  # type: ignore[attr-defined]
             else:
                 import fcntl
 
-                fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            self._fh.seek(0)
-            holder = self._fh.read().strip() or "unknown"
-            self._fh.close()
+            os.close(self._fd)
+            owner = _recorded_owner(self.path)
+            holder = f"(pid {owner[0]})" + (f" on {owner[1]}" if owner[1] else "") if owner else "(pid unknown)"
             raise RunDirError(
-                f"{run_dir} is being written by another live process (pid {holder}); wait for it, "
-                f"or use another --run_name"
+                f"{run_dir} is being written by another live process {holder}; wait for it, or use another --run_name"
             ) from None
-        self._fh.seek(0)
-        self._fh.truncate()
-        self._fh.write(str(os.getpid()))
-        self._fh.flush()
-        # a lock nobody released (a Trainer dropped without fit, interpreter exit) is released, not left to the
-        # file's own finaliser (which warns)
-        self._finalizer = weakref.finalize(self, RunLock._unlock, self._fh, os.getpid())
+        st = os.fstat(self._fd)
+        self.identity = (st.st_dev, st.st_ino)
+        if record:  # the owner, for the messages: a dead owner's lock was released with it and is taken over here
+            before = _recorded_owner(self.path)
+            if before is not None and before[0] != os.getpid():
+                where = f" on {before[1]}" if before[1] else ""
+                self.note = f"run dir: took over the lock of pid {before[0]}{where}, which ended without releasing it"
+            try:
+                atomic_write_text(self.path, _owner_line() + "\n")
+            except OSError:  # the record is for messages only; the directory lock is what holds
+                pass
+        # a lock nobody released (a Trainer dropped without fit, interpreter exit) is released, not left open
+        self._finalizer = weakref.finalize(self, RunLock._unlock, self._fd, os.getpid(), self.path if record else None)
 
     @staticmethod
-    def _unlock(fh: Any, owner: int) -> None:
-        if fh.closed or os.getpid() != owner:  # a forked child shares the lock: only its owner may let it go
+    def _unlock(fd: int, owner: int, record: Path | None) -> None:
+        if os.getpid() != owner:  # a forked child shares the lock: only its owner may let it go
             return
+        if record is not None and _recorded_owner(record) == (owner, socket.gethostname()):
+            record.unlink(missing_ok=True)  # released in order: a .lock left behind names a process that died
         if os.name != "nt":  # unlock explicitly: forked loader workers share this descriptor and outlive close()
             import fcntl
 
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-        fh.close()
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+    def check(self, writing: str) -> None:
+        """Raise RunDirGone when the run directory was removed or replaced since it was locked (before `writing`)."""
+        try:
+            st = os.stat(self.run_dir)
+            same = (st.st_dev, st.st_ino) == self.identity
+        except OSError:
+            same = False
+        if not same:
+            raise RunDirGone(
+                f"the run directory {self.run_dir} was removed or replaced while this run was writing it: stopped "
+                f"before writing {writing} (nothing recreated); start a new run, or resume from a copy of the run",
+                errno.ENOENT,
+                self.run_dir,
+            )
 
     def release(self) -> None:
         self._finalizer()
@@ -215,35 +288,47 @@ class RunLock:
 ROLLED_BACK = "metrics.rolled_back.jsonl"
 
 
-def roll_back_metrics(run_dir: Path, step: int, val_pending: bool = False) -> int:
+def roll_back_metrics(run_dir: Path, step: int, val_pending: bool = False, junk: list[int] | None = None) -> int:
     """Resuming from a checkpoint at `step`: rows a killed process wrote after it are trained again, so they move
     from metrics.jsonl to metrics.rolled_back.jsonl (kept, never deleted), as does a line torn by the kill. With
     `val_pending` (the checkpoint came right before a validation, which the resume runs again) a val row at `step`
-    moves too. Returns how many lines moved."""
+    moves too. A line that is not a JSON row (damaged bytes, not UTF-8) moves as it is; its line number goes to
+    `junk`. Returns how many rows moved for being after `step`."""
     path = run_dir / "metrics.jsonl"
     try:
-        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        lines = path.read_bytes().splitlines(keepends=True)
     except FileNotFoundError:
         return 0
-    keep: list[str] = []
-    moved: list[str] = []
-    for line in lines:
+    except OSError as e:
+        raise storage_error(path, e, "reading") from e
+    keep: list[bytes] = []
+    moved: list[bytes] = []
+    after = 0
+    for i, raw in enumerate(lines, 1):
         try:
-            row = json.loads(line) if line.endswith("\n") else None
-        except ValueError:
+            row = json.loads(raw.decode("utf-8")) if raw.endswith(b"\n") else None
+        except ValueError:  # UnicodeDecodeError too
             row = None
         s = row.get("step") if isinstance(row, dict) else None
         ok = isinstance(row, dict) and (not isinstance(s, int) or s <= step)
         if ok and val_pending and s == step and isinstance(row, dict) and row.get("kind") == "val":
             ok = False
-        (keep if ok else moved).append(line if line.endswith("\n") else line + "\n")
+        if not isinstance(row, dict) and raw.endswith(b"\n") and junk is not None:
+            junk.append(i)
+        elif not ok:
+            after += 1
+        (keep if ok else moved).append(raw if raw.endswith(b"\n") else raw + b"\n")
     if moved:
-        with open(run_dir / ROLLED_BACK, "a", encoding="utf-8") as fh:
-            fh.writelines(moved)
-            fh.flush()
-            os.fsync(fh.fileno())
-        atomic_write_text(path, "".join(keep))
-    return len(moved)
+        target = run_dir / ROLLED_BACK
+        try:
+            with open(target, "ab") as fh:
+                fh.writelines(moved)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as e:
+            raise storage_error(target, e) from e
+        atomic_write(path, lambda fh: fh.write(b"".join(keep)))
+    return after
 
 
 def shared_run_dir(
@@ -286,16 +371,35 @@ class RunFiles:
         val_pending: bool = False,
     ) -> None:
         self.run_dir, self.on_row = run_dir, on_row
-        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-        self.lock = lock_run_dir(run_dir)
-        if not (run_dir / MARKER).is_file():  # a run from before the marker, resumed: marked now, under its lock
-            _mark(run_dir)
-        self.removed = remove_orphan_temps(run_dir / "checkpoints") + remove_orphan_temps(run_dir)
-        self.rolled_back = 0 if resumed_step is None else roll_back_metrics(run_dir, resumed_step, val_pending)
-        self._metrics = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        self.lock = lock_run_dir(run_dir)  # first: nothing is created in a directory another process trains
+        self.notes: list[str] = [self.lock.note] if self.lock.note else []
+        try:
+            (run_dir / "checkpoints").mkdir(exist_ok=True)
+            if not (run_dir / MARKER).is_file():  # a run from before the marker, resumed: marked now, under its lock
+                _mark(run_dir)
+            self.removed = remove_orphan_temps(run_dir / "checkpoints") + remove_orphan_temps(run_dir)
+            junk: list[int] = []
+            self.rolled_back = (
+                0 if resumed_step is None else roll_back_metrics(run_dir, resumed_step, val_pending, junk)
+            )
+            if junk:
+                shown = ", ".join(map(str, junk[:5])) + (" ..." if len(junk) > 5 else "")
+                self.notes.append(
+                    f"{run_dir / 'metrics.jsonl'}: line(s) {shown} are not JSON rows (damaged); moved as they are to "
+                    f"{ROLLED_BACK}, the other rows kept"
+                )
+            self._metrics = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def check(self, writing: str) -> None:
+        """Stop (RunDirGone) when the run directory was removed or replaced: nothing is recreated silently."""
+        self.lock.check(str(self.run_dir / writing))
 
     def write_json(self, name: str, obj: Any) -> None:
         """Whole or not at all (temp file, fsync, rename), strict JSON (a non-finite number is null)."""
+        self.check(name)
         text = json.dumps(strict_json(obj, []), indent=2, default=str, allow_nan=False)
         atomic_write_text(self.run_dir / name, text)
 
@@ -305,15 +409,23 @@ class RunFiles:
         clean = strict_json(row, bad)
         if bad:  # strict JSON has no NaN: null, and the row says which values were not finite
             clean["nonfinite"] = bad
-        self._metrics.write(json.dumps(clean, default=str, allow_nan=False) + "\n")
-        self._metrics.flush()
+        self.check("metrics.jsonl")  # an open file would go on taking rows after its directory was deleted
+        try:
+            self._metrics.write(json.dumps(clean, default=str, allow_nan=False) + "\n")
+            self._metrics.flush()
+        except OSError as e:
+            raise storage_error(self.run_dir / "metrics.jsonl", e) from e
         if self.on_row is not None:
             self.on_row(row)
 
     def close(self) -> None:
-        if not self._metrics.closed:
-            self._metrics.close()
-        self.lock.release()
+        try:
+            if not self._metrics.closed:
+                self._metrics.close()
+        except OSError:  # a full disk's last flush: the rows before it are on disk, the error was raised already
+            pass
+        finally:
+            self.lock.release()
 
 
 def _toml_value(v: Any) -> str:

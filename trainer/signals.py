@@ -2,13 +2,15 @@
 SIGHUP (the terminal closed or the ssh session dropped; torchrun forwards it to its workers too).
 
 The first signal only sets a flag; the loop finishes the current step, writes last.pt and exits with 128 +
-the signal number. A second Ctrl-C stops at once (KeyboardInterrupt), without writing anything more.
+the signal number. A second Ctrl-C stops at once (KeyboardInterrupt), without writing anything more. A signal the
+process was started with ignored (`nohup` ignores SIGHUP) stays ignored: plainloop never installs a handler for it.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -18,18 +20,36 @@ import torch.distributed as dist
 from .runtime import Runtime
 
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP") if hasattr(signal, n))
+# the stop signals this process was started with ignored (nohup: SIGHUP; a background job of a script: SIGINT)
+IGNORED_AT_START = frozenset(s for s in STOP_SIGNALS if signal.getsignal(s) == signal.SIG_IGN)
+
+
+def handled_signals() -> tuple[int, ...]:
+    """The stop signals plainloop may handle: those not ignored when the process started, nor ignored now."""
+    return tuple(s for s in STOP_SIGNALS if s not in IGNORED_AT_START and signal.getsignal(s) != signal.SIG_IGN)
+
+
+class StopNow(BaseException):
+    """Raised by a StopRequest's handler when its `at_once()` says the work under way need not finish."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 class StopRequest:
-    """Context manager that turns stop signals into a flag the loop polls (a Python attribute: no sync)."""
+    """Context manager that turns stop signals into a flag the loop polls (a Python attribute: no sync).
 
-    def __init__(self) -> None:
+    at_once: when it returns True at a signal, the handler raises StopNow instead (nothing left to save)."""
+
+    def __init__(self, at_once: Callable[[], bool] | None = None) -> None:
         self.signum: int | None = None
+        self.at_once = at_once
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():  # handlers can only be set there
-            for s in STOP_SIGNALS:
+            for s in handled_signals():
                 self._old[s] = signal.signal(s, self._handle)
         return self
 
@@ -38,6 +58,8 @@ class StopRequest:
             raise KeyboardInterrupt  # the second Ctrl-C: stop now
         if self.signum is None:
             self.signum = signum
+        if self.at_once is not None and self.at_once():
+            raise StopNow(signum)
 
     @property
     def name(self) -> str:

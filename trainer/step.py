@@ -17,6 +17,29 @@ import torch
 from .optim import Schedule
 
 
+class LossError(ValueError):
+    """The loss function returned something backward() cannot use; the message says what to return instead."""
+
+
+def loss_problem(loss: Any) -> str | None:
+    """Why `loss` cannot be trained on (checked on a run's first step only; attributes, no device sync), or None."""
+    if not isinstance(loss, torch.Tensor):
+        return (
+            f"the loss is a {type(loss).__name__} ({loss!r:.40}), not a tensor: return the tensor the loss was "
+            f"computed as (no .item(), float() or numpy), so that backward() reaches the weights"
+        )
+    if loss.numel() != 1:
+        return f"the loss has shape {tuple(loss.shape)}, not one value: reduce it, e.g. loss.mean() or loss.sum()"
+    if not loss.requires_grad:
+        return (
+            "the loss does not depend on any trainable weight (it was detached, computed under torch.no_grad(), "
+            "or the model's parameters have requires_grad=False): return the loss computed from the model's output"
+        )
+    if not loss.is_floating_point():
+        return f"the loss is {loss.dtype}, not a floating-point tensor: compute it in float"
+    return None
+
+
 def nonfinite_flag(grads: list[torch.Tensor], out: torch.Tensor, one: torch.Tensor | None = None) -> torch.Tensor:
     """Set `out` (a 0-dim float tensor) to 1.0 if any gradient holds a NaN or inf, else leave it.
 

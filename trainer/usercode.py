@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 _CLI = [False]  # set while train_optimized.main runs (also when a test calls it in-process)
+_TASK_FLAG: list[str] = []  # a task file the CLI runs: its resume line names it (code from a run dir is not run)
 
 
 @contextlib.contextmanager
@@ -26,6 +27,12 @@ def cli_session() -> Iterator[None]:
         yield
     finally:
         _CLI[0] = before
+
+
+def set_task_flag(spec: str | None) -> None:
+    """The CLI runs the task file `spec` (path/file.py:function): the resume lines printed add `--task spec`, since a
+    resume does not import a file its run directory names unless the command line names it too."""
+    _TASK_FLAG[:] = [spec] if spec else []
 
 
 def uses_cli() -> bool:
@@ -43,7 +50,8 @@ def cli_script() -> str:
 def resume_hint(target: Any, prefix: str = "python") -> str:
     """How to continue a run: the CLI line when the CLI runs, else the Python call (a repo with `trainer/` only)."""
     if uses_cli():
-        return f"{prefix} {cli_script()} --resume {shlex.quote(str(target))}"  # pastes as itself
+        task = "".join(f" --task {shlex.quote(t)}" for t in _TASK_FLAG)
+        return f"{prefix} {cli_script()} --resume {shlex.quote(str(target))}{task}"  # pastes as itself
     script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] not in ("", "-c") else ""
     # a plain script of the user's names itself; `python -m pkg` and tools (pytest) run a __main__.py
     again = f", then run {prefix} {script} again" if script.endswith(".py") and script != "__main__.py" else ""

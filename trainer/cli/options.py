@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import inspect
 import json
+import re
 import sys
 import types
 import typing
@@ -289,17 +290,94 @@ _IGNORED_MMSEG = {
 }
 
 
-def _read(path: Path) -> dict[str, Any]:
+MAX_CONFIG_BYTES = 16 * 2**20
+MAX_CONFIG_VALUES = 100_000  # values after YAML aliases are expanded; a config file holds a few dozen settings
+MAX_CONFIG_DEPTH = 32
+
+
+def _lines_of(text: str, key: str) -> list[int]:
+    """The 1-based lines where `key` is set (`key = `, `key:`, `"key":`), in order."""
+    pat = re.compile(rf"""^\s*(?:-\s*)?["']?{re.escape(str(key))}["']?\s*[:=]""")
+    return [i for i, line in enumerate(text.splitlines(), 1) if pat.search(line) or f'"{key}":' in line]
+
+
+def _twice(path: Path, text: str, key: Any, lines: tuple[int | None, int | None] = (None, None)) -> ConfigError:
+    first, again = lines
+    if again is None:
+        found = _lines_of(text, key)
+        first, again = (found[0], found[1]) if len(found) > 1 else (None, None)
+    where = f" on line {again} (first on line {first})" if again is not None else ""
+    return ConfigError(f"{path}: {key!r} is set twice{where}; keep one of them")
+
+
+def _bounded(obj: Any, path: Path) -> None:
+    """Refuse a structure with more values than a config can mean (a YAML alias bomb expands each alias where it is
+    used: 9 aliases of 9 make 387 million) or nested deeper than MAX_CONFIG_DEPTH; stops at the first excess."""
+    stack, seen = [(obj, 0)], 0
+    while stack:
+        o, depth = stack.pop()
+        seen += 1
+        if seen > MAX_CONFIG_VALUES:
+            raise ConfigError(
+                f"{path}: more than {MAX_CONFIG_VALUES} values once its aliases are expanded; a config file is a few "
+                f"lines of settings (write the values out, without nested &anchors/*aliases)"
+            )
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"{path}: nested deeper than {MAX_CONFIG_DEPTH} levels; a config file is flat settings")
+        if isinstance(o, dict):
+            stack.extend((v, depth + 1) for v in o.values())
+        elif isinstance(o, list | tuple):
+            stack.extend((v, depth + 1) for v in o)
+
+
+def _yaml_loader(path: Path) -> Any:
+    """PyYAML's SafeLoader that refuses a key set twice in one mapping, naming both lines."""
+    import yaml
+
+    class Strict(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, int] = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: explicit keys may override it
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    line = key_node.start_mark.line + 1
+                    try:
+                        if key in seen:
+                            raise _twice(path, "", key, (seen[key], line))
+                        seen[key] = line
+                    except TypeError:  # an unhashable key: SafeLoader's own error says so
+                        pass
+            return super().construct_mapping(node, deep)
+
+    return Strict
+
+
+def _json_pairs(path: Path, text: str) -> Any:
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in items:
+            if k in out:
+                raise _twice(path, text, k)
+            out[k] = v
+        return out
+
+    return pairs
+
+
+def _read(path: Path) -> tuple[dict[str, Any], str]:
+    """The file's settings (bounded in size, nesting and alias expansion; a key set twice refused) and its text."""
     suffix = path.suffix.lower()
     if suffix not in (".toml", ".json", ".yaml", ".yml"):
         raise ConfigError(f"{path}: unknown config format {suffix or '(no suffix)'!r}; use .toml, .json or .yaml")
     try:
-        text = path.read_bytes()[: 16 * 2**20 + 1].decode("utf-8")
+        text = path.read_bytes()[: MAX_CONFIG_BYTES + 1].decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot be read ({e.strerror or e})") from None
-    if len(text) > 16 * 2**20:
+    if len(text) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: larger than 16 MiB; a config file is a few lines of settings")
     try:
         if suffix == ".toml":
@@ -313,21 +391,27 @@ def _read(path: Path) -> dict[str, Any]:
                         f"{path}: reading TOML needs Python 3.11+ or `pip install tomli`; or give "
                         f"the same keys as a .json file"
                     ) from None
-            return tomllib.loads(text)
-        if suffix == ".json":
-            return json.loads(text)
-        if suffix in (".yaml", ".yml"):
+            raw: Any = tomllib.loads(text)
+        elif suffix == ".json":
+            raw = json.loads(text, object_pairs_hook=_json_pairs(path, text))
+        else:
             try:
                 import yaml
             except ImportError:
                 raise ConfigError(f"{path}: reading YAML needs PyYAML (`pip install pyyaml`); or use .toml") from None
-            return yaml.safe_load(text) or {}
+            raw = yaml.load(text, Loader=_yaml_loader(path)) or {}  # noqa: S506 (a SafeLoader)
     except ConfigError:
         raise
+    except RecursionError:
+        raise ConfigError(f"{path}: nested deeper than Python can read; a config file is flat settings") from None
     except Exception as e:  # the parsers' own messages carry line and column
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if first.startswith("Cannot overwrite a value"):  # tomllib: a key set twice in one table
+            raise ConfigError(f"{path}: a key is set twice {first.removeprefix('Cannot overwrite a value ')}; "
+                              f"keep one of them") from None  # fmt: skip
         raise ConfigError(f"{path}: not valid {suffix[1:].upper()}: {first}") from None
-    raise ConfigError(f"{path}: unknown config format {suffix!r}; use .toml, .json or .yaml")
+    _bounded(raw, path)
+    return raw, text
 
 
 def load_config_file(path: str | Path, notes: list[str] | None = None, what: str = "--config") -> dict[str, Any]:
@@ -342,14 +426,14 @@ def load_config_file(path: str | Path, notes: list[str] | None = None, what: str
             else "no such file"
         )
         raise ConfigError(f"{what} {path}: {why}")
-    raw = _read(path)
+    raw, text = _read(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a table of settings")
     notes = [] if notes is None else notes
-    flat: dict[str, Any] = {}
+    flat = _Once(path, text)
     for key, value in raw.items():
         if isinstance(value, dict) and key in ("train", "task", "run"):
-            flat.update(value)
+            flat.set_all(value)
         elif isinstance(value, dict) and key == "fp16":  # mmcv: fp16 = dict(loss_scale=512.)
             scale = value.get("loss_scale", "dynamic")
             flat["precision"], flat["loss_scale"] = "16-mixed", str(scale)
@@ -376,7 +460,25 @@ def load_config_file(path: str | Path, notes: list[str] | None = None, what: str
             notes.append(f"config: mmseg {key}={value} -> {ours}={flat[ours]}")
         else:
             flat[key] = value
-    return flat
+    return dict(flat)
+
+
+class _Once(dict[str, Any]):
+    """The flat settings of one file: a key given twice (at the top level and in [train], or by its mmseg name
+    and ours) is refused with the line it repeats on."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        super().__init__()
+        self.path, self.text = path, text
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key in self:
+            raise _twice(self.path, self.text, key)
+        super().__setitem__(key, value)
+
+    def set_all(self, values: dict[str, Any]) -> None:
+        for k, v in values.items():
+            self[k] = v
 
 
 def _mm(conv: Callable[[Any], Any], v: Any, path: Path, key: str) -> Any:
