@@ -383,7 +383,7 @@ def test_logging_keeps_values_on_the_device_between_log_points(tmp_path, monkeyp
     t.opt.host_reads = False
     counter = SyncCounter(monkeypatch)
     t.fit()
-    in_protocol = [c for c in counter.calls if "model_protocol.py" in c]
+    in_protocol = [c for c in counter.calls if "compat/lightning.py" in c]
     log_points = 2 * 24 // 12
     assert 0 < len(in_protocol) <= log_points + 2, in_protocol  # one read per log point (+ the validation's)
 
@@ -458,7 +458,7 @@ def test_your_model_guide_examples_run(tmp_path):
 def test_a_wrapped_model_reaches_training_step_through_its_forward():
     """Under DDP (or torch.compile) the wrapper's forward must run, or gradients are not synchronised: the loss goes
     model(batch) -> the module's forward -> training_step, and the module's own forward is untouched otherwise."""
-    from trainer.compat.lightning import model_parts
+    from trainer.compat.lightning import ModelAdapter
 
     class Wrap(nn.Module):  # what DDP does with a call: forward to self.module
         def __init__(self, module):
@@ -471,15 +471,15 @@ def test_a_wrapped_model_reaches_training_step_through_its_forward():
             return self.module(*args, **kwargs)
 
     m = Base()
-    parts = model_parts(m)
-    parts.adapter.attach()
+    adapter = ModelAdapter(m)
+    adapter.attach()
     x, y = torch.randn(8, 4), torch.randn(8, 1)
     wrapped = Wrap(m)
-    direct = parts.loss_fn(m, (x, y))
-    through = parts.loss_fn(wrapped, (x, y))
+    direct = adapter.loss_fn(m, (x, y))
+    through = adapter.loss_fn(wrapped, (x, y))
     assert wrapped.calls == 1 and torch.equal(direct, through)
     assert torch.equal(m(x), m.net(x))  # a plain call still runs the module's forward
-    parts.adapter.detach()
+    adapter.detach()
     assert "forward" not in m.__dict__ and m._trainer is None
 
 
@@ -534,3 +534,153 @@ def test_schedule_knobs_the_models_own_optimizer_ignores_are_named():
     notes = " ".join(model_optimizer(NoArgs(), cfg, torch.device("cpu"), cfg.lr).notes)
     assert "lr=0.02" in notes and "adam_betas=(0.9, 0.95)" in notes and "warmup_steps=5" in notes
     assert "do nothing" not in " ".join(model_optimizer(NoArgs(), TrainConfig(), torch.device("cpu"), 1e-3).notes)
+
+
+# ------------------------------------------------------------------ what Lightning skips, and what plainloop refuses
+class NoValidation(L.LightningModule):
+    """A LightningModule with a training_step and no validation_step; counts the hooks Lightning would call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+        self.calls: dict[str, int] = {}
+
+    def training_step(self, batch, batch_idx):
+        return nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    def on_validation_epoch_start(self):
+        self.calls["on_validation_epoch_start"] = self.calls.get("on_validation_epoch_start", 0) + 1
+
+    def on_train_epoch_end(self):
+        self.calls["on_train_epoch_end"] = self.calls.get("on_train_epoch_end", 0) + 1
+
+
+def test_a_model_without_validation_step_is_not_validated_as_under_lightning(tmp_path):
+    """Lightning skips the val loop when the module has no validation_step, though it is given val data; so does
+    plainloop, with one start-up line (it used to score training_step on the val split)."""
+    train, val = data()
+    torch.manual_seed(0)
+    m0 = NoValidation()
+    a, b = copy.deepcopy(m0), copy.deepcopy(m0)
+    lt = lightning_fit(a, train, val)
+    lines: list[str] = []
+    cfg = TrainConfig(epochs=EPOCHS, batch_size=BATCH, shuffle=False, drop_last=False, validation_interval=1,
+                      progress_bar=False, output_dir=str(tmp_path), run_name="run", num_workers=0)  # fmt: skip
+    summary = Trainer(cfg, Task("mine", b, train, val), log=lines.append).fit()
+    assert a.calls == b.calls == {"on_train_epoch_end": EPOCHS}  # no validation epoch in either
+    assert not lt.callback_metrics and not summary["final_metrics"]
+    assert not [r for r in metric_rows(tmp_path / "run") if r["kind"] == "val"]
+    said = [ln for ln in lines if "validation_step" in ln]
+    assert len(said) == 1 and "NoValidation has no validation_step" in said[0] and "as under Lightning" in said[0]
+    assert max_diff(a, b) <= ATOL
+
+
+def test_a_training_step_returning_none_is_refused_in_one_line(tmp_path):
+    """Lightning skips such a batch's backward (its step counters still advance); plainloop refuses, naming it."""
+
+    class Skips(Base):
+        def training_step(self, batch, batch_idx):
+            return None if batch_idx == 2 else super().training_step(batch, batch_idx)
+
+    train, val = data()
+    with pytest.raises(ModelProtocolError, match=r"^Skips\.training_step returned None: skipping a batch") as e:
+        plainloop_fit(Skips(), train, val, tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_configure_optimizers_returning_none_is_refused_not_replaced_by_adamw(tmp_path):
+    """Lightning warns and trains with no optimizer step; plainloop refuses before the run starts (it once trained
+    such a model with its own AdamW, silently)."""
+
+    class NoOptimizer(Base):
+        def configure_optimizers(self):
+            return None
+
+    train, val = data()
+    cfg = TrainConfig(epochs=1, batch_size=BATCH, output_dir=str(tmp_path), run_name="run", progress_bar=False,
+                      num_workers=0)  # fmt: skip
+    with pytest.raises(ModelProtocolError, match=r"^NoOptimizer\.configure_optimizers returned None: Lightning"):
+        Trainer(cfg, Task("mine", NoOptimizer(), train, val), log=lambda s: None)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_model_is_given_back_after_a_failed_fit_by_the_next_one(tmp_path):
+    """A fit that fails leaves self.log & co. on the model (no on_fit_end); the next fit on it removes them, and a
+    nanoGPT-style module (no training_step) is never touched."""
+
+    class Fails(Base):
+        fail = True
+
+        def training_step(self, batch, batch_idx):
+            if self.fail and batch_idx == 3:
+                raise RuntimeError("boom")
+            return super().training_step(batch, batch_idx)
+
+    train, val = data()
+    m = Fails()
+    with pytest.raises(RuntimeError, match="boom"):
+        plainloop_fit(m, train, val, tmp_path / "a", epochs=1)
+    assert "log" in m.__dict__  # left by the failed fit
+    m.fail = False
+    plainloop_fit(m, train, val, tmp_path / "b", epochs=1)
+    assert m._trainer is None and not {"log", "log_dict", "optimizers", "lr_schedulers"} & set(m.__dict__)
+
+    gpt = TinyGPT()
+    before = set(gpt.__dict__)
+    cfg = TrainConfig(epochs=1, batch_size=32, num_workers=0, output_dir=str(tmp_path), run_name="gpt",
+                      progress_bar=False)  # fmt: skip
+    Trainer(cfg, Task("gpt", gpt, tokens()), log=lambda s: None).fit()
+    assert set(gpt.__dict__) == before
+
+
+def test_the_adapted_task_is_a_plain_task_and_any_task_may_use_its_hooks(tmp_path):
+    """The adapter fills generic Task fields (nothing in the loop is for Lightning alone); a plain task sets the same
+    fields itself: its optimizer through optimizer_fn, extra train-row values through log_metrics_fn, its scores
+    over the loop's batches through batch_evaluate_fn, its own callbacks and start-up notes."""
+    from trainer.layers import adapt_task
+    from trainer.optim import ConstantSchedule, OptimizerSetup
+
+    train, val = data()
+    adapted = adapt_task(Task("mine", Base(), train, val))
+    assert adapted.loss_fn is not None and adapted.optimizer_fn is not None and adapted.batch_evaluate_fn is not None
+    assert [type(c).__name__ for c in adapted.callbacks] == ["ModelHooks"]
+    plain = Task("plain", nn.Linear(4, 1), train, val)
+    assert adapt_task(plain) is plain
+
+    seen: dict[str, int] = {"batches": 0}
+
+    def optimizer_fn(model, cfg, device, base_lr):
+        opt = torch.optim.SGD(model.parameters(), lr=base_lr)
+        return OptimizerSetup(opt, ConstantSchedule(opt), notes=[f"optimizer: SGD at {base_lr}"])
+
+    def batch_evaluate_fn(model, split, batches):
+        errs = [float((model(b[0]) - b[1]).abs().mean()) for _, b in batches]
+        seen["batches"] += len(errs)
+        return {f"{split}_mae": sum(errs) / len(errs)}
+
+    class Counts:
+        def __init__(self):
+            self.fits = 0
+
+        def on_fit_start(self, trainer):
+            self.fits += 1
+
+    counts = Counts()
+    task = Task("plain", nn.Linear(4, 1), train, val, optimizer_fn=optimizer_fn, batch_evaluate_fn=batch_evaluate_fn,
+                log_metrics_fn=lambda: {"answer": 42.0}, callbacks=[counts], notes=["my task's own line"],
+                monitor_metric="val_mae")  # fmt: skip
+    lines: list[str] = []
+    cfg = TrainConfig(epochs=2, batch_size=BATCH, lr=0.05, output_dir=str(tmp_path), run_name="run",
+                      progress_bar=False, num_workers=0, validation_interval=1, log_every=2)  # fmt: skip
+    summary = Trainer(cfg, task, log=lines.append).fit()
+    import json
+
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["optimizer"]["type"] == "SGD"
+    assert "[plainloop] optimizer: SGD at 0.05" in lines and "[plainloop] my task's own line" in lines
+    assert counts.fits == 1 and seen["batches"] == 2 * 1 and set(summary["final_metrics"]) == {"val_mae"}
+    rows = [r for r in metric_rows(tmp_path / "run") if r["kind"] == "train"]
+    assert rows and all(r["answer"] == 42.0 for r in rows)
+    assert any(ln.startswith("[epoch") and "answer 42" in ln for ln in lines)  # shown on the epoch lines

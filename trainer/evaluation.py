@@ -131,7 +131,8 @@ class BestTracker:
 class Evaluator:
     """The task's scores on a split with the weights the model holds now: eval mode, no gradients, no files written.
 
-    The task's own `evaluate_fn`, else the mean of the training loss over the split.
+    The task's own `evaluate_fn`, else its `batch_evaluate_fn` over the split's batches, else the mean of the
+    training loss over the split.
     """
 
     def __init__(
@@ -158,9 +159,6 @@ class Evaluator:
                 "brings its own (evaluate_fn or a validation_step): compute those scores there"
             )
 
-        # a Lightning-style model's own evaluation: (model, split, batches) -> scores (trainer/model_protocol.py)
-        self.own: Callable[[nn.Module, str, Iterator[tuple[int, Any]]], dict[str, float]] | None = None
-
     def __call__(self, split: str) -> dict[str, float]:
         """Scores on `split` ("val" or "test"); {} when the task has no such split."""
         task, model, rt = self.task, self.model, self.rt
@@ -173,8 +171,8 @@ class Evaluator:
             with torch.no_grad(), rt.autocast():
                 if task.evaluate_fn is not None:
                     out = task.evaluate_fn(model, split, rt.device)
-                elif self.own is not None:
-                    out = self.own(model, split, self.batches(ds))
+                elif task.batch_evaluate_fn is not None:
+                    out = task.batch_evaluate_fn(model, split, self.batches(ds))
                 else:
                     out = self.mean_loss(split, ds)
         finally:

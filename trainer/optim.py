@@ -7,6 +7,7 @@ learning-rate scaling with the batch size.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -76,21 +77,29 @@ class OptimizerSetup:
     hparams: dict[str, Any] = field(default_factory=dict)
 
 
-def build_optimizer(
-    model: nn.Module, cfg: TrainConfig, runtime: Runtime, global_batch: int, total_steps: int
-) -> OptimizerSetup:
-    """The model's own `configure_optimizers()` (any of Lightning's forms, trainer/model_protocol.py) and its
-    schedulers, as they are; else plainloop's AdamW with warm-up + cosine and lr scaling."""
-    from .compat.lightning import epoch_callbacks, model_optimizer
+# a task's optimizer_fn(model, cfg, device, base_lr) -> its optimizer and schedule, or None for plainloop's AdamW
+# and warm-up/cosine; base_lr is model.learning_rate or cfg.lr, before any batch-size scaling
+OptimizerFn = Callable[[nn.Module, TrainConfig, torch.device, float], OptimizerSetup | None]
 
+
+def build_optimizer(
+    model: nn.Module,
+    cfg: TrainConfig,
+    runtime: Runtime,
+    global_batch: int,
+    total_steps: int,
+    optimizer_fn: OptimizerFn | None = None,
+) -> OptimizerSetup:
+    """The task's `optimizer_fn` when it gives one (a LightningModule's configure_optimizers comes this way, as it
+    is); else plainloop's AdamW with warm-up + cosine and lr scaling."""
     fp16 = runtime.amp_dtype == torch.float16
     notes: list[str] = []
     base_lr = getattr(model, "learning_rate", None) or cfg.lr
-    own = model_optimizer(model, cfg, runtime.device, base_lr)
-    if own is not None:
-        # the model's optimizer and schedulers run unchanged: step-interval ones per optimizer step (own.schedule),
-        # epoch-interval and plateau ones from the model's hooks callback (they live in its state for resume)
-        return OptimizerSetup(own.optimizer, own.schedule, epoch_callbacks(own), own.notes, own.hparams)
+    if optimizer_fn is not None:
+        own = optimizer_fn(model, cfg, runtime.device, base_lr)
+        if own is not None:
+            own.hparams = own.hparams or {"source": "the task's optimizer_fn", **optimizer_hparams(own.optimizer)}
+            return own
     lr = scaled_lr(base_lr, global_batch, cfg.ref_batch_size, cfg.lr_scaling)
     if lr != base_lr:
         notes.append(
@@ -103,8 +112,6 @@ def build_optimizer(
     horizon = cfg.lr_decay_steps or total_steps  # nanoGPT's lr_decay_iters: the cosine may end before the run
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else min(500, int(0.05 * horizon))
     schedule = WarmupCosine(optimizer, horizon, warmup, cfg.min_lr_ratio, on_device=tensor_lr)
-    from .compat.lightning import optimizer_hparams
-
     hparams = {
         "source": "plainloop AdamW + warm-up/cosine",
         **optimizer_hparams(optimizer),
@@ -116,6 +123,24 @@ def build_optimizer(
         "min_lr_ratio": cfg.min_lr_ratio,
     }
     return OptimizerSetup(optimizer, schedule, [], notes, hparams)
+
+
+def optimizer_hparams(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's real hyper-parameters, per parameter group (for config.json and summary.json)."""
+    groups = []
+    for g in optimizer.param_groups:
+        d: dict[str, Any] = {}
+        for k, v in g.items():
+            if k == "params":
+                d["num_params"] = sum(p.numel() for p in v)
+            elif isinstance(v, torch.Tensor):
+                d[k] = v.tolist()  # note: sync point (start-up, once)
+            elif isinstance(v, int | float | str | bool | type(None)) or (
+                isinstance(v, tuple | list) and all(isinstance(x, int | float) for x in v)
+            ):
+                d[k] = list(v) if isinstance(v, tuple) else v
+        groups.append(d)
+    return {"type": type(optimizer).__name__, "param_groups": groups}
 
 
 def scaled_lr(lr: float, batch_size: int, ref_batch_size: int | None, rule: str) -> float:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -21,10 +21,17 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from .optim import OptimizerFn
+
 # loss_fn(model, batch) -> scalar loss tensor. `batch` is already on the training device.
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 # evaluate_fn(model, split, device) -> {"metric": float, ...}; split is "val" or "test".
 EvaluateFn = Callable[[nn.Module, str, torch.device], dict[str, float]]
+# batch_evaluate_fn(model, split, batches) -> scores, over the (index, batch on the device) pairs the loop feeds:
+# the split in order, limit_val_batches applied, under no_grad and eval mode.
+BatchEvaluateFn = Callable[[nn.Module, str, Iterator[tuple[int, Any]]], dict[str, float]]
+# log_metrics_fn() -> {"name": float}: added to every train row at log points (a log point may read the device).
+LogMetricsFn = Callable[[], dict[str, float]]
 # step_metrics_fn() -> {"name": 0-dim device tensor}: read back at NORM_EVERY points with the grad norm.
 StepMetricsFn = Callable[[], dict[str, torch.Tensor]]
 # metric(output, target) -> a value per sample (or per element; a 0-dim tensor: the batch's mean), averaged over
@@ -49,7 +56,7 @@ class Task:
     # None: the model's training_step, or forward(x, targets) returning the loss, or model.loss(model(x), y),
     # else MSE (masked if y has NaN)
     loss_fn: LossFn | None = None
-    evaluate_fn: EvaluateFn | None = None  # None: the model's validation_step/test_step, else mean loss over val_set
+    evaluate_fn: EvaluateFn | None = None  # None: batch_evaluate_fn, else the mean loss over val_set
     batch_sampler_fn: BatchSamplerFn | None = None  # None: plainloop's shuffling (distributed) sampler
     collate_fn: Callable | None = None
     monitor_metric: str = "val_loss"  # metric that picks best.pt
@@ -59,6 +66,12 @@ class Task:
     flops_per_sample: float | None = None  # forward+backward FLOPs, for MFU in benchmarks
     info: dict[str, Any] = field(default_factory=dict)  # printed once and written to summary.json
     artifacts: dict[str, Any] = field(default_factory=dict)  # filled by evaluate_fn; dicts of arrays -> run_dir/*.npz
+    # what an adapter (trainer/layers.py: a LightningModule's methods) or a user plugs in; any task may set them
+    batch_evaluate_fn: BatchEvaluateFn | None = None  # evaluation over the loop's batches (when no evaluate_fn)
+    optimizer_fn: OptimizerFn | None = None  # None: plainloop's AdamW with warm-up + cosine and lr scaling
+    log_metrics_fn: LogMetricsFn | None = None  # extra train-row values, also shown on the epoch lines
+    callbacks: list[Any] = field(default_factory=list)  # run after Trainer(callbacks=...), before the config's
+    notes: list[str] = field(default_factory=list)  # one line each, printed at start-up with the run's notes
     # scores beside the mean loss when the loop evaluates (no evaluate_fn): {"acc": accuracy} -> val_acc, test_acc
     metrics: dict[str, MetricFn] | None = None
 

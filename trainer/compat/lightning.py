@@ -1,13 +1,16 @@
 """Your model as it is: a duck-typed LightningModule (or nanoGPT-style module) trained by plainloop unchanged.
 
-Nothing here imports Lightning. A module counts as "Lightning-style" when it defines `configure_optimizers` or
-`training_step`; what it defines is used, what it does not define falls back to plainloop's defaults:
+Nothing here imports Lightning. `adapt_lightning_task` (in trainer/layers.TASK_ADAPTERS, filled by
+trainer/__init__.py) turns a Task whose model defines `configure_optimizers` or `training_step` into a plain Task:
+its loss_fn, batch_evaluate_fn, optimizer_fn, log_metrics_fn and a callback (`ModelHooks`); the loop trains that
+Task as any other. What the model defines is used, what it does not define falls back to plainloop's defaults:
 
 - `configure_optimizers()` in every form Lightning accepts -> the optimizer and schedule that run (plainloop's
   warm-up/cosine and lr scaling are then not applied). Parameters named `weight_decay`, `learning_rate`/`lr`,
   `betas`, `eps`, `device_type` (nanoGPT) get the run's values.
 - `training_step(batch, batch_idx)` -> the loss (a tensor, or a dict with "loss").
-- `validation_step` / `test_step` -> evaluation, scored by what they `self.log`.
+- `validation_step` / `test_step` -> evaluation, scored by what they `self.log`; a model with a training_step and
+  no validation_step (test_step) is not validated (tested), as under Lightning.
 - `self.log` / `self.log_dict` -> values kept on the device, averaged and read back at log points and per
   validation (no host sync per step).
 - `self.current_epoch`, `self.global_step`, `self.trainer.*` (a documented subset), `self.optimizers()`,
@@ -15,20 +18,25 @@ Nothing here imports Lightning. A module counts as "Lightning-style" when it def
 - the usual hooks (on_fit_start ... on_load_checkpoint) -> called through one callback (`ModelHooks`).
 
 Anything else Lightning would do for the model fails with one line naming it (`UnsupportedLightningFeature`).
+While a fit runs, the model answers `self.log`, `self.trainer` ... from plainloop (`ModelAdapter.attach`); the fit's
+end gives the model back as it was, and a later fit on the same model undoes what a failed one left.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from ..optim import group_lr
-from ..task import ModelProtocolError
+from ..config import TrainConfig
+from ..optim import OptimizerSetup, group_lr, optimizer_hparams
+from ..runtime import Runtime
+from ..task import ModelProtocolError, Task
 
 _SENTINEL = "_plainloop_training_step"  # routes a wrapped (DDP/compiled) call to training_step
 HOOKS = (
@@ -36,6 +44,26 @@ HOOKS = (
     "on_train_batch_start", "on_train_batch_end", "on_validation_epoch_start", "on_validation_epoch_end",
     "on_before_optimizer_step", "on_save_checkpoint", "on_load_checkpoint",
 )  # fmt: skip
+
+
+class RunView(Protocol):
+    """What the model's hooks read from the plainloop Trainer (its public state)."""
+
+    cfg: TrainConfig
+    rt: Runtime
+    max_epochs: int
+    batches_per_epoch: int
+    total_steps: int
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    def log(self, msg: str) -> None: ...
+
+    def log_row(self, row: dict[str, Any]) -> None: ...
 
 
 class UnsupportedLightningFeature(AttributeError):
@@ -48,11 +76,6 @@ class UnsupportedLightningFeature(AttributeError):
 def is_lightning_style(model: nn.Module) -> bool:
     """The module brings its own optimizer or training step (a LightningModule or any module shaped like one)."""
     return _own(model, "configure_optimizers") is not None or _own(model, "training_step") is not None
-
-
-def _inner(model: nn.Module) -> nn.Module:
-    inner = getattr(model, "module", model)  # DDP
-    return getattr(inner, "_orig_mod", inner)  # torch.compile
 
 
 def _own(model: nn.Module, name: str) -> Callable | None:
@@ -188,11 +211,10 @@ def _short(x: Any) -> str:
     return r if len(r) < 120 else r[:117] + "..."
 
 
-def run_values(cfg: Any, device: torch.device, lr: float) -> dict[str, Any]:
+def run_values(cfg: TrainConfig, device: torch.device, lr: float) -> dict[str, Any]:
     """What a nanoGPT-style `configure_optimizers(weight_decay, learning_rate, betas, device_type)` is given."""
-    betas = tuple(getattr(cfg, "adam_betas", (0.9, 0.999)))
-    return {"weight_decay": cfg.weight_decay, "learning_rate": lr, "lr": lr, "betas": betas,
-            "eps": getattr(cfg, "adam_eps", 1e-8), "device_type": device.type, "device": device}  # fmt: skip
+    return {"weight_decay": cfg.weight_decay, "learning_rate": lr, "lr": lr, "betas": tuple(cfg.adam_betas),
+            "eps": cfg.adam_eps, "device_type": device.type, "device": device}  # fmt: skip
 
 
 # knobs that shape plainloop's own optimizer or schedule -> the configure_optimizers parameters that carry them
@@ -201,7 +223,7 @@ _FILLED = {"lr": ("learning_rate", "lr"), "weight_decay": ("weight_decay",), "ad
 _SCHEDULE_ONLY = ("warmup_steps", "lr_decay_steps", "min_lr_ratio", "ref_batch_size", "lr_scaling", "fused")
 
 
-def unused_optimizer_knobs(cfg: Any, given: dict[str, Any]) -> list[str]:
+def unused_optimizer_knobs(cfg: TrainConfig, given: dict[str, Any]) -> list[str]:
     """'name=value' for each optimizer/schedule knob set away from its default that the model's own
     configure_optimizers does not receive: without a word, a user's warmup_steps would silently do nothing."""
     if not dataclasses.is_dataclass(cfg):
@@ -254,25 +276,7 @@ def call_configure_optimizers(model: nn.Module, values: dict[str, Any]) -> tuple
     return fn(**given), given
 
 
-def optimizer_hparams(optimizer: Any) -> dict[str, Any]:
-    """The optimizer's real hyper-parameters, per parameter group (for config.json and summary.json)."""
-    groups = []
-    for g in optimizer.param_groups:
-        d = {}
-        for k, v in g.items():
-            if k == "params":
-                d["num_params"] = sum(p.numel() for p in v)
-            elif isinstance(v, torch.Tensor):
-                d[k] = v.tolist()  # note: sync point (start-up, once)
-            elif isinstance(v, int | float | str | bool | type(None)) or (
-                isinstance(v, tuple | list) and all(isinstance(x, int | float) for x in v)
-            ):
-                d[k] = list(v) if isinstance(v, tuple) else v
-        groups.append(d)
-    return {"type": type(optimizer).__name__, "param_groups": groups}
-
-
-def describe_optimizer(optimizer: Any) -> str:
+def describe_optimizer(optimizer: torch.optim.Optimizer) -> str:
     g = optimizer.param_groups[0]
     keys = [k for k in ("lr", "weight_decay", "betas", "momentum", "eps") if k in g]
     vals = []
@@ -295,7 +299,7 @@ class ModelStepSchedule:
 
     on_device = False
 
-    def __init__(self, optimizer: Any, configs: list[SchedulerConfig]) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, configs: list[SchedulerConfig]) -> None:
         self.optimizer = optimizer
         self.configs = [c for c in configs if c.interval == "step" and not c.plateau]
         self.steps = 0  # optimizer steps taken
@@ -325,15 +329,15 @@ class ModelStepSchedule:
 class OptimizerChoice:
     """What configure_optimizers decided: optimizer, per-step schedule, the scheduler configs, notes, hparams."""
 
-    def __init__(self, optimizer: Any, schedule: ModelStepSchedule, configs: list[SchedulerConfig],
+    def __init__(self, optimizer: torch.optim.Optimizer, schedule: ModelStepSchedule, configs: list[SchedulerConfig],
                  notes: list[str], hparams: dict[str, Any]) -> None:  # fmt: skip
         self.optimizer, self.schedule, self.configs, self.notes, self.hparams = (
             optimizer, schedule, configs, notes, hparams
         )  # fmt: skip
 
 
-def model_optimizer(model: nn.Module, cfg: Any, device: torch.device, lr: float) -> OptimizerChoice | None:
-    """The model's own optimizer and schedule, or None when it has no configure_optimizers (or returns None)."""
+def model_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device, lr: float) -> OptimizerChoice | None:
+    """The model's own optimizer and schedule, or None when it has no configure_optimizers."""
     if _own(model, "configure_optimizers") is None:
         return None
     if getattr(model, "automatic_optimization", True) is False:
@@ -344,8 +348,12 @@ def model_optimizer(model: nn.Module, cfg: Any, device: torch.device, lr: float)
         )
     conf, given = call_configure_optimizers(model, run_values(cfg, device, lr))
     optimizer, configs = parse_optimizers(conf)
-    if optimizer is None:
-        return None
+    if optimizer is None:  # Lightning warns and runs without an optimizer step: nothing would learn
+        raise ModelProtocolError(
+            f"{type(model).__name__}.configure_optimizers returned None: Lightning would train without an "
+            f"optimizer (the weights never change); plainloop does not. Return an optimizer, or remove "
+            f"configure_optimizers to use plainloop's AdamW"
+        )
     names = {id(p) for g in optimizer.param_groups for p in g["params"]}
     trainable = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in names]
     notes = []
@@ -368,12 +376,6 @@ def model_optimizer(model: nn.Module, cfg: Any, device: torch.device, lr: float)
     hparams = {"source": f"{type(model).__name__}.configure_optimizers", **optimizer_hparams(optimizer),
                "schedulers": [c.hparams() for c in configs]}  # fmt: skip
     return OptimizerChoice(optimizer, ModelStepSchedule(optimizer, configs), configs, notes, hparams)
-
-
-def epoch_callbacks(choice: OptimizerChoice) -> list[Any]:
-    """The callback that steps the model's epoch-interval and plateau schedulers, when it has any."""
-    cb = EpochSchedulers(choice.optimizer, choice.configs)
-    return [cb] if cb.configs else []
 
 
 # ------------------------------------------------------------------ self.log
@@ -477,7 +479,7 @@ class TrainerShim:
     )  # fmt: skip
 
     def __init__(self) -> None:
-        self.plainloop: Any = None  # the plainloop Trainer, once the fit started
+        self.plainloop: RunView | None = None  # the plainloop Trainer, once the fit started
         self.current_epoch = 0
         self.global_rank = self.local_rank = 0
         self.world_size = self.num_devices = 1
@@ -485,8 +487,8 @@ class TrainerShim:
         self.max_steps = -1
         self.num_training_batches = 0
         self.estimated_stepping_batches = 0
-        self.optimizers: list[Any] = []
-        self.lr_scheduler_configs: list[Any] = []
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.lr_scheduler_configs: list[SchedulerConfig] = []
         self.callback_metrics: dict[str, Any] = {}
         self.logged_metrics: dict[str, Any] = {}
         self.logger = self.progress_bar_callback = None
@@ -513,7 +515,7 @@ class TrainerShim:
             raise AttributeError(name)
         raise UnsupportedLightningFeature(
             f"self.trainer.{name} is a Lightning Trainer attribute plainloop does not provide; it provides "
-            f"{', '.join(self._PROVIDED)} (trainer/model_protocol.py). Read what you need from those, or from "
+            f"{', '.join(self._PROVIDED)} (trainer/compat/lightning.py). Read what you need from those, or from "
             f"self.trainer.plainloop (the plainloop Trainer: cfg, step, epoch, run_dir)"
         )
 
@@ -530,17 +532,25 @@ def _loss_of(out: Any, where: str) -> torch.Tensor:
     if out is None:
         raise ModelProtocolError(
             f"{where} returned None: skipping a batch that way (Lightning's automatic optimization) is not "
-            f"supported; return the loss"
+            f"supported by plainloop; return the loss, or leave such samples out of the dataset"
         )
     raise ModelProtocolError(f"{where} returned {type(out).__name__}; return the loss tensor or a dict with 'loss'")
 
 
-class ModelAdapter:
-    """A Lightning-style module made into plainloop's pieces: loss_fn, evaluate, optimizer choice, hooks.
+_MISSING = object()
+# model -> the adapter attached to it: a fit that failed (no on_fit_end) is undone by the next attach
+_ATTACHED: weakref.WeakKeyDictionary[nn.Module, ModelAdapter] = weakref.WeakKeyDictionary()
 
-    The model object itself is unchanged except for attributes it reads from its trainer: `_trainer` (a
-    `TrainerShim`), `log`/`log_dict`/`optimizers`/`lr_schedulers` (instance attributes over the class's
-    methods) while the fit runs; `detach()` takes them away again.
+
+class ModelAdapter:
+    """A Lightning-style module made into plainloop's pieces: loss_fn, evaluate, optimizer_setup, hooks.
+
+    The model object is unchanged except, while a fit runs, for what Lightning's own Trainer provides to it:
+    `_trainer` (a `TrainerShim`, read by `self.trainer`, `self.current_epoch`, `self.global_step`) on the model
+    and its LightningModule children; `log`, `log_dict`, `optimizers`, `lr_schedulers` as instance attributes
+    over the class's methods; `current_epoch` and `global_step` on a plain module shaped like a LightningModule;
+    `forward` when DDP or torch.compile wrap the model (their forward must lead to training_step). `detach()`
+    puts back what was there before. A nanoGPT-style module (configure_optimizers only) is not touched.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -555,8 +565,11 @@ class ModelAdapter:
         self.validation_step = _own(model, "validation_step")
         self.test_step = _own(model, "test_step")
         self._step_takes_idx = self._takes_idx(self.training_step)
+        # what Lightning's Trainer gives a model is given to a LightningModule or a module with a training_step
+        self.patches = hasattr(type(model), "trainer") or self.training_step is not None
         self._routed = False
         self.attached = False
+        self._saved: list[tuple[dict[str, Any], str, Any]] = []  # (a module's __dict__, key, value before)
         self._hooks: dict[str, Callable | None] = {}
 
     @staticmethod
@@ -572,31 +585,43 @@ class ModelAdapter:
     # ---- attach to / detach from the model
     def attach(self) -> None:
         """Let the model's self.log, self.trainer, self.current_epoch ... answer from plainloop."""
-        if self.attached:
+        if self.attached or not self.patches:
             return
+        left = _ATTACHED.get(self.model)
+        if left is not None and left is not self:
+            left.detach()  # a fit that failed left its attributes: the model as it was first
         for m in self.model.modules():  # nested LightningModules read their own _trainer
             if "_trainer" in m.__dict__ or hasattr(type(m), "trainer"):
-                m.__dict__["_trainer"] = self.shim
-        d = self.model.__dict__
-        d["log"], d["log_dict"] = self.logger.log, self.logger.log_dict
-        d["optimizers"], d["lr_schedulers"] = self._optimizers, self._lr_schedulers
+                self._put(m, "_trainer", self.shim)
+        self._put(self.model, "log", self.logger.log)
+        self._put(self.model, "log_dict", self.logger.log_dict)
+        self._put(self.model, "optimizers", self._optimizers)
+        self._put(self.model, "lr_schedulers", self._lr_schedulers)
         if not hasattr(type(self.model), "current_epoch"):  # a plain module shaped like a LightningModule
-            d["current_epoch"], d["global_step"] = 0, 0
+            self._put(self.model, "current_epoch", 0)
+            self._put(self.model, "global_step", 0)
+        _ATTACHED[self.model] = self
         self.attached = True
+
+    def _put(self, module: nn.Module, key: str, value: Any) -> None:
+        d = module.__dict__
+        self._saved.append((d, key, d.get(key, _MISSING)))
+        d[key] = value
 
     def detach(self) -> None:
         """Give the model back as it was (a saved or pickled model carries nothing of plainloop)."""
-        for m in self.model.modules():
-            if m.__dict__.get("_trainer") is self.shim:
-                m.__dict__["_trainer"] = None
-        for k in ("log", "log_dict", "optimizers", "lr_schedulers", "forward"):
-            if k == "forward" and not self._routed:
-                continue
-            self.model.__dict__.pop(k, None)
+        for d, key, before in reversed(self._saved):
+            if before is _MISSING:
+                d.pop(key, None)
+            else:
+                d[key] = before
+        self._saved = []
         self._routed = False
         self.attached = False
+        if _ATTACHED.get(self.model) is self:
+            del _ATTACHED[self.model]
 
-    def _optimizers(self, use_pl_optimizer: bool = True) -> Any:
+    def _optimizers(self, use_pl_optimizer: bool = True) -> torch.optim.Optimizer:
         if self.choice is None:
             raise UnsupportedLightningFeature("self.optimizers(): the model's configure_optimizers gave no optimizer")
         return self.choice.optimizer
@@ -608,7 +633,7 @@ class ModelAdapter:
     def set_position(self, epoch: int | None = None) -> None:
         if epoch is not None:
             self.shim.current_epoch = epoch
-        if "global_step" in self.model.__dict__:  # plain module: plain attributes
+        if self.attached and not hasattr(type(self.model), "current_epoch"):  # plain module: plain attributes
             self.model.__dict__["current_epoch"] = self.shim.current_epoch
             self.model.__dict__["global_step"] = self.shim.global_step
 
@@ -632,7 +657,7 @@ class ModelAdapter:
             out = self._train_step(batch, self.batch_idx)
         else:
             if not self._routed:  # DDP must see the call to sync gradients: its forward leads to training_step
-                self.model.__dict__["forward"] = self._route
+                self._put(self.model, "forward", self._route)
                 self._routed = True
             out = model(batch, **{_SENTINEL: self.batch_idx})
         self.last_output = out
@@ -649,18 +674,15 @@ class ModelAdapter:
 
     # ---- evaluation
     def evaluate(self, model: nn.Module, split: str, batches: Iterator[tuple[int, Any]]) -> dict[str, float]:
-        """validation_step / test_step over `batches` (index, batch), scored by what they self.log.
-
-        Without a validation_step: training_step's loss averaged as `<split>_loss` (and its logs dropped).
-        """
+        """validation_step / test_step over `batches` (index, batch), scored by what they self.log (else by the
+        mean of the loss they return, as `<split>_loss`); {} when the model has no such step."""
         step = self.validation_step if split == "val" else self.test_step
-        if split == "test" and step is None:
+        if step is None:
             return {}
         store = "val" if split == "val" else "test"
-        self.logger.phase = store if step is not None else "discard"
-        self.logger.stores["discard"] = LogStore()
+        self.logger.phase = store
         self.shim.training, self.shim.validating, self.shim.testing = False, split == "val", split == "test"
-        hooks = split == "val" and step is not None
+        hooks = split == "val"
         returned = LogStore()
         try:
             if hooks:
@@ -669,10 +691,7 @@ class ModelAdapter:
             for i, batch in batches:
                 n = _batch_size(batch)
                 self.logger.batch_size = n
-                if step is not None:
-                    out = step(batch, i) if takes_idx else step(batch)
-                else:
-                    out = self._train_step(batch, i)
+                out = step(batch, i) if takes_idx else step(batch)
                 loss = out.get("loss") if isinstance(out, dict) else out
                 if isinstance(loss, torch.Tensor) and loss.numel() == 1:
                     returned.add(f"{split}_loss", loss, n)
@@ -681,11 +700,25 @@ class ModelAdapter:
         finally:
             self.logger.phase = "train"
             self.shim.training, self.shim.validating, self.shim.testing = True, False, False
-        metrics = self.logger.read(store) if step is not None else {}
+        metrics = self.logger.read(store)
         if not metrics:  # nothing logged: the mean returned loss, as plainloop's default validation reports
             metrics = returned.read()
         self.shim.callback_metrics.update(metrics)
         return metrics
+
+    # ---- the optimizer (the task's optimizer_fn)
+    def optimizer_setup(self, model: nn.Module, cfg: TrainConfig, device: torch.device, lr: float) -> OptimizerSetup:
+        """configure_optimizers' optimizer and schedulers, as they are: step-interval ones stepped per optimizer
+        step (the setup's schedule), epoch-interval and plateau ones by a callback that keeps their state."""
+        choice = model_optimizer(model, cfg, device, lr)
+        if choice is None:  # only given as optimizer_fn when the model defines configure_optimizers
+            raise ModelProtocolError(f"{type(model).__name__} has no configure_optimizers")
+        self.choice = choice
+        choice.schedule.batch_index = lambda: self.batch_idx  # Lightning's step frequency counts epoch batches
+        epochs = EpochSchedulers(choice.optimizer, choice.configs)
+        epochs.epoch_values = lambda: self.epoch_logs
+        return OptimizerSetup(choice.optimizer, choice.schedule, [epochs] if epochs.configs else [], choice.notes,
+                              choice.hparams)  # fmt: skip
 
     # ---- hooks
     def hook(self, name: str) -> Callable | None:
@@ -717,7 +750,7 @@ class EpochSchedulers:
     all_ranks = True
     state_key = "model_schedulers"
 
-    def __init__(self, optimizer: Any, configs: list[SchedulerConfig]) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, configs: list[SchedulerConfig]) -> None:
         self.optimizer = optimizer
         self.configs = [c for c in configs if c.interval == "epoch" or c.plateau]
         self.epochs_done = 0  # epochs finished (epoch-interval frequency counts them)
@@ -726,7 +759,7 @@ class EpochSchedulers:
         self.epoch_values: Callable[[], dict[str, float]] | None = None  # the model's on_epoch logs (ModelHooks)
         self._warned = False
 
-    def on_train_epoch_end(self, trainer: Any, epoch: int) -> None:
+    def on_train_epoch_end(self, trainer: RunView, epoch: int) -> None:
         vals = self.epoch_values() if self.epoch_values is not None else {}
         self.epochs_done = epoch + 1
         for c in self.configs:
@@ -739,7 +772,7 @@ class EpochSchedulers:
                 self.plateau_steps += 1
         self.lr_history.append(_lr(self.optimizer))
 
-    def on_validation_end(self, trainer: Any, metrics: dict[str, float]) -> None:
+    def on_validation_end(self, trainer: RunView, metrics: dict[str, float]) -> None:
         missing = []
         for c in self.configs:
             if c.plateau and c.monitor in metrics:
@@ -775,18 +808,18 @@ class ModelHooks:
         self.a = adapter
 
     # -- fit
-    def on_fit_start(self, trainer: Any) -> None:
+    def on_fit_start(self, trainer: RunView) -> None:
         a, s = self.a, self.a.shim
         a.attach()
         s.plainloop = trainer
         cfg = trainer.cfg
-        s.max_epochs = getattr(trainer, "max_epochs", None)
+        s.max_epochs = trainer.max_epochs
         s.max_steps = cfg.max_steps if cfg.max_steps is not None else -1
-        s.num_training_batches = getattr(trainer, "batches_per_epoch", 0)
-        s.estimated_stepping_batches = getattr(trainer, "total_steps", 0)
+        s.num_training_batches = trainer.batches_per_epoch
+        s.estimated_stepping_batches = trainer.total_steps
         s.accumulate_grad_batches = cfg.accumulate_grad_batches
         rt = trainer.rt
-        s.global_rank, s.local_rank, s.world_size = rt.rank, getattr(rt, "local_rank", 0), rt.world_size
+        s.global_rank, s.local_rank, s.world_size = rt.rank, rt.local_rank, rt.world_size
         s.num_devices = rt.world_size
         s.precision = rt.precision
         s.device = rt.device
@@ -797,102 +830,95 @@ class ModelHooks:
         a.set_position()
         a.call("on_fit_start")
 
-    def on_train_start(self, trainer: Any) -> None:
+    def on_train_start(self, trainer: RunView) -> None:
         self.a.call("on_train_start")
 
-    def on_train_epoch_start(self, trainer: Any, epoch: int) -> None:
+    def on_train_epoch_start(self, trainer: RunView, epoch: int) -> None:
         self.a.set_position(epoch)
         self.a.call("on_train_epoch_start")
 
-    def on_train_batch_start(self, trainer: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: RunView, batch: Any, batch_idx: int) -> None:
         a = self.a
         a.batch_idx = batch_idx
         a.logger.batch_size = _batch_size(batch)
-        if "global_step" in a.model.__dict__:
-            a.set_position()
+        a.set_position()
         if a.call("on_train_batch_start", batch, batch_idx) == -1:
             raise UnsupportedLightningFeature(
                 "on_train_batch_start returned -1 (Lightning: skip the rest of the epoch); plainloop does not "
                 "support ending an epoch early from the model"
             )
 
-    def on_before_optimizer_step(self, trainer: Any, optimizer: Any) -> None:
+    def on_before_optimizer_step(self, trainer: RunView, optimizer: torch.optim.Optimizer) -> None:
         self.a.call("on_before_optimizer_step", optimizer)
 
-    def on_train_batch_end(self, trainer: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: RunView, outputs: Any, batch: Any, batch_idx: int) -> None:
         a = self.a
-        if "global_step" in a.model.__dict__:
-            a.set_position()
+        a.set_position()
         if a.hook("on_train_batch_end") is not None:
             a.call("on_train_batch_end", a.outputs(), batch, batch_idx)
 
-    def on_train_epoch_end(self, trainer: Any, epoch: int) -> None:
+    def on_train_epoch_end(self, trainer: RunView, epoch: int) -> None:
         self.a.call("on_train_epoch_end")
         vals = self.a.logger.read("train_epoch")  # note: sync point (epoch end)
         self.a.epoch_logs = vals
         if vals:
-            trainer._row({"kind": "train_epoch", "step": trainer.step, "epoch": epoch + 1, **vals})
+            trainer.log_row({"kind": "train_epoch", "step": trainer.step, "epoch": epoch + 1, **vals})
 
     def train_logs(self) -> dict[str, float]:
         """The model's `self.log` values in training since the last log point, averaged (a log point's read)."""
         return self.a.logger.read("train") if self.a.logger.stores["train"] else {}
 
-    def on_train_end(self, trainer: Any) -> None:
+    def on_train_end(self, trainer: RunView) -> None:
         self.a.call("on_train_end")
 
-    def on_fit_end(self, trainer: Any, summary: dict[str, Any] | None = None) -> None:
+    def on_fit_end(self, trainer: RunView, summary: dict[str, Any] | None = None) -> None:
         self.a.call("on_fit_end")
         self.a.detach()
 
     # -- checkpoints
-    def on_save_checkpoint(self, trainer: Any, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(self, trainer: RunView, checkpoint: dict[str, Any]) -> None:
         self.a.call("on_save_checkpoint", checkpoint)
 
-    def on_load_checkpoint(self, trainer: Any, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(self, trainer: RunView, checkpoint: dict[str, Any]) -> None:
         self.a.shim.current_epoch = trainer.epoch
         self.a.call("on_load_checkpoint", checkpoint)
 
 
-def _lr(optimizer: Any) -> float:
+def _lr(optimizer: torch.optim.Optimizer) -> float:
     lr = optimizer.param_groups[0]["lr"]
     return float(lr)  # note: sync point when a device tensor (epoch end only)
 
 
-class ModelParts:
-    """What a Lightning-style model brings, ready for the engine: the adapter, its loss, its hooks callback.
+def adapt_lightning_task(task: Task) -> Task | None:
+    """A Task whose model is Lightning-style, as a plain Task (trainer/layers.TASK_ADAPTERS); None otherwise.
 
-    The optimizer comes from `build_optimizer` (trainer/optim.py, which calls `model_optimizer`); `bind` then
-    tells the adapter which optimizer and schedulers run (self.optimizers(), self.trainer.optimizers ...).
+    What the task already sets (loss_fn, evaluate_fn, optimizer_fn ...) wins over the model's methods.
     """
-
-    def __init__(self, adapter: ModelAdapter, hooks: ModelHooks) -> None:
-        self.adapter, self.hooks = adapter, hooks
-        self.loss_fn = adapter.loss_fn if adapter.training_step is not None else None
-
-    @property
-    def evaluates(self) -> bool:
-        """Evaluation goes through the model (validation_step, or training_step whose logs must stay apart)."""
-        a = self.adapter
-        return a.validation_step is not None or a.test_step is not None or a.training_step is not None
-
-    def bind(self, optimizer: Any, schedule: Any, callbacks: list[Any]) -> None:
-        """The optimizer and schedulers build_optimizer chose; a model's own ones are known to the adapter."""
-        a = self.adapter
-        configs: list[SchedulerConfig] = []
-        if isinstance(schedule, ModelStepSchedule):
-            configs += schedule.configs
-            schedule.batch_index = lambda: a.batch_idx  # Lightning's step frequency counts batches of the epoch
-        for cb in callbacks:
-            if isinstance(cb, EpochSchedulers):
-                configs += cb.configs
-                cb.epoch_values = lambda: a.epoch_logs
-        if isinstance(schedule, ModelStepSchedule) or configs:
-            a.choice = OptimizerChoice(optimizer, schedule, configs, [], {})
-
-
-def model_parts(model: nn.Module) -> ModelParts | None:
-    """The adapter, loss and hooks of a Lightning-style model; None for a plain nn.Module."""
+    model = task.model
     if not is_lightning_style(model):
         return None
-    adapter = ModelAdapter(model)
-    return ModelParts(adapter, ModelHooks(adapter))
+    a = ModelAdapter(model)
+    hooks = ModelHooks(a)
+    name = type(model).__name__
+    out: dict[str, Any] = {"callbacks": [*task.callbacks, hooks], "notes": list(task.notes)}
+    if task.loss_fn is None and a.training_step is not None:
+        out["loss_fn"] = a.loss_fn
+    if task.optimizer_fn is None and _own(model, "configure_optimizers") is not None:
+        out["optimizer_fn"] = a.optimizer_setup
+    if task.log_metrics_fn is None and a.patches:
+        out["log_metrics_fn"] = hooks.train_logs
+    lightning_eval = a.training_step is not None or a.validation_step is not None or a.test_step is not None
+    if task.evaluate_fn is None and task.batch_evaluate_fn is None and lightning_eval:
+        # Lightning runs the loops the model has steps for, whatever data it is given
+        if a.validation_step is None and task.val_set is not None:
+            out["val_set"] = None
+            out["notes"].append(
+                f"validation: {name} has no validation_step, so the val split is not scored (as under Lightning); "
+                f"add a validation_step, or give Task(evaluate_fn=...)"
+            )
+        if a.test_step is None and task.test_set is not None:
+            out["test_set"] = None
+            out["notes"].append(f"test: {name} has no test_step, so the test split is not scored (as under Lightning)")
+        if a.validation_step is not None or a.test_step is not None:
+            out["batch_evaluate_fn"] = a.evaluate
+    return dataclasses.replace(task, **out)
