@@ -345,6 +345,13 @@ def test_a_short_run_with_most_steps_skipped_exits_3_checked_at_the_end(good, lo
         assert t.fit()["skipped_steps"] == skipped
 
 
+def test_lr_1e30_on_the_command_line_exits_3(task_file, capsys):
+    code = _main(["--task", task_file, "--lr", "1e30", "--run_name", "r", "--output_dir", "out", "--no-progress_bar",
+                  "--no-plots", "--log_every", "50"])  # fmt: skip
+    assert code == 3, capsys.readouterr()
+    assert "optimizer steps of this run had non-finite" in capsys.readouterr().out
+
+
 def test_lr_1e30_is_a_diverged_run(tmp_path):
     t = Trainer(toy_config(tmp_path, epochs=2, batch_size=8, lr=1e30, warmup_steps=0, log_every=50), _toy())
     with pytest.raises(TrainingDiverged) as e:
