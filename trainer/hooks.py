@@ -10,9 +10,15 @@ batch must stay cheap and must not sync the device. docs/guides/callbacks.md has
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
+from torch import nn
+
+from .config import TrainConfig
+from .runtime import Runtime
+from .task import Task
 
 # every hook, in the order a run calls them (on_log and the checkpoint hooks come whenever a row or file is written)
 HOOK_NAMES = (
@@ -34,54 +40,91 @@ HOOK_NAMES = (
 )
 
 
+class TrainerView(Protocol):
+    """What a callback may read of the Trainer and do with it (the Trainer in trainer/loop.py has all of it)."""
+
+    cfg: TrainConfig  # the settings in effect
+    task: Task
+    rt: Runtime  # device, precision, DDP rank and world size
+    raw_model: nn.Module  # the user's module (what checkpoints hold)
+    model: nn.Module  # raw_model, maybe wrapped in DDP and/or torch.compile
+    optimizer: torch.optim.Optimizer
+    run_dir: Path | None
+    notes: list[str]  # one line per decision; printed at the start, kept in summary.json
+    total_steps: int
+    max_epochs: int
+    batches_per_epoch: int
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def is_main(self) -> bool: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    def log(self, msg: str) -> None: ...
+
+    def log_row(self, row: dict[str, Any]) -> None: ...
+
+    def evaluate(self, split: str) -> dict[str, float]: ...
+
+
 class Callback:
     """Every hook with its do-nothing default; subclass it and override what you need (or duck-type)."""
 
     all_ranks: bool = False  # True: called on every DDP rank; False: on rank 0 only
 
-    def on_fit_start(self, trainer: Any) -> None:
+    def on_fit_start(self, trainer: TrainerView) -> None:
         """After the run directory and config.json exist, before the first step."""
 
-    def on_load_checkpoint(self, trainer: Any, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(self, trainer: TrainerView, checkpoint: dict[str, Any]) -> None:
         """Resuming: after the engine (and every callback's load_state_dict) restored its state."""
 
-    def on_train_start(self, trainer: Any) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         """After the resumed state is restored, right before the first epoch."""
 
-    def on_train_epoch_start(self, trainer: Any, epoch: int) -> None:
+    def on_train_epoch_start(self, trainer: TrainerView, epoch: int) -> None:
         """Before the epoch's first batch; `epoch` counts finished epochs (0 for the first)."""
 
-    def on_train_batch_start(self, trainer: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: TrainerView, batch: Any, batch_idx: int) -> None:
         """Every batch, already on the device; `batch_idx` counts batches within the epoch."""
 
-    def on_before_optimizer_step(self, trainer: Any, optimizer: torch.optim.Optimizer) -> None:
+    def on_before_optimizer_step(self, trainer: TrainerView, optimizer: torch.optim.Optimizer) -> None:
         """On accumulation boundaries, after the gradients were unscaled and clipped, before the step."""
 
-    def on_train_batch_end(self, trainer: Any, outputs: torch.Tensor, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: TrainerView, outputs: torch.Tensor, batch: Any, batch_idx: int) -> None:
         """Every batch, after the optimizer step when it closed a window; `outputs` is the detached device loss."""
 
-    def on_train_epoch_end(self, trainer: Any, epoch: int) -> None:
+    def on_train_epoch_end(self, trainer: TrainerView, epoch: int) -> None:
         """After the epoch's last batch (`epoch` = index of the finished epoch), before its checkpoint."""
 
-    def on_validation_start(self, trainer: Any) -> None:
+    def on_validation_start(self, trainer: TrainerView) -> None:
         """Before each validation."""
 
-    def on_validation_end(self, trainer: Any, metrics: dict[str, float]) -> None:
+    def on_validation_end(self, trainer: TrainerView, metrics: dict[str, float]) -> None:
         """After each validation; `metrics` may be changed in place: best.pt, logging and early stopping read it."""
 
-    def on_save_checkpoint(self, trainer: Any, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(self, trainer: TrainerView, checkpoint: dict[str, Any]) -> None:
         """Before every checkpoint write (rank 0); may add keys."""
 
-    def on_log(self, trainer: Any, row: dict[str, Any]) -> None:
+    def on_log(self, trainer: TrainerView, row: dict[str, Any]) -> None:
         """Every row written to metrics.jsonl: kind "train" (loss, lr, samples/s ...), "val", "norm", "event"."""
 
-    def on_train_end(self, trainer: Any) -> None:
+    def on_train_end(self, trainer: TrainerView) -> None:
         """After the last epoch (or a stop), before the test split."""
 
-    def on_test_end(self, trainer: Any, metrics: dict[str, float]) -> None:
+    def on_test_end(self, trainer: TrainerView, metrics: dict[str, float]) -> None:
         """After the test split was scored (rank 0); `metrics` may be changed in place, as on_validation_end."""
 
-    def on_fit_end(self, trainer: Any, summary: dict[str, Any]) -> None:
+    def on_fit_end(self, trainer: TrainerView, summary: dict[str, Any]) -> None:
         """After training and testing, before summary.json is written; may add keys to `summary`."""
 
 

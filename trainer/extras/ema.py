@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import load_checkpoint
+from ..hooks import TrainerView
 
 
 def ema_decay_at(
@@ -112,7 +113,7 @@ class EMA:
         self._lerp: list[int] = []  # indices averaged (floating point); the others are copied
         self._copy: list[int] = []
         self._pending: dict[str, Any] | None = None  # a checkpoint's state loaded before the model was seen
-        self._trainer: Any = None
+        self._trainer: TrainerView | None = None
 
     @classmethod
     def from_config(cls, cfg: Any) -> EMA:
@@ -216,13 +217,13 @@ class EMA:
             with torch.no_grad():
                 torch._foreach_copy_(self._live, backup)
 
-    def evaluate(self, trainer: Any, split: str) -> dict[str, float]:
+    def evaluate(self, trainer: TrainerView, split: str) -> dict[str, float]:
         """The task's scores on `split` with the EMA weights."""
         with self.swapped_in():
             return trainer.evaluate(split)
 
     # ------------------------------------------------------------------ the hooks
-    def _ensure(self, trainer: Any) -> None:
+    def _ensure(self, trainer: TrainerView) -> None:
         self._trainer = trainer
         if not self._live:
             loaded = self._pending is not None
@@ -230,20 +231,20 @@ class EMA:
             if not loaded:
                 self.last_step = trainer.step  # a fresh start, or a resume of a run that had no EMA
 
-    def on_train_start(self, trainer: Any) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         self._ensure(trainer)
         shown = trainer.task.console_metrics
         if shown and not any(m.startswith("raw_") for m in shown):  # the console shows the trained weights' too
             trainer.task.console_metrics = (*shown, *(f"raw_{m}" for m in shown))
 
-    def on_train_batch_end(self, trainer: Any, outputs: torch.Tensor, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: TrainerView, outputs: torch.Tensor, batch: Any, batch_idx: int) -> None:
         self._ensure(trainer)
         self.catch_up(trainer.step)  # nothing to do inside an accumulation window (the step did not move)
 
-    def on_validation_end(self, trainer: Any, metrics: dict[str, float]) -> None:
+    def on_validation_end(self, trainer: TrainerView, metrics: dict[str, float]) -> None:
         self._score(trainer, "val", metrics)
 
-    def on_test_end(self, trainer: Any, metrics: dict[str, float]) -> None:
+    def on_test_end(self, trainer: TrainerView, metrics: dict[str, float]) -> None:
         best = trainer.run_dir / "checkpoints" / "best.pt" if trainer.run_dir is not None else None
         if metrics and trainer.cfg.test_with_best and best is not None and best.is_file():
             # the engine scores best.pt's trained weights: score the copy saved beside them, not the last one
@@ -254,7 +255,7 @@ class EMA:
                 self.load_state_dict(state)
         self._score(trainer, "test", metrics)
 
-    def _score(self, trainer: Any, split: str, metrics: dict[str, float]) -> None:
+    def _score(self, trainer: TrainerView, split: str, metrics: dict[str, float]) -> None:
         if not metrics:
             return  # no such split
         self._ensure(trainer)
@@ -264,11 +265,11 @@ class EMA:
         metrics.clear()
         metrics.update({**ema, **raw})
 
-    def on_save_checkpoint(self, trainer: Any, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(self, trainer: TrainerView, checkpoint: dict[str, Any]) -> None:
         self._ensure(trainer)
         self.catch_up(trainer.step)  # a checkpoint written before this step's on_train_batch_end
 
-    def on_load_checkpoint(self, trainer: Any, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(self, trainer: TrainerView, checkpoint: dict[str, Any]) -> None:
         if self.state_key not in (checkpoint.get("callbacks") or {}):
             msg = f"ema: the checkpoint holds no EMA state; the average starts from the weights at step {trainer.step}"
             notes = getattr(trainer, "notes", None)  # printed with the run's other start-up notes

@@ -20,6 +20,8 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
+from ..hooks import TrainerView
+
 Mode = Literal["online", "offline", "disabled"]
 
 LOGGERS = ("csv", "tensorboard", "wandb")  # what --logger accepts ("jsonl" alone: metrics.jsonl only, always on)
@@ -93,8 +95,8 @@ class CSVLogger:
         self.columns: list[str] = []
         self.rows: list[dict[str, Any]] = []
 
-    def on_fit_start(self, trainer: Any) -> None:
-        run_dir = Path(trainer.run_dir)
+    def on_fit_start(self, trainer: TrainerView) -> None:
+        run_dir = _run_dir(trainer)
         self.path = run_dir / self.filename
         config = flatten(read_config(run_dir))
         _write_csv(run_dir / "config.csv", ["key", "value"], [{"key": k, "value": v} for k, v in config.items()])
@@ -113,7 +115,7 @@ class CSVLogger:
             self._add_columns(row)
         self._rewrite()
 
-    def on_log(self, trainer: Any, row: dict[str, Any]) -> None:
+    def on_log(self, trainer: TrainerView, row: dict[str, Any]) -> None:
         if self.path is None or row.get("kind") == "checkpoint":
             return
         self.rows.append(dict(row))
@@ -191,8 +193,8 @@ class WandbLogger:
             "later with `wandb sync`, or set WANDB_MODE=online"
         )
 
-    def on_fit_start(self, trainer: Any) -> None:
-        run_dir = Path(trainer.run_dir)
+    def on_fit_start(self, trainer: TrainerView) -> None:
+        run_dir = _run_dir(trainer)
         id_file = run_dir / "wandb_id"
         run_id = id_file.read_text(encoding="utf-8").strip() if id_file.is_file() else None
         mode, note = self._mode()
@@ -215,7 +217,7 @@ class WandbLogger:
         self.run.define_metric("trainer/step")
         self.run.define_metric("*", step_metric="trainer/step")
 
-    def on_log(self, trainer: Any, row: dict[str, Any]) -> None:
+    def on_log(self, trainer: TrainerView, row: dict[str, Any]) -> None:
         if self.run is None:
             return
         kind, step = row.get("kind"), row.get("step")
@@ -232,7 +234,7 @@ class WandbLogger:
             data["trainer/epoch" if k == "epoch" else f"{prefix}/{name}"] = v
         self.run.log(data)
 
-    def on_fit_end(self, trainer: Any, summary: dict[str, Any]) -> None:
+    def on_fit_end(self, trainer: TrainerView, summary: dict[str, Any]) -> None:
         if self.run is None:
             return
         for k, v in (summary.get("final_metrics") or {}).items():
@@ -241,7 +243,7 @@ class WandbLogger:
         for k in ("steps", "train_time_s", "samples_per_s"):
             if isinstance(summary.get(k), int | float):
                 self.run.summary[k] = summary[k]
-        summary["wandb"] = {"id": getattr(self.run, "id", None), "dir": str(Path(trainer.run_dir) / "wandb")}
+        summary["wandb"] = {"id": getattr(self.run, "id", None), "dir": str(_run_dir(trainer) / "wandb")}
         self.run.finish()
         self.run = None
 
@@ -256,3 +258,10 @@ def _netrc_has_wandb() -> bool:
         return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
     except (OSError, netrc.NetrcParseError):
         return False
+
+
+def _run_dir(trainer: TrainerView) -> Path:
+    """Loggers start with the run (on_fit_start): its directory exists by then."""
+    if trainer.run_dir is None:
+        raise RuntimeError("a logger was called before the run directory was made")
+    return Path(trainer.run_dir)
