@@ -1,5 +1,6 @@
-"""BaseTrainer: seed 000's quick start verbatim (trained in tests/test_seed_recipes.py), own models and datasets,
-the area, callbacks, rejected keys, the seed's "before" run, loader notes, auto_batch_size."""
+"""BaseTrainer: the guides' quick start verbatim (trained in tests/test_seed_recipes.py), own models and datasets,
+the area, callbacks, rejected keys, the "before" run, loader notes, auto_batch_size. Its feed, cadence, saved
+arguments and predict against lightning.Trainer: tests/test_seed_door.py."""
 
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ def test_learning_rate_goes_to_the_optimizer_when_the_model_does_not_take_it(in_
     assert (in_tmp / "tiny.pt").is_file()
 
 
-# ---------------------------------------------------------------- own models and datasets (issue 11, points 1-4, 7)
+# ---------------------------------------------------------------- own models and datasets
 class Rows(torch.utils.data.Dataset):
     """n samples (x: 4 features, y: a linear function of x); records the keyword arguments it was built with."""
 
@@ -300,7 +301,7 @@ def test_two_trainers_with_one_uid_get_their_own_run_directories(tmp_path):
     assert "save_path" in "\n".join(lines)  # the shared save_path is replaced, and the second run says so
 
 
-def test_seed_before_settings_run_the_baseline_loop(tmp_path):
+def test_the_guides_before_settings_run_the_baseline_loop(tmp_path):
     before = {"num_workers": 0, "precision": "32", "pin_memory": False}
     tr, lines = make(tmp_path, tp=before)
     assert tr.config.baseline
@@ -406,7 +407,7 @@ def test_dateline_area_trains_end_to_end(tmp_path, era5_cache):
     from models.ratransformer import RecursiveAttentionTransformer
 
     if "area" not in inspect.signature(RecursiveAttentionTransformer).parameters:
-        pytest.skip("RecursiveAttentionTransformer does not take dateline areas yet (issue 11, point 1)")
+        pytest.skip("RecursiveAttentionTransformer does not take dateline areas yet")
     area, res = pacific(), 5
     mp = dict(width=int(area.width / res), height=int(area.height / res), seq_len=2, d_model=16, num_heads=2,
               num_layers=1, dim_feedforward=16, dropout=0.0, recursion_depth=1, learning_rate=1e-3)  # fmt: skip
@@ -419,7 +420,7 @@ def test_dateline_area_trains_end_to_end(tmp_path, era5_cache):
     assert math.isfinite(tr.summary["final_metrics"]["val_loss"])
 
 
-# ------------------------------------------------------------------ the seed's BaseTrainer surface (issue 19)
+# ------------------------------------------------------------------ the Lightning-based BaseTrainer's surface
 class Grid(torch.utils.data.Dataset):
     """A 3x4 map with NaN "land" in one corner: x = this month, y = the month `offset + 1` later."""
 
@@ -455,7 +456,7 @@ def grid_trainer(tmp_path, **kw):
                        tmp_path / "grid.pt"), trainer_params=quiet(**tp), log=kw.pop("log", lambda s: None), **kw)  # fmt: skip
 
 
-def test_the_seeds_signature_in_its_positional_order():
+def test_the_signature_in_its_positional_order():
     import inspect
 
     names = list(inspect.signature(BaseTrainer).parameters)
@@ -478,7 +479,8 @@ def test_lightning_style_trainer_params_are_honoured_or_named(tmp_path):
                                     "highest", "accelerator": "cpu", "devices": 2, "shuffle": False})  # fmt: skip
     cfg = tr.config
     assert (cfg.device, cfg.tf32, cfg.shuffle, cfg.save_best) == ("cpu", False, False, True)
-    assert any("save_top_k=3" in n and "best.pt" in n for n in tr.notes)
+    assert cfg.save_top_k == 3
+    assert any("save_top_k=-1" in n for n in grid_trainer(tmp_path, tp={"save_top_k": -1}).notes)
     assert any("torchrun --nproc_per_node 2" in n for n in tr.notes)
     task = tr.build_task()
     assert (task.monitor_metric, task.monitor_mode) == ("val_loss", "max")
@@ -506,7 +508,7 @@ def test_predict_scores_rmse_and_r2_over_the_ocean_and_plots(tmp_path):
     tr = grid_trainer(tmp_path)
     tr.train()
     out = tr.predict(offset=0, plot=True)
-    x, y, pred, rmse, r2, ssta = out  # the origin's tuple
+    x, y, pred, rmse, r2, ssta = out  # the tuple of the Lightning-based BaseTrainer
     ds = Grid(lon=[0, 40], lat=[0, 30], offset=0)
     with torch.no_grad():
         want = tr.model.eval()(ds[0][0][None])[0].numpy()
@@ -515,10 +517,10 @@ def test_predict_scores_rmse_and_r2_over_the_ocean_and_plots(tmp_path):
     assert rmse == pytest.approx(float(np.sqrt(np.mean((want[ok] - y[ok]) ** 2))), rel=1e-5)
     assert r2 == pytest.approx(1 - np.mean((want[ok] - y[ok]) ** 2) / np.var(y[ok]), rel=1e-5)
     assert ssta is None and tr.last_plot.is_file()
-    # a fresh BaseTrainer predicts from save_path (the origin's predict after a restart)
+    # a fresh BaseTrainer predicts from save_path (predict after a restart)
     fresh = grid_trainer(tmp_path)
     assert fresh.predict(offset=0).rmse == pytest.approx(rmse, rel=1e-6)
-    # offset goes to the dataset, as in the origin: another lead gives another target
+    # offset goes to the dataset: another lead gives another target
     assert not np.allclose(fresh.predict(offset=2).target, y, equal_nan=True)
 
 

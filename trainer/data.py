@@ -88,6 +88,13 @@ class ShardedBatchSampler:
         self._start_batch = int(state.get("batches_done", 0))
 
 
+def start_epoch(sampler: Any, epoch: int) -> None:
+    """Tell a batch sampler which epoch begins when it takes one (set_epoch); one without yields its own order."""
+    set_epoch = getattr(sampler, "set_epoch", None)
+    if callable(set_epoch):
+        set_epoch(epoch)
+
+
 class DeviceBatches:
     """Batches gathered from a dataset already resident on the device: no workers, no copies.
 
@@ -265,7 +272,7 @@ class TrainData:
     """The training data as the loop reads it, decided once by `build_data`."""
 
     loader: Any  # a DataLoader, or DeviceBatches when the data is held on the device
-    sampler: Any  # batch sampler with set_epoch / state_dict / load_state_dict (ShardedBatchSampler by default)
+    sampler: Any  # batch sampler (ShardedBatchSampler by default); set_epoch, state_dict: when it has them
     on_device: bool  # batches are gathered on the device: no copy per step
     resident: dict[int, Any]  # id(dataset) -> what serves its batches on the device (train, and val/test if held)
     loader_kw: dict[str, Any]  # the DataLoader settings (empty when the data is on the device)

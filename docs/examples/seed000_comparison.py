@@ -1,14 +1,14 @@
-"""Seed 000 §6 (优化对比测试): the seed's before/after comparison, with only the import lines changed and its
+"""The BaseTrainer guide's §6 (优化对比测试): its before/after comparison, with only the import lines changed and its
 "... 参数配置 ..." placeholders filled with the quick start's settings (section 1 of the same guide).
 
 Run from the repository root:  python docs/examples/seed000_comparison.py
-(5 epochs of the seed's full configuration, twice: meant for a GPU.)
+(5 epochs of the guide's full configuration, twice: meant for a GPU.)
 
 What plainloop does with it:
-- "before": trainer_params that switch the optimisations off as the seed does (num_workers 0, precision "32",
+- "before": trainer_params that switch the optimisations off as the guide does (num_workers 0, precision "32",
   pin_memory False) run plainloop's baseline loop (`baseline=True`): also no in-memory data, `.item()` every
   step, validation every epoch. One line at the start says so; add "baseline": False to opt out.
-- both trainers share one uid, as the seed writes it; each still gets its own run directory
+- both trainers share one uid, as the guide writes it; each still gets its own run directory
   (runs/RATransformer-<uid> and runs/RATransformer-<uid>-2): nothing is mixed or overwritten there. They do
   share `save_path`, so the second run's weights replace the first's, and the second run says so.
 """
@@ -24,7 +24,7 @@ from datasets.era5 import ERA5SSTMonthlyDataset  # noqa: E402
 from models.ratransformer import RecursiveAttentionTransformer  # noqa: E402
 from trainer.compat.base_trainer import MODEL_SAVE_PATH  # noqa: E402
 
-# ---- the quick start's settings: what the seed's "... 参数配置 ..." stands for ----
+# ---- the quick start's settings: what the guide's "... 参数配置 ..." stands for ----
 area = Area("Global", lon=[-180, 180], lat=[-80, 80], description="全球区域")
 trainer_uid = str(uuid.uuid4())
 resolution = 2
@@ -56,7 +56,7 @@ common = dict(
     model_params=model_params,
 )
 
-# ---- from here on, the seed's code unchanged but for `**common` in place of "... 参数配置 ..." ----
+# ---- from here on, the guide's code unchanged but for `**common` in place of "... 参数配置 ..." ----
 import time  # noqa: E402
 
 from trainer.compat.base_trainer import BaseTrainer  # noqa: E402

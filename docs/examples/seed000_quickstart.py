@@ -1,7 +1,7 @@
-"""Seed 000's quick start (its section 1), with only the import lines changed for plainloop.
+"""The BaseTrainer guide's quick start (its section 1), with only the import lines changed for plainloop.
 
 Run from the repository root:  python docs/examples/seed000_quickstart.py
-(500 epochs of the seed's full configuration: meant for a GPU.)
+(500 epochs of the guide's full configuration: meant for a GPU.)
 """
 
 import sys
@@ -10,14 +10,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, when run as a script
 
-import numpy as np  # noqa: F401,E402  (the seed imports it)
+import numpy as np  # noqa: F401,E402  (the guide imports it)
 
 from datasets.area import Area  # noqa: E402
 from datasets.era5 import ERA5SSTMonthlyDataset  # noqa: E402
 from models.ratransformer import RecursiveAttentionTransformer  # noqa: E402
 from trainer.compat.base_trainer import MODEL_SAVE_PATH, BaseTrainer  # noqa: E402
 
-# ---- from here on, the seed's code unchanged ----
+# ---- from here on, the guide's code unchanged ----
 # 配置区域
 area = Area('Global', lon=[-180, 180], lat=[-80, 80], description='全球区域')
 

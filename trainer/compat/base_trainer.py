@@ -1,11 +1,15 @@
-"""BaseTrainer: the seed guides' door into the loop.
+"""BaseTrainer: the door of the seed guides, `BaseTrainer(title, uid, area, model_class, dataset_class, ...).train()`.
 
-Seed 000's quick start runs with only its import lines changed:
+A script written for the Lightning-based BaseTrainer the guides describe runs with only its import lines changed:
 
-    from trainer.base import BaseTrainer, MODEL_SAVE_PATH
-    from models.ratransformer import RecursiveAttentionTransformer
-    from datasets.era5 import ERA5SSTMonthlyDataset
-    from datasets.area import Area
+    from trainer import BaseTrainer
+    from trainer.compat.base_trainer import MODEL_SAVE_PATH, load_model
+
+Called with the same arguments it trains on the same feed, with the same cadence: one dataset cut in time order
+(`int(n * split_ratio[0])` training samples, the rest validation), every sample in that order each epoch, the
+last short batch kept, validation after every epoch, and the global random state left to the caller unless
+trainer_params gives `seed`. Where plainloop still runs differently on purpose (precision, loader workers, data
+held in memory, cudnn autotuning), one line at the start of training says so and names the key that matches.
 
 What BaseTrainer hands to your classes (each decision is one line printed at the start of training):
 - the dataset gets `lon=area.lon, lat=area.lat` when its `__init__` names `lon`/`lat` (else `area=` when it
@@ -14,16 +18,21 @@ What BaseTrainer hands to your classes (each decision is one line printed at the
 - the model gets the area as `area=` when its `__init__` names `area`, else as `lon_range`/`lat_range` when it
   names those, unless model_params already gives them.
 - parameters absorbed by a `**kwargs` never count as "named": nothing is passed on a guess.
+
+`save()` writes the weights and the constructor arguments (tuples, nested tuples and areas kept as their types)
+in a file that loads with weights_only=True; `load_model(path)` rebuilds the model from it in one call.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import math
 import os
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -34,21 +43,34 @@ from torch.utils.data import Subset
 from ..checkpoint import CheckpointError, atomic_save, load_checkpoint
 from ..config import ConfigError, TrainConfig, run_name_problem, unknown_keys, writable_dir_problem
 from ..extras.autobatch import auto_batch_size
+from ..extras.loggers import WandbLogger
 from ..loop import Trainer
+from ..runtime import rng_state, set_rng_state
 from ..task import Task
 
-# Where the seed's scripts keep trained models (their src.config.params.MODEL_SAVE_PATH).
+# Where the scripts keep trained models (their MODEL_SAVE_PATH).
 MODEL_SAVE_PATH = os.environ.get("PLAINLOOP_MODEL_DIR", "saved_models")
 
 _CONFIG_KEYS = [f.name for f in dataclasses.fields(TrainConfig)]
 _OWN_KEYS = ["split_ratio", "auto_batch_size"]  # BaseTrainer's own, beside every TrainConfig field
-# Lightning-style keys of the origin's BaseTrainer, honoured (or noted) by BaseTrainer itself
+# Keys of the Lightning-based BaseTrainer, honoured (or noted) by BaseTrainer itself
 LIGHTNING_KEYS = ["save_top_k", "monitor", "mode", "matmul_precision", "accelerator", "devices"]
+# What the Lightning-based BaseTrainer did with a key left out: its run length and batch, its loaders (no
+# shuffling, the last short batch kept) and Lightning's validation after every epoch.
+FEED_DEFAULTS: dict[str, Any] = {
+    "epochs": 100,
+    "batch_size": 20,
+    "shuffle": False,
+    "drop_last": False,
+    "validation_interval": 1,
+}
+DEFAULT_SPLIT = (0.8, 0.2)
+LIGHTNING_WORKERS = 8  # its loaders' num_workers (validation: half)
 _CHECKPOINTS = (
     "checkpoints are always written (checkpoints/last.pt every epoch): use 'checkpoint_every' (also "
     "every N optimizer steps) and 'save_best' (best.pt by the validation metric)"
 )
-# Keys that users of Lightning-based trainers (the seeds' original BaseTrainer) reach for, and where each lives.
+# Keys that users of Lightning-based trainers reach for, and where each lives.
 ALTERNATIVES = {
     "callbacks": "pass hook objects as BaseTrainer(..., callbacks=[...]) instead: objects with on_fit_start(trainer), "
     "on_log(trainer, row), on_fit_end(trainer, summary) (trainer/hooks.py). Early stopping is "
@@ -63,14 +85,14 @@ ALTERNATIVES = {
     "log_every_n_steps": "use 'log_every' (LOG_EVERY)",
     "enable_progress_bar": "use 'progress_bar'",
     "strategy": "DDP is used automatically when the script is launched with torchrun (WORLD_SIZE > 1)",
-    "learning_rate": "use 'lr' here, or model_params['learning_rate'] as the seed guides do",
+    "learning_rate": "use 'lr' here, or model_params['learning_rate'] as the guides do",
     "use_gradient_checkpointing": "a model setting: put it in model_params",
     "auto_num_workers": "give 'num_workers' here; the measured search is the CLI's --auto_num_workers",
     "auto_scale_batch_size": "use 'auto_batch_size': True",
 }
 
-# Seed 000 §4/§6 switch the optimisations off with exactly these three: that is the "before" run.
-SEED_BEFORE = {"num_workers": 0, "precision": "32", "pin_memory": False}
+# The guides switch the optimisations off with exactly these three: that is the "before" run.
+BEFORE_SETTINGS = {"num_workers": 0, "precision": "32", "pin_memory": False}
 _LOADER_KEYS = (
     "num_workers",
     "pin_memory",
@@ -150,22 +172,24 @@ def same_samples(a: Any, b: Any) -> bool:
 
 
 class BaseTrainer:
-    """Seed-style trainer: `BaseTrainer(title, uid, area, model_class, dataset_class, save_path, ...).train()`.
+    """`BaseTrainer(title, uid, area, model_class, dataset_class, save_path, ...).train()`.
 
-    The arguments and their order are the seed's: (title, uid, area, model_class, dataset_class, save_path,
-    checkpoint_path, pre_model, dataset_params, trainer_params, model_params, use_checkpoint, use_wandb).
+    The arguments and their order are those of the Lightning-based BaseTrainer: (title, uid, area, model_class,
+    dataset_class, save_path, checkpoint_path, pre_model, dataset_params, trainer_params, model_params,
+    use_checkpoint, use_wandb).
     area: an object with `.lon = [west, east]` and `.lat = [south, north]` (datasets.area.Area), or None for
     data without an area. checkpoint_path: a plainloop checkpoint or run directory (resumed exactly), or a
     Lightning .ckpt (its weights are the starting point). pre_model: start from the weights in save_path.
     use_checkpoint: False keeps no best.pt (last.pt is always written: resume needs it). use_wandb: log to
-    Weights & Biases when it is installed (offline when no login is found).
-    callbacks: hook objects handed to the Trainer (trainer/hooks.py); monitor: an object with seed 001's
-    TrainingMonitor API (utils.performance_monitor.TrainingMonitor), fed every iteration; log: where the run's
-    lines go.
+    Weights & Biases (trainer.extras.loggers.WandbLogger; offline when no login is found).
+    callbacks: hook objects handed to the Trainer (trainer/hooks.py); monitor: an object with the TrainingMonitor
+    API (utils.performance_monitor.TrainingMonitor), fed every iteration; log: where the run's lines go.
     trainer_params: every TrainConfig field by its own name, plus `split_ratio` ([train, val] or [train, val,
     test], default [0.8, 0.2]), `auto_batch_size` (True: search the largest batch that fits first) and the
-    origin's Lightning keys: save_top_k, monitor, mode, matmul_precision, accelerator, devices (and `shuffle`,
-    a TrainConfig field: True by default; False trains in time order as the origin did).
+    Lightning keys save_top_k, monitor, mode, matmul_precision, accelerator, devices. Left out, epochs (100),
+    batch_size (20), shuffle (False), drop_last (False) and validation_interval (1) are the Lightning-based
+    BaseTrainer's; `seed`, when given, seeds the model's initial weights and the run, else the global random
+    state is the caller's (`torch.manual_seed(0)` before BaseTrainer decides the initial weights).
     """
 
     def __init__(
@@ -192,7 +216,7 @@ class BaseTrainer:
         if isinstance(area, str) and (uid is None or (hasattr(uid, "lon") and hasattr(uid, "lat"))):
             uid, area = area, uid  # the order of an earlier plainloop (title, area, uid): accepted, named
             self.notes.append(
-                "BaseTrainer: area and uid were given in the order (title, area, uid); the seed's order is "
+                "BaseTrainer: area and uid were given in the order (title, area, uid); the usual order is "
                 "(title, uid, area, ...), and keywords work in any order"
             )
         self.title, self.area, self.uid = title, area, uid
@@ -223,7 +247,8 @@ class BaseTrainer:
         tp = dict(trainer_params or {})
         check_trainer_params(tp)
         self.explicit = dict(tp)  # what the user wrote, to name every setting the run does not honour
-        self.split_ratio = tuple(tp.pop("split_ratio", (0.8, 0.2)))
+        self.seed_given = "seed" in tp  # else the caller's random state decides, as under Lightning
+        self.split_ratio = tuple(tp.pop("split_ratio", DEFAULT_SPLIT))
         if (
             not (2 <= len(self.split_ratio) <= 3)
             or any(r < 0 for r in self.split_ratio)
@@ -242,14 +267,16 @@ class BaseTrainer:
             self.notes.append(
                 "use_checkpoint=False: no best.pt; checkpoints/last.pt is still written each epoch (a resume needs it)"
             )
-        if "baseline" not in tp and all(k in tp and tp[k] == v for k, v in SEED_BEFORE.items()):
+        if "baseline" not in tp and all(k in tp and tp[k] == v for k, v in BEFORE_SETTINGS.items()):
             tp["baseline"] = True
             self.notes.append(
                 "baseline: trainer_params switch the optimisations off "
-                '(num_workers 0, precision 32, pin_memory False), so this is the seed\'s "before" '
+                '(num_workers 0, precision 32, pin_memory False), so this is the "before" '
                 "loop: also data read through the loader instead of held in memory, .item() every "
                 "step, validation every epoch (add 'baseline': False to keep those optimisations)"
             )
+        for k, v in FEED_DEFAULTS.items():
+            tp.setdefault(k, v)
         tp.setdefault("run_name", f"{title}-{uid}")
         self.init_weights: Path | None = None  # a Lightning .ckpt given as checkpoint_path: weights only
         if checkpoint_path is not None:
@@ -269,7 +296,7 @@ class BaseTrainer:
         self._init_notes = list(self.notes)
 
     def _lightning_keys(self, tp: dict[str, Any]) -> tuple[str | None, str | None]:
-        """The origin's Lightning-style keys: each honoured, or named in one line when it cannot be."""
+        """The Lightning-style keys: each honoured, or named in one line when it cannot be."""
         monitor = tp.pop("monitor", None)
         mode = tp.pop("mode", None)
         if mode is not None and mode not in ("min", "max"):
@@ -282,16 +309,18 @@ class BaseTrainer:
                 raise ValueError(f"trainer_params['save_top_k']={k!r}: give an int (0: none, 1: the best, -1: all)")
             if k == 0:
                 tp.setdefault("save_best", False)
-            elif k != 1:
+            elif k == -1:
                 self.notes.append(
-                    f"save_top_k={k}: plainloop keeps the best checkpoint (best.pt, by {monitor or 'val_loss'}) "
-                    f"and the latest (last.pt), not the top {k if k > 0 else 'all'}"
+                    f"save_top_k=-1: plainloop keeps the best checkpoint (best.pt, by {monitor or 'val_loss'}) and "
+                    f"the latest (last.pt), not every one; give save_top_k=K to keep the K best"
                 )
+            else:
+                tp["save_top_k"] = k
         if "matmul_precision" in tp:
             mp = tp.pop("matmul_precision")
             if mp not in ("highest", "high", "medium"):
                 raise ValueError(f"trainer_params['matmul_precision']={mp!r}: give 'highest', 'high' or 'medium'")
-            tp.setdefault("tf32", mp != "highest")  # high/medium: TF32 matmuls on Ampere+, as the origin set
+            tp.setdefault("tf32", mp != "highest")  # high/medium: TF32 matmuls on Ampere+ (Lightning's set-up)
         if "accelerator" in tp:
             acc = str(tp.pop("accelerator")).lower()
             dev = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda", "mps": "mps", "auto": None}
@@ -354,7 +383,7 @@ class BaseTrainer:
         else:
             full = cls(**kw)
             n = len(full)
-            cuts = [int(round(sum(ratio[: i + 1]) * n)) for i in range(len(ratio))]
+            cuts = split_points(n, ratio)
             train = Subset(full, range(0, cuts[0]))  # time order: no shuffling across the split
             val = Subset(full, range(cuts[0], cuts[1]))
             test = Subset(full, range(cuts[1], cuts[2])) if len(cuts) == 3 and cuts[2] > cuts[1] else None
@@ -390,13 +419,11 @@ class BaseTrainer:
     def build_task(self) -> Task:
         self.notes = list(self._init_notes)  # each build says its own data and model lines once
         train, val, test = self._datasets()
-        torch.manual_seed(self.config.seed)
+        if self.seed_given:  # asked for: the initial weights follow from the seed
+            torch.manual_seed(self.config.seed)
         self._model_kwargs_used = kw = self._model_kwargs()
         _check_arguments(self.model_class, kw, "model_params")
         model = self.model_class(**kw)
-        mask = getattr(train, "ocean_mask", None)
-        if mask is not None and hasattr(model, "set_ocean_mask"):
-            model.set_ocean_mask(mask)  # type: ignore[operator]
         if self.init_weights is not None:
             load_weights_into(model, self.init_weights)
             self.notes.append(
@@ -460,20 +487,68 @@ class BaseTrainer:
                 )
         return notes
 
+    def _differences(self, t: Trainer) -> None:
+        """Where this run computes or feeds differently from the Lightning-based BaseTrainer on purpose: one line
+        each, naming the trainer_params key that matches it (added to the engine's own line on the matter)."""
+        ex, cfg, cuda = self.explicit, t.cfg, t.rt.device.type == "cuda"
+        if cfg.baseline:
+            return  # the "before" loop: fp32, no workers, a DataLoader
+        lit = "the Lightning-based BaseTrainer"
+        if cuda and "precision" not in ex and t.rt.precision != "16-mixed":
+            _say(
+                t.notes,
+                "precision: auto",
+                f"precision: auto -> {t.rt.precision}",
+                f"{lit} trained in 16-mixed; trainer_params['precision']='16-mixed' matches it",
+            )
+        if cuda and "cudnn_benchmark" not in ex and cfg.cudnn_benchmark:
+            _say(
+                t.notes,
+                "cudnn_benchmark",
+                "cudnn_benchmark: on, so convolutions may pick other kernels, equal up to rounding",
+                "Lightning leaves it off; trainer_params['cudnn_benchmark']=False matches it",
+            )
+        if t.on_device and "device_cache" not in ex:
+            _say(
+                t.notes,
+                "data: held on",
+                f"data: held on {t.rt.device.type}",
+                f"the same batches in the same order as {lit}'s DataLoader; trainer_params['device_cache']=False "
+                f"reads through a DataLoader as it did",
+            )
+        workers = t.loader_kw.get("num_workers", 0)
+        if not t.on_device and "num_workers" not in ex and workers != LIGHTNING_WORKERS:
+            _say(
+                t.notes,
+                "num_workers: auto",
+                f"num_workers: auto -> {workers}",
+                f"the same batches in the same order as {lit}'s {LIGHTNING_WORKERS} workers (half for validation); "
+                f"trainer_params['num_workers']={LIGHTNING_WORKERS} matches it",
+            )
+
     def train(self) -> nn.Module:
         """Train and return the model; save() writes its weights and constructor arguments to save_path."""
         task = self.build_task()
+        # the caller's random state after the model is built: the engine seeds as it starts, and without a
+        # seed in trainer_params that state goes on as if nothing had seeded it (as under Lightning)
+        caller_rng = None if self.seed_given else rng_state()
         if self.auto_batch_size:
             self.config, note = auto_batch_size(self.config, task)
             self.notes.append(note)
-        callbacks = list(self.callbacks)
+        # the Lightning-based BaseTrainer's loaders: workers (8 unless given) persistent unless switched off
+        workers = self.explicit.get("num_workers", LIGHTNING_WORKERS)
+        callbacks = [*self.callbacks, LoaderDraws(bool(workers) and self.explicit.get("persistent_workers", True))]
         if self.use_wandb:
-            wb, wnote = wandb_callback(self)
-            if wnote:
-                self.notes.append(wnote)
-            if wb is not None:
-                callbacks.append(wb)
+            try:
+                callbacks.append(WandbLogger())
+            except ImportError:
+                self.notes.append(
+                    "use_wandb: wandb is not installed (pip install wandb); the run logs to its run directory only"
+                )
         self.trainer = t = Trainer(self.config, task, log=self.log, callbacks=callbacks, monitor=self.monitor)
+        if caller_rng is not None:
+            set_rng_state(caller_rng)
+        self._differences(t)
         t.notes[:0] = self.notes + self._loader_notes(t)  # printed first by fit() and written to config.json
         self.summary = t.fit()
         self.model = model = t.raw_model
@@ -484,10 +559,19 @@ class BaseTrainer:
 
     # ------------------------------------------------------------------ save, load, predict
     def save(self, path: str | os.PathLike | None = None) -> Path:
-        """Write the model's weights and constructor arguments (weights_only-safe); `load_model(path)` rebuilds it."""
+        """Write the model's weights and constructor arguments (weights_only-safe); `load_model(path)` rebuilds it.
+
+        An argument that is not a plain value (numbers, strings, None, lists, tuples, dicts of them, an area) is
+        not written; a line names it, and load_model asks for it."""
         if self.model is None:
             raise RuntimeError("BaseTrainer.save(): no model yet; call train() first (or load one with pre_model)")
         kwargs = getattr(self, "_model_kwargs_used", None) or self._model_kwargs()
+        _, unsaved = encode_arguments(kwargs)
+        if unsaved:
+            self.log(
+                f"[plainloop] save: model argument(s) {', '.join(unsaved)} are not plain values and are not written; "
+                f"give them to load_model(path, {unsaved[0]}=...)"
+            )
         return save_model(self.model, path or self.save_path, kwargs)
 
     def _trained_model(self) -> nn.Module:
@@ -502,12 +586,14 @@ class BaseTrainer:
         return self.model
 
     def predict(self, offset: int = 0, plot: bool = False, index: int = 0) -> Prediction:
-        """Predict one sample and score it as the origin's predict did: RMSE and R² over the finite target cells.
+        """Predict one sample and score it: RMSE and R² over the finite cells of the target map.
 
-        The dataset is built with `offset=offset` when its class takes one (as the origin did), else `offset` is
-        the sample index. Returns (input, target, prediction, rmse, r2, ssta) as numpy arrays and floats (ssta:
-        the dataset's `read_ssta(offset)` when it has one, else None). plot=True also draws target, prediction
-        and their difference (matplotlib) and saves the figure next to save_path (`self.last_plot`).
+        The dataset is built with `offset=offset` when its class takes one, else `offset` is the sample index.
+        Returns (input, target, prediction, rmse, r2, ssta): input, target and prediction as 2-D maps (the first
+        frame and channel of each, e.g. (32, 32) for an input of (2, 1, 32, 32) and a target of (1, 32, 32)),
+        land (a NaN target) NaN in the prediction; ssta is the dataset's `read_ssta(offset)` when it has one,
+        else None. The model runs in eval mode without gradients. plot=True also draws target, prediction and
+        their difference (matplotlib) next to save_path (`self.last_plot`).
         """
         model = self._trained_model()
         cls, kw = self.dataset_class, self._dataset_kwargs()
@@ -529,8 +615,9 @@ class BaseTrainer:
         pred = pred[0].float().cpu().numpy()
         target = torch.as_tensor(y).float().cpu().numpy()
         pred = pred.reshape(target.shape) if pred.size == target.size else pred
+        target, pred = first_map(target), first_map(pred)
         rmse, r2 = rmse_r2(pred, target)
-        pred = np.where(np.isfinite(target), pred, np.nan)  # land stays NaN, as the origin masked it
+        pred = np.where(np.isfinite(target), pred, np.nan) if pred.shape == target.shape else pred
         ssta = ds.read_ssta(offset) if hasattr(ds, "read_ssta") else None
         self.log(
             f"[plainloop] predict offset={offset}: RMSE {rmse:.4g}, R² {r2:.4g} ({np.isfinite(target).sum()} cells)"
@@ -540,11 +627,11 @@ class BaseTrainer:
                 target, pred, self.save_path.with_name(f"{self.save_path.stem}-predict-{offset}.png"), self.title
             )
             self.log(f"[plainloop] predict: figure saved to {self.last_plot}")
-        return Prediction(np.asarray(torch.as_tensor(x).cpu()), target, pred, rmse, r2, ssta)
+        return Prediction(first_map(np.asarray(torch.as_tensor(x).float().cpu())), target, pred, rmse, r2, ssta)
 
 
 class Prediction(NamedTuple):
-    """BaseTrainer.predict's result; unpacks as the origin's tuple (input, output, pred_output, rmse, r2, ssta)."""
+    """BaseTrainer.predict's result; unpacks as (input, output, pred_output, rmse, r2, ssta)."""
 
     input: np.ndarray
     target: np.ndarray
@@ -554,9 +641,69 @@ class Prediction(NamedTuple):
     ssta: Any
 
 
+class LoaderDraws:
+    """The global random draws of the Lightning-based BaseTrainer's DataLoaders, so that a model with dropout draws
+    the same masks as under lightning.Trainer: a DataLoader draws one int64 from the global state as it starts an
+    epoch (its workers' base seed), and one with persistent workers only the first time. The validation loader has
+    persistent workers exactly when the training loader has them."""
+
+    all_ranks = True  # every rank keeps its own stream in step
+    state_key = "base_trainer_loader_draws"
+
+    def __init__(self, persistent: bool) -> None:
+        self.persistent = persistent
+        self.started = {"train": False, "val": False}
+
+    def _draw(self, loader: str) -> None:
+        if not (self.persistent and self.started[loader]):
+            torch.empty((), dtype=torch.int64).random_()
+        self.started[loader] = True
+
+    def on_train_epoch_start(self, trainer: Any, epoch: int) -> None:
+        if trainer.progress.batches_done == 0:  # resumed mid-epoch: this epoch's draw came before the checkpoint
+            self._draw("train")
+
+    def on_validation_start(self, trainer: Any) -> None:
+        self._draw("val")
+
+    def state_dict(self) -> dict[str, bool]:
+        return dict(self.started)
+
+    def load_state_dict(self, state: dict[str, bool]) -> None:
+        self.started = {"train": bool(state.get("train")), "val": bool(state.get("val"))}
+
+
+def _say(notes: list[str], prefix: str, own: str, extra: str) -> None:
+    """One line per matter: `extra` added to the engine's note that starts with `prefix`, else `own; extra`."""
+    for i, n in enumerate(notes):
+        if n.startswith(prefix):
+            notes[i] = f"{n}; {extra}"
+            return
+    notes.append(f"{own}; {extra}")
+
+
+def split_points(n: int, ratio: tuple[float, ...]) -> list[int]:
+    """Where each split of n samples ends, in time order: training = the first int(n * ratio[0]) samples (int, not
+    round: 45 of 57 at 0.8), each next split up to int(n * the ratios so far); the last split takes every sample
+    left when the ratios sum to 1."""
+    cuts = [min(n, int(n * ratio[0]))]
+    for i in range(1, len(ratio)):
+        cuts.append(min(n, int(n * sum(ratio[: i + 1]) + 1e-9)))  # 0.7 + 0.2 is 0.8999...: 90 of 100, not 89
+    if abs(sum(ratio) - 1) < 1e-9:
+        cuts[-1] = n
+    return cuts
+
+
+def first_map(a: np.ndarray) -> np.ndarray:
+    """The first 2-D map of an array: (2, 1, 32, 32) -> (32, 32), (1, 32, 32) -> (32, 32); 2-D or less unchanged."""
+    return a.reshape(-1, *a.shape[-2:])[0] if a.ndim > 2 else a
+
+
 def rmse_r2(pred: np.ndarray, target: np.ndarray) -> tuple[float, float]:
-    """RMSE and R² over the cells where the target is finite (land is NaN), as the origin computed them."""
+    """RMSE and R² over the cells where the target is finite (land is NaN)."""
     pred, target = np.asarray(pred, dtype=np.float64), np.asarray(target, dtype=np.float64)
+    if pred.shape != target.shape:
+        return math.nan, math.nan
     ok = np.isfinite(target) & np.isfinite(pred)
     if not ok.any():
         return math.nan, math.nan
@@ -584,7 +731,7 @@ def _check_arguments(cls: Any, kwargs: dict[str, Any], where: str) -> None:
 
 
 def plot_prediction(target: np.ndarray, pred: np.ndarray, path: Path, title: str) -> Path:
-    """Target, prediction and difference of the first 2-D map, side by side (matplotlib, imported here only)."""
+    """Target, prediction and difference of the first 2-D map, side by side (matplotlib, an optional package)."""
     try:
         import matplotlib
 
@@ -592,7 +739,7 @@ def plot_prediction(target: np.ndarray, pred: np.ndarray, path: Path, title: str
         import matplotlib.pyplot as plt
     except ImportError:
         raise ImportError("BaseTrainer.predict(plot=True) draws with matplotlib: pip install matplotlib") from None
-    t2, p2 = (a.reshape(-1, *a.shape[-2:])[0] if a.ndim >= 2 else a[None] for a in (target, pred))
+    t2, p2 = (first_map(a) if a.ndim >= 2 else a[None] for a in (target, pred))
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.5), constrained_layout=True)
     lo, hi = np.nanmin(t2), np.nanmax(t2)
     for ax, data, name, kw in (
@@ -613,33 +760,106 @@ def _is_lightning_ckpt(path: Path) -> bool:
     return path.suffix == ".ckpt" and path.is_file()
 
 
-def _plain(v: Any) -> bool:
-    """A constructor argument that survives weights_only loading: numbers, strings, lists/dicts of them."""
-    if isinstance(v, bool | int | float | str | type(None)):
-        return True
-    if isinstance(v, list | tuple):
-        return all(_plain(x) for x in v)
+# ---------------------------------------------------------------------- the model file
+MODEL_FORMAT = "plainloop-model-2"  # -1: the same, with tuples written as lists and areas without their class
+_TUPLE, _AREA = "__tuple__", "__area__"  # tags of the values a weights_only file has no type for
+
+
+def _encode(v: Any) -> tuple[bool, Any]:
+    """(True, a form torch.load(weights_only=True) reads and `_decode` turns back into an equal value of the same
+    type), or (False, None) for a value that is not plain."""
+    if v is None or type(v) in (bool, int, float, str):
+        return True, v
+    if type(v) in (list, tuple):
+        parts = [_encode(x) for x in v]
+        if not all(ok for ok, _ in parts):
+            return False, None
+        items = [x for _, x in parts]
+        return True, (items if type(v) is list else {_TUPLE: items})
+    if type(v) is dict:
+        if not all(type(k) is str and k not in (_TUPLE, _AREA) for k in v):
+            return False, None
+        parts_d = {k: _encode(x) for k, x in v.items()}
+        if not all(ok for ok, _ in parts_d.values()):
+            return False, None
+        return True, {k: x for k, (_, x) in parts_d.items()}
+    if hasattr(v, "lon") and hasattr(v, "lat") and isinstance(getattr(v, "title", None), str):  # an area
+        box = {"title": v.title, "lon": list(v.lon), "lat": list(v.lat)}
+        if isinstance(getattr(v, "description", None), str):
+            box["description"] = v.description
+        ok, enc = _encode(box)
+        if ok:
+            cls = type(v)
+            return True, {_AREA: {"class": f"{cls.__module__}:{cls.__qualname__}", **enc}}
+    return False, None
+
+
+def _import(name: str) -> Any:
+    """'package.module:Qual.Name' -> the object; ImportError or AttributeError when it is not there."""
+    mod, _, qual = name.partition(":")
+    obj: Any = importlib.import_module(mod)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _decode(v: Any, where: str) -> Any:
+    if isinstance(v, list):
+        return [_decode(x, where) for x in v]
+    if isinstance(v, dict) and set(v) == {_TUPLE}:
+        return tuple(_decode(x, where) for x in v[_TUPLE])
+    if isinstance(v, dict) and set(v) == {_AREA}:
+        box = {k: _decode(x, where) for k, x in v[_AREA].items()}
+        name = box.pop("class")
+        try:
+            cls = _import(name)
+        except (ImportError, AttributeError):
+            raise ValueError(f"{where} is a {name}, which cannot be imported here; give it to load_model") from None
+        if "description" in box and not _names(cls, "description"):
+            box.pop("description")
+        title = box.pop("title")
+        return cls(title, **box)
     if isinstance(v, dict):
-        return all(isinstance(k, str) and _plain(x) for k, x in v.items())
-    return False
+        return {k: _decode(x, where) for k, x in v.items()}
+    return v
+
+
+def encode_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(the constructor arguments in their saved form, the names of those that are not plain values)."""
+    saved, unsaved = {}, []
+    for k, v in kwargs.items():
+        ok, enc = _encode(v)
+        if ok:
+            saved[k] = enc
+        else:
+            unsaved.append(k)
+    return saved, unsaved
 
 
 def save_model(model: nn.Module, path: str | os.PathLike, model_kwargs: dict[str, Any] | None = None) -> Path:
     """Weights + constructor arguments, loadable with weights_only=True (no pickled code runs on load)."""
-    kwargs = {}
-    for k, v in (model_kwargs or {}).items():
-        if hasattr(v, "lon") and hasattr(v, "lat"):  # an Area: kept as its title and box
-            v = {"__area__": True, "title": getattr(v, "title", "area"), "lon": list(v.lon), "lat": list(v.lat)}
-        if _plain(v):
-            kwargs[k] = list(v) if isinstance(v, tuple) else v
+    saved, unsaved = encode_arguments(model_kwargs or {})
     cls = type(model)
     state = {
-        "format": "plainloop-model-1",
+        "format": MODEL_FORMAT,
         "model_class": f"{cls.__module__}:{cls.__qualname__}",
-        "model_params": kwargs,
+        "model_params": saved,
+        "unsaved_params": unsaved,
         "state_dict": model.state_dict(),
     }
     return atomic_save(state, Path(path))
+
+
+def _load_any(path: Path) -> Any:
+    """torch.load with weights_only=True; a pickled module is one line saying how to load it, not a traceback."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 (torch raises several kinds here)
+        raise CheckpointError(
+            f"{path}: cannot be read as weights ({type(e).__name__}: {str(e).splitlines()[0][:200]}). A file saved "
+            f"with torch.save(model) (a pickled module) is not loaded here, as it would run code: load it yourself "
+            f"with torch.load(path, weights_only=False) if you trust it, then save its state_dict()"
+        ) from None
 
 
 def _read_state(path: Path) -> dict[str, Any]:
@@ -650,14 +870,7 @@ def _read_state(path: Path) -> dict[str, Any]:
     except CheckpointError as e:
         if "no 'model' entry" not in str(e):
             raise
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 (torch raises several kinds here)
-        raise CheckpointError(
-            f"{path}: cannot be read as weights ({type(e).__name__}: {str(e).splitlines()[0][:200]}). A file saved "
-            f"with torch.save(model) (a pickled module) is not loaded here, as it would run code: load it yourself "
-            f"with torch.load(path, weights_only=False) if you trust it, then save its state_dict()"
-        ) from None
+    obj = _load_any(path)
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
         return obj["state_dict"]  # save_model's file, or a Lightning .ckpt
     if isinstance(obj, dict) and isinstance(obj.get("model"), dict):
@@ -686,119 +899,49 @@ def load_weights_into(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     return model
 
 
-def load_model_weights(model: nn.Module, path: str | os.PathLike) -> nn.Module:
-    """Load a save_path file, a plainloop checkpoint or a Lightning .ckpt into `model` (weights only)."""
-    return load_weights_into(model, path)
-
-
 def load_model(path: str | os.PathLike, model_class: Any = None, **model_params: Any) -> nn.Module:
     """Rebuild a model saved by BaseTrainer in one call: `model = load_model("saved_models/m.pt")`.
 
-    The class is imported from the name saved with the weights unless `model_class` is given; `model_params`
-    override (or add to) the saved constructor arguments (those that were not plain values were not saved).
+    The one-line replacement of `model = torch.load(path, weights_only=False)` for a file written by save(): the
+    class is imported from the name saved with the weights unless `model_class` is given, and is called with the
+    saved constructor arguments (tuples, nested tuples and areas as the types they were); `model_params` override
+    or add to them. The model comes back in eval mode, on the CPU.
     """
-    import importlib
-
     p = Path(path)
-    obj = torch.load(p, map_location="cpu", weights_only=True)
-    if not (isinstance(obj, dict) and obj.get("format") == "plainloop-model-1"):
+    obj = _load_any(p)
+    fmt = obj.get("format") if isinstance(obj, dict) else None
+    if fmt not in ("plainloop-model-1", MODEL_FORMAT):
         if model_class is None:
             raise ValueError(
                 f"{p} holds weights without the model's class and arguments; give load_model(path, model_class, "
                 f"**model_params)"
             )
-        return load_weights_into(model_class(**model_params), p)
+        return load_weights_into(model_class(**model_params), p).eval()
     if model_class is None:
-        mod, _, qual = obj["model_class"].partition(":")
         try:
-            model_class = importlib.import_module(mod)
-            for part in qual.split("."):
-                model_class = getattr(model_class, part)
+            model_class = _import(obj["model_class"])
         except (ImportError, AttributeError):
             raise ValueError(
                 f"{p} was saved from {obj['model_class']}, which cannot be imported here; give "
                 f"load_model(path, model_class=YourModel)"
             ) from None
-    kwargs = dict(obj.get("model_params") or {})
-    for k, v in list(kwargs.items()):
-        if isinstance(v, dict) and v.get("__area__"):
-            kwargs[k] = _area_like(v)
+    saved = dict(obj.get("model_params") or {})
+    if fmt == MODEL_FORMAT:
+        kwargs = {k: _decode(v, f"{p}: model argument {k!r}") for k, v in saved.items() if k not in model_params}
+    else:  # the first format: lists as written, an area as a box with its title, lon and lat
+        kwargs = {
+            k: SimpleNamespace(**{a: v[a] for a in ("title", "lon", "lat")})
+            if isinstance(v, dict) and v.get(_AREA)
+            else v
+            for k, v in saved.items()
+        }
+    missing = [k for k in obj.get("unsaved_params") or [] if k not in model_params]
+    if missing:
+        raise ValueError(
+            f"{p}: the model was saved without its argument(s) {', '.join(missing)} (not plain values); give "
+            f"them: load_model(path, {', '.join(f'{k}=...' for k in missing)})"
+        )
     kwargs.update(model_params)
     model = model_class(**kwargs)
     model.load_state_dict(obj["state_dict"])
-    return model
-
-
-class _AreaBox:
-    """An area rebuilt from a saved model's arguments (title, lon, lat), for models that take `area=`."""
-
-    def __init__(self, title: str, lon: list[float], lat: list[float]) -> None:
-        self.title, self.lon, self.lat = title, lon, lat
-
-    def __repr__(self) -> str:
-        return f"Area({self.title!r}, lon={self.lon}, lat={self.lat})"
-
-
-def _area_like(d: dict[str, Any]) -> Any:
-    return _AreaBox(d["title"], d["lon"], d["lat"])
-
-
-def wandb_callback(bt: BaseTrainer) -> tuple[Any, str | None]:
-    """A W&B logger when wandb is installed (offline when no login is found), else a one-line note."""
-    try:
-        import wandb  # noqa: F401
-    except ImportError:
-        return None, "use_wandb: wandb is not installed (pip install wandb); the run logs to its run directory only"
-    return WandbLogger(bt), None
-
-
-class WandbLogger:
-    """Every metrics row to Weights & Biases (project PLAINLOOP_WANDB_PROJECT or "plainloop", run id = uid)."""
-
-    def __init__(self, bt: BaseTrainer) -> None:
-        self.bt = bt
-        self.run: Any = None
-
-    def on_fit_start(self, trainer: Any) -> None:
-        import wandb
-
-        mode = os.environ.get("WANDB_MODE")
-        if mode is None and not os.environ.get("WANDB_API_KEY") and not (Path.home() / ".netrc").is_file():
-            mode = "offline"
-            trainer.log(
-                f"[plainloop] use_wandb: no W&B login found, so W&B logs offline under {trainer.run_dir} "
-                f"(upload later with: wandb sync {trainer.run_dir}/wandb/offline-run-*)"
-            )
-        bt = self.bt
-        try:
-            self.run = wandb.init(
-                project=os.environ.get("PLAINLOOP_WANDB_PROJECT", "plainloop"),
-                name=f"{bt.title}_{getattr(bt.model_class, '__name__', 'model')}",
-                id=str(bt.uid),
-                resume="allow",
-                dir=str(trainer.run_dir),
-                mode=mode,  # type: ignore[arg-type]
-                config={
-                    "train": trainer.cfg.to_dict(),
-                    "model_params": {k: v for k, v in bt.model_params.items() if _plain(v)},
-                    "dataset_params": {k: v for k, v in bt.dataset_params.items() if _plain(v)},
-                },
-            )
-        except Exception as e:  # noqa: BLE001 (a failed login must not stop the training)
-            trainer.log(f"[plainloop] use_wandb: W&B could not start ({type(e).__name__}: {e}); training goes on")
-            self.run = None
-
-    def on_log(self, trainer: Any, row: dict[str, Any]) -> None:
-        if self.run is None:
-            return
-        kind = row.get("kind", "train")
-        data = {f"{kind}/{k}": v for k, v in row.items() if isinstance(v, int | float) and k not in ("time",)}
-        if data:
-            self.run.log(data)
-
-    def on_fit_end(self, trainer: Any, summary: dict[str, Any]) -> None:
-        if self.run is None:
-            return
-        self.run.summary.update({k: v for k, v in summary.get("final_metrics", {}).items()})
-        self.run.finish()
-        self.run = None
+    return model.eval()
