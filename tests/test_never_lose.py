@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -138,6 +138,32 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over_with_a_line(tmp_path):
     again = RunLock(tmp_path)
     assert again.note is None
     again.release()
+
+
+def test_where_a_directory_cannot_be_locked_the_lock_file_is_verified(tmp_path, monkeypatch):
+    """Some network file systems refuse an flock on a directory: the lock falls back to .lock itself, and a run whose
+    .lock was deleted or replaced stops at its next write instead of sharing the run with a second process."""
+    import stat
+
+    import trainer.runfiles as rf
+
+    real = rf._try_lock
+
+    def no_dir_locks(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        real(fd)
+
+    monkeypatch.setattr(rf, "_try_lock", no_dir_locks)
+    lock = RunLock(tmp_path)
+    assert lock.on_file
+    with pytest.raises(RunDirError, match="another live process"):
+        RunLock(tmp_path)
+    lock.check("metrics.jsonl")  # unchanged: fine
+    (tmp_path / ".lock").unlink()
+    with pytest.raises(RunDirGone, match="or its .lock"):
+        lock.check("metrics.jsonl")
+    lock.release()
 
 
 def test_a_deleted_run_directory_stops_the_run_at_its_next_write_with_exit_4(task_file, tmp_path, capsys):
@@ -519,6 +545,7 @@ def test_a_deeply_nested_config_is_refused(fmt, tmp_path):
 # ------------------------------------------------------------------------------------------- damaged metrics
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(junk=st.binary(min_size=1, max_size=40).filter(lambda b: b"\n" not in b), at=st.integers(0, 4))
+@example(junk=b"\r\x00", at=0)  # a carriage return inside junk is not a line end of metrics.jsonl
 def test_junk_in_metrics_jsonl_never_blocks_a_resume(junk, at, tmp_path):
     rows = [json.dumps({"kind": "train", "step": s}).encode() + b"\n" for s in (1, 2, 3, 4)]
     lines = [*rows[:at], junk + b"\n", *rows[at:]]

@@ -10,6 +10,7 @@ write the run checks that its directory is still the one it locked: one removed 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -89,9 +90,7 @@ def claim_run_dir(output_dir: str | Path, name: str | None, prefix: str) -> tupl
 
 
 def _mark(run_dir: Path) -> None:
-    tmp = run_dir / f".{MARKER}.tmp"
-    tmp.write_text(f"{os.getpid()}\n", encoding="utf-8")
-    os.replace(tmp, run_dir / MARKER)
+    atomic_write_text(run_dir / MARKER, f"{os.getpid()}\n")  # its temp is removed on any failure
 
 
 def is_run_dir(run_dir: Path) -> bool:
@@ -210,56 +209,91 @@ def _recorded_owner(path: Path) -> tuple[int, str] | None:
         return None
 
 
+def _try_lock(fd: int) -> None:
+    """An exclusive lock on `fd` without waiting (OSError when another process holds it)."""
+    if os.name == "nt":
+        import msvcrt
+
+        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)  # type: ignore[attr-defined]
+    else:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+_BUSY = {errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES, errno.EDEADLK}  # another process holds the lock
+
+
 class RunLock:
     """An exclusive lock on the run directory for this process's lifetime (released at exit, also on kill -9).
 
     The lock is an flock on the directory itself, so deleting RUN_DIR/.lock (a "stale" lock, to a user) cannot let a
-    second process in; .lock only records the owner (pid and host) for the messages. On Windows, where a directory
-    cannot be locked, the lock is on .lock. `check()` says whether the directory is still the one locked.
+    second process in; .lock only records the owner (pid and host) for the messages. Where a directory cannot be
+    locked (Windows; some network file systems) the lock is on .lock itself, and `check()` also verifies that .lock
+    is still the file locked. `check()` says whether the directory is still the one locked.
     """
 
     def __init__(self, run_dir: Path, record: bool = True) -> None:
         self.run_dir, self.path, self.note = Path(run_dir), Path(run_dir) / ".lock", None
-        if os.name == "nt":
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT)
-        else:
-            self._fd = os.open(self.run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        self.on_file = os.name == "nt"
+        fd = self._open()
         try:
-            if os.name == "nt":
-                import msvcrt
-
-                msvcrt.locking(self._fd, msvcrt.LK_NBLCK, 1)  # type: ignore[attr-defined]
-            else:
-                import fcntl
-
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(self._fd)
-            owner = _recorded_owner(self.path)
-            holder = f"(pid {owner[0]})" + (f" on {owner[1]}" if owner[1] else "") if owner else "(pid unknown)"
-            raise RunDirError(
-                f"{run_dir} is being written by another live process {holder}; wait for it, or use another --run_name"
-            ) from None
-        st = os.fstat(self._fd)
+            _try_lock(fd)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in _BUSY or self.on_file:
+                raise self._busy() from None
+            self.on_file = True  # the file system cannot lock a directory: lock .lock, verified by inode
+            fd = self._open()
+            try:
+                _try_lock(fd)
+            except OSError:
+                os.close(fd)
+                raise self._busy() from None
+        self._fd = fd
+        st = os.stat(self.run_dir)
         self.identity = (st.st_dev, st.st_ino)
+        fst = os.fstat(fd)
+        self.file_identity = (fst.st_dev, fst.st_ino) if self.on_file else None
         if record:  # the owner, for the messages: a dead owner's lock was released with it and is taken over here
             before = _recorded_owner(self.path)
             if before is not None and before[0] != os.getpid():
                 where = f" on {before[1]}" if before[1] else ""
                 self.note = f"run dir: took over the lock of pid {before[0]}{where}, which ended without releasing it"
             try:
-                atomic_write_text(self.path, _owner_line() + "\n")
-            except OSError:  # the record is for messages only; the directory lock is what holds
+                if self.on_file:  # into the locked file itself: a replaced file would be another lock
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, (_owner_line() + "\n").encode(), 0)
+                else:
+                    atomic_write_text(self.path, _owner_line() + "\n")
+            except OSError:  # the record is for messages only; the lock is what holds
                 pass
         # a lock nobody released (a Trainer dropped without fit, interpreter exit) is released, not left open
-        self._finalizer = weakref.finalize(self, RunLock._unlock, self._fd, os.getpid(), self.path if record else None)
+        self._finalizer = weakref.finalize(
+            self, RunLock._unlock, fd, os.getpid(), self.path if record else None, self.on_file
+        )
+
+    def _open(self) -> int:
+        if self.on_file:
+            return os.open(self.path, os.O_RDWR | os.O_CREAT)
+        return os.open(self.run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+
+    def _busy(self) -> RunDirError:
+        owner = _recorded_owner(self.path)
+        holder = f"(pid {owner[0]})" + (f" on {owner[1]}" if owner[1] else "") if owner else "(pid unknown)"
+        return RunDirError(
+            f"{self.run_dir} is being written by another live process {holder}; wait for it, or use another --run_name"
+        )
 
     @staticmethod
-    def _unlock(fd: int, owner: int, record: Path | None) -> None:
+    def _unlock(fd: int, owner: int, record: Path | None, on_file: bool) -> None:
         if os.getpid() != owner:  # a forked child shares the lock: only its owner may let it go
             return
         if record is not None and _recorded_owner(record) == (owner, socket.gethostname()):
-            record.unlink(missing_ok=True)  # released in order: a .lock left behind names a process that died
+            # released in order: a record left behind names a process that died (a locked .lock is emptied, not
+            # unlinked: another process may be waiting on that very file)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0) if on_file else record.unlink()
         if os.name != "nt":  # unlock explicitly: forked loader workers share this descriptor and outlive close()
             import fcntl
 
@@ -267,16 +301,20 @@ class RunLock:
         os.close(fd)
 
     def check(self, writing: str) -> None:
-        """Raise RunDirGone when the run directory was removed or replaced since it was locked (before `writing`)."""
+        """Raise RunDirGone when the run directory (or, locked by file, its .lock) was removed or replaced since it
+        was locked (before `writing`)."""
         try:
             st = os.stat(self.run_dir)
             same = (st.st_dev, st.st_ino) == self.identity
+            if same and self.file_identity is not None:
+                fst = os.stat(self.path)
+                same = (fst.st_dev, fst.st_ino) == self.file_identity
         except OSError:
             same = False
         if not same:
             raise RunDirGone(
-                f"the run directory {self.run_dir} was removed or replaced while this run was writing it: stopped "
-                f"before writing {writing} (nothing recreated); start a new run, or resume from a copy of the run",
+                f"the run directory {self.run_dir} (or its .lock) was removed or replaced while this run was writing "
+                f"it: stopped before writing {writing} (nothing recreated); start a new run, or resume from a copy",
                 errno.ENOENT,
                 self.run_dir,
             )
@@ -296,7 +334,8 @@ def roll_back_metrics(run_dir: Path, step: int, val_pending: bool = False, junk:
     `junk`. Returns how many rows moved for being after `step`."""
     path = run_dir / "metrics.jsonl"
     try:
-        lines = path.read_bytes().splitlines(keepends=True)
+        parts = path.read_bytes().split(b"\n")  # rows end in \n alone (bytes.splitlines would also cut at \r)
+        lines = [part + b"\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
     except FileNotFoundError:
         return 0
     except OSError as e:
