@@ -203,6 +203,24 @@ def test_save_top_k_keeps_the_k_best_checkpoints_across_a_resume(tmp_path):
     assert best["step"] == top["step"] == 4  # best.pt stays the best
 
 
+def test_save_top_k_forgets_a_kept_file_that_is_gone(tmp_path):
+    """A file removed after the checkpoint a run resumes from was written (a crash after the removal, or by hand)
+    leaves no entry without a file: the list is refilled from the validations that follow."""
+    values = {1: 5.0, 2: 3.0, 3: 4.0, 4: 6.0, 5: 7.0}
+    task, holder = scripted_scores(values)
+    t = Trainer(toy_config(tmp_path, max_steps=3, save_top_k=2), task)
+    holder.append(t)
+    t.fit()
+    run = tmp_path / "run"
+    (run / "checkpoints" / "epoch=2-step=2.pt").unlink()
+    task, holder = scripted_scores(values)
+    t = Trainer(toy_config(tmp_path, max_steps=5, save_top_k=2, resume=str(run)), task)
+    holder.append(t)
+    t.fit()
+    assert kept(run) == ["epoch=3-step=3.pt", "epoch=4-step=4.pt"]
+    assert [e["name"] for e in t.best.top] == ["epoch=3-step=3.pt", "epoch=4-step=4.pt"]
+
+
 def test_save_top_k_ranks_by_the_monitor_mode(tmp_path):
     from trainer.evaluation import BestTracker
 

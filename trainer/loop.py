@@ -662,7 +662,10 @@ class Trainer:
     def _keep_top_k(self, metrics: dict[str, float], epoch: int) -> None:
         """save_top_k: this validation's checkpoint when it is among the k best; the one it pushed out removed."""
         name = f"epoch={epoch}-step={self.progress.step}.pt"
-        kept, dropped = self.best.rank(metrics, name, self.progress.step)  # every rank: the same state everywhere
+        if self.rt.is_main and self.run_dir is not None and self.best.top:  # the files rank 0 keeps and saves
+            # one removed after the checkpoint this run resumed from was written (or by hand) is no longer kept
+            self.best.top = [e for e in self.best.top if (self.run_dir / "checkpoints" / e["name"]).is_file()]
+        kept, dropped = self.best.rank(metrics, name, self.progress.step)
         if self.rt.is_main and self.run_dir is not None:
             if kept:
                 self._save(name)
