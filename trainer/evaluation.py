@@ -127,6 +127,11 @@ class BestTracker:
         self.best, self.stale = state.get("best"), int(state.get("stale", 0))
         self.top = [dict(e) for e in state.get("top", [])]
 
+    def newer_best(self, value: float) -> None:
+        """best.pt was written after the checkpoint this run resumes from: its value is the best so far."""
+        if value != self.best:
+            self.best, self.stale = value, 0
+
 
 class Evaluator:
     """The task's scores on a split with the weights the model holds now: eval mode, no gradients, no files written.

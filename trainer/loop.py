@@ -194,6 +194,7 @@ class Trainer:
             cfg.scale_value(),
             cfg.gradient_clip_val,
             cfg.gradient_clip_algorithm,
+            before_step=self._before_optimizer_step,
         )
         if fp16 and cfg.scale_value():
             self.notes.append(f"loss scale: static {cfg.scale_value():g}")
@@ -323,7 +324,6 @@ class Trainer:
 
     def _fit(self) -> dict[str, Any]:
         self.hooks.resolve()  # callbacks added since the constructor count too
-        self.opt.before_step = self._before_optimizer_step if self.hooks.before_optimizer_step else None
         # from the run directory's first file on, a stop signal is the loop's: it saves last.pt and says how to resume
         with StopRequest() as self.stop:
             self._open_run()
@@ -534,7 +534,8 @@ class Trainer:
         return loss.detach()
 
     def _before_optimizer_step(self) -> None:
-        self.hooks("on_before_optimizer_step", self.optimizer)
+        if self.hooks.before_optimizer_step:  # resolved at fit start: callbacks added after the constructor count
+            self.hooks("on_before_optimizer_step", self.optimizer)
 
     def _shrink_micro_batch(self, batch: Any) -> None:
         """CUDA OOM: cut every batch into twice as many micro-batches; the effective batch stays the same."""

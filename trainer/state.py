@@ -502,8 +502,8 @@ class Checkpointer:
             v = json.loads((run_dir / "best.json").read_text(encoding="utf-8")).get("value")
         except (OSError, ValueError, AttributeError):
             return
-        if isinstance(v, int | float) and math.isfinite(v) and v != self.best.best:
-            self.best.best, self.best.stale = float(v), 0
+        if isinstance(v, int | float) and math.isfinite(v):
+            self.best.newer_best(float(v))
 
 
 def weights_finite(model: nn.Module) -> torch.Tensor:

@@ -85,6 +85,7 @@ class OptimizerStep:
         clip_val: float | None = None,
         clip_algorithm: str = "norm",
         guard: bool = True,
+        before_step: Callable[[], None] | None = None,
     ) -> None:
         self.optimizer, self.scheduler, self.device = optimizer, scheduler, device
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -102,7 +103,7 @@ class OptimizerStep:
         self._dev_skips = torch.zeros((), device=device)
         self._dev_run = torch.zeros((), device=device)
         # called after unscale/clip, right before the optimizer step (the callbacks' on_before_optimizer_step)
-        self.before_step: Callable[[], None] | None = None
+        self.before_step = before_step
         self._loss_bad: torch.Tensor | None = None  # a non-finite loss in this accumulation window (device flag)
         self._nan = torch.full((), float("nan"), device=device)
         self._zero = torch.zeros((), device=device)  # made once: the loss check below runs every step
