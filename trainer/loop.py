@@ -1,15 +1,15 @@
 """The training loop: one explicit loop, readable top to bottom.
 
     Trainer(cfg, task)   runtime, data, model, optimizer + schedule, checkpointer, evaluator, resume
-    fit()                open the run dir -> for each epoch: train, checkpoint, validate, decide to stop
-                         -> test -> summary.json
+    fit()                open the run dir -> for each epoch: train, validate, decide to stop, checkpoint when
+                         due -> end of training (last.pt) -> test -> summary.json
     _train_epoch()       per batch: forward under autocast -> scaled backward -> [every k micro-batches] unscale,
                          check, clip, optimizer step (skipped on the device if not finite), schedule
                          -> [LOG_EVERY] read the loss back -> [NORM_EVERY] grad norm and task step-metrics
 
 Hot-path rule: between two log points nothing here waits for the GPU; the only host-device syncs are marked
 "note: sync point". One more file per question: the optimizer step is `step.py`, the optimizer and schedule
-`optim.py`, checkpoints `checkpointer.py` (state) and `checkpoint.py` (file format), evaluation `evaluation.py`,
+`optim.py`, the run's state and checkpoints `state.py` (file format: `checkpoint.py`), evaluation `evaluation.py`,
 the run's files `runfiles.py`, data `data.py`, callbacks `hooks.py`, the summary `finish.py`.
 """
 
