@@ -647,6 +647,7 @@ def test_the_adapted_task_is_a_plain_task_and_any_task_may_use_its_hooks(tmp_pat
     adapted = adapt_task(Task("mine", Base(), train, val))
     assert adapted.loss_fn is not None and adapted.optimizer_fn is not None and adapted.batch_evaluate_fn is not None
     assert [type(c).__name__ for c in adapted.callbacks] == ["ModelHooks"]
+    assert adapt_task(adapted) is adapted  # a Trainer's own task, given to another Trainer, is not adapted twice
     plain = Task("plain", nn.Linear(4, 1), train, val)
     assert adapt_task(plain) is plain
 

@@ -895,8 +895,8 @@ def adapt_lightning_task(task: Task) -> Task | None:
     What the task already sets (loss_fn, evaluate_fn, optimizer_fn ...) wins over the model's methods.
     """
     model = task.model
-    if not is_lightning_style(model):
-        return None
+    if not is_lightning_style(model) or any(isinstance(c, ModelHooks) for c in task.callbacks):
+        return None  # a plain model, or a task adapted already (a Trainer's `task`)
     a = ModelAdapter(model)
     hooks = ModelHooks(a)
     name = type(model).__name__
