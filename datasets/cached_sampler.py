@@ -298,7 +298,7 @@ class CachedModalAwarePKSampler:
         else:
             self.num_batches = total // pw if self.drop_last else -(-total // pw)  # per rank, per epoch
         self.setup_seconds = time.perf_counter() - t0
-        self.summary = {
+        self.summary: dict[str, Any] = {
             "samples": self.num_samples,
             "ids": self.num_ids,
             "eligible_ids": n_ids,

@@ -122,7 +122,7 @@ class ERA5SSTMonthlyDataset(Dataset):
                 "set $ERA5_DATA_PATH to a netCDF file, directory or glob, or unset it for the built-in sample",
             )
         sample = data_path is None
-        if sample:  # the seed's quick start passes no path: use the built-in synthetic sample
+        if data_path is None:  # the seed's quick start passes no path: use the built-in synthetic sample
             from datasets.era5_sample import ensure_sample_file
 
             data_path = ensure_sample_file(cache)
@@ -359,20 +359,20 @@ class ERA5SSTMonthlyDataset(Dataset):
             if self._plane is not None:
                 x = np.concatenate([x, np.take(self._plane, j, axis=0)[:, None]], axis=1)
             return torch.from_numpy(x), torch.from_numpy(np.take(arr, j + self._span, axis=0))
-        idx = torch.as_tensor(idx).to(self._norm.device, torch.long)
-        steps = torch.arange(self.seq_len - 1, device=idx.device)
-        x = self._norm[idx[:, None] + steps]
+        ti = torch.as_tensor(idx).to(self._norm.device, torch.long)
+        steps = torch.arange(self.seq_len - 1, device=ti.device)
+        xt = self._norm[ti[:, None] + steps]
         if self.calendar:
             if "cal" not in self._clim_t:  # cos/sin of every sample's target phase, on the device once
                 all_idx = np.arange(self._n)
-                self._clim_t["cal"] = torch.from_numpy(self._calendar_planes(all_idx)[:, :, 0, 0].copy()).to(idx.device)
-            cs = self._clim_t["cal"][idx]  # (B, 2)
-            x = torch.cat([x, cs[:, :, None, None].expand(-1, -1, self.height, self.width)], dim=1)
+                self._clim_t["cal"] = torch.from_numpy(self._calendar_planes(all_idx)[:, :, 0, 0].copy()).to(ti.device)
+            cs = self._clim_t["cal"][ti]  # (B, 2)
+            xt = torch.cat([xt, cs[:, :, None, None].expand(-1, -1, self.height, self.width)], dim=1)
         if self._plane is not None:
             if "plane" not in self._clim_t:  # the prior plane, on the device once
-                self._clim_t["plane"] = torch.from_numpy(self._plane).to(idx.device)
-            x = torch.cat([x, self._clim_t["plane"][idx][:, None]], dim=1)
-        return x, self._norm[idx + self._span]
+                self._clim_t["plane"] = torch.from_numpy(self._plane).to(ti.device)
+            xt = torch.cat([xt, self._clim_t["plane"][ti][:, None]], dim=1)
+        return xt, self._norm[ti + self._span]
 
     def denormalize(self, t: torch.Tensor, target_index: int | torch.Tensor) -> torch.Tensor:
         """Normalised field(s) (..., H, W) for the targets of samples `target_index` (same leading dims) -> °C.

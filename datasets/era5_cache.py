@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,26 +21,42 @@ import numpy as np
 from datasets.area import Area
 from datasets.era5_files import _open
 from datasets.era5_grid import NetCDFSource, coarsen
+from datasets.free_space import require_free_space, reserve
 
 log = logging.getLogger("datasets.era5")
 
 CACHE_VERSION = 1  # in the cache key: bump it when the cached array would come out different
 
-# Temp files of a cache or sample build: `.era5_<name>.<pid>.tmp` or `.era5_<name>.<pid>.tmp.npy`.
-_TEMP_RE = re.compile(r"^\.era5_.+\.(\d+)\.tmp(\.npy)?$")
+# Temp files of a cache or sample build: `.era5_<name>.<host>~<pid>.tmp[.npy]`; older builds wrote no host.
+_TEMP_RE = re.compile(r"^\.era5_.+?\.(?:(?P<host>[A-Za-z0-9_-]*)~)?(?P<pid>\d+)\.tmp(?:\.npy)?$")
 ORPHAN_GRACE_S = 120.0  # a temp file whose writer is gone is kept this long (its writer may be on another host)
 ORPHAN_STALE_S = 3600.0  # a build rewrites its temp file steadily: untouched this long means nobody writes it
+CACHE_HOW = (
+    "free space there, or point the cache elsewhere with --cache_dir DIR (cache_dir= in Python) or $PLAINLOOP_CACHE"
+)
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:40]
+
+
+def temp_name(target: Path, npy: bool = False) -> Path:
+    """The temp file a build writes before renaming it to `target`: host and pid in the name, so the next start
+    on this host can tell at once that its writer is gone."""
+    return target.with_name(f".{target.name}.{_host()}~{os.getpid()}.tmp" + (".npy" if npy else ""))
 
 
 def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    if os.name != "posix":
+        return True  # os.kill(pid, 0) would end the process on Windows: leave it to the age rule
     try:
         os.kill(pid, 0)  # signal 0: existence check only
     except ProcessLookupError:
         return False
-    except PermissionError:  # exists, owned by someone else
+    except OSError:  # exists, owned by someone else
         return True
-    except OSError:  # e.g. Windows without that pid
-        return False
     return True
 
 
@@ -48,13 +65,15 @@ def remove_orphan_temp_files(
 ) -> list[Path]:
     """Delete temp files a killed build left in `cache_dir` (they can be GBs for native 0.25° data).
 
-    A temp file is removed when its writer's pid no longer exists on this machine and it is older than
-    `grace_s`, or when nobody has modified it for `stale_s` (the pid was reused). Files being written by a live
-    process are never touched. Returns the removed paths."""
+    A temp file is removed at once when its name says this host wrote it and that pid no longer runs; a file
+    from another host (or without a host in its name) when its pid does not run here and it is older than
+    `grace_s`; any file nobody has modified for `stale_s` (the pid was reused). Files being written by a live
+    process here are never touched. Each removal is one warning line. Returns the removed paths."""
     removed: list[Path] = []
     now = time.time()
+    me = _host()
     try:
-        entries = list(os.scandir(cache_dir))
+        entries = list(os.scandir(os.fspath(cache_dir)))
     except OSError:
         return removed
     for e in entries:
@@ -65,17 +84,43 @@ def remove_orphan_temp_files(
             age = now - e.stat(follow_symlinks=False).st_mtime
         except OSError:  # renamed or removed by its writer meanwhile
             continue
-        pid = int(m.group(1))
-        orphan = (age > grace_s and pid != os.getpid() and not _pid_alive(pid)) or age > stale_s
+        pid = int(m["pid"])
+        gone = not _pid_alive(pid)
+        orphan = (gone and (m["host"] == me or age > grace_s)) or age > stale_s
         if not orphan:
             continue
         try:
+            size = e.stat(follow_symlinks=False).st_size
             os.unlink(e.path)
         except OSError:
             continue
         removed.append(Path(e.path))
-        log.warning("removed %s: left by an interrupted build (writer pid %d gone, %.0f s old)", e.path, pid, age)
+        log.warning(
+            "removed %s (%.1f MB): left by an interrupted build (writer pid %d gone, %.0f s old)",
+            e.path,
+            size / 1e6,
+            pid,
+            age,
+        )
     return removed
+
+
+def other_temp_files(folder: Path) -> str:
+    """'' or a note for a full-disk error: temp files of other builds still in `folder` and what they take."""
+    found = []
+    try:
+        for e in os.scandir(folder):
+            if _TEMP_RE.match(e.name) and e.is_file(follow_symlinks=False):
+                found.append((e.path, e.stat(follow_symlinks=False).st_size))
+    except OSError:
+        return ""
+    if not found:
+        return ""
+    total = sum(n for _, n in found)
+    return (
+        f"; {len(found)} temp file(s) of other or interrupted builds take {total / 1e6:,.1f} MB there "
+        f"(e.g. {found[0][0]}): delete them if no other run is building"
+    )
 
 
 def _cache_key(files: Sequence[Path], area: Area, resolution: float, variable: str) -> tuple[str, str]:
@@ -117,10 +162,14 @@ def build_cache(source: NetCDFSource, npy: Path, meta_path: Path, key: str) -> d
     """Read every month once, coarsen, mask land, write (T, H, W) float32 atomically; return the sidecar."""
     p = source.plan
     T = int(source.months.size)
-    tmp = npy.with_name(f".{npy.name}.{os.getpid()}.tmp.npy")
+    tmp = temp_name(npy, npy=True)
     any_nan = np.zeros((p.height, p.width), dtype=bool)
+    nbytes = T * p.height * p.width * 4 + 4096  # float32 data, the .npy header and the JSON sidecar
+    how = CACHE_HOW + other_temp_files(npy.parent)
+    require_free_space(npy, nbytes, how)  # before any byte is written: a full memmap is a SIGBUS, not an error
     try:
         mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(T, p.height, p.width))
+        reserve(tmp, os.path.getsize(tmp), npy, how)  # the blocks, now: a disk that fills meanwhile fails here
         step = source.chunk_months()
         g = 0
         for e in source.entries:
@@ -160,7 +209,10 @@ def build_cache(source: NetCDFSource, npy: Path, meta_path: Path, key: str) -> d
         "area": {"title": source.area.title, "lon": source.area.lon, "lat": source.area.lat},
         "resolution": source.resolution,
     }
-    tmpj = meta_path.with_name(f".{meta_path.name}.{os.getpid()}.tmp")
-    tmpj.write_text(json.dumps(meta))
-    os.replace(tmpj, meta_path)  # the sidecar is written last: it marks the cache complete
+    tmpj = temp_name(meta_path)
+    try:
+        tmpj.write_text(json.dumps(meta))
+        os.replace(tmpj, meta_path)  # the sidecar is written last: it marks the cache complete
+    finally:
+        tmpj.unlink(missing_ok=True)
     return meta

@@ -66,6 +66,8 @@ def resolve_files(
         if not out:
             raise FileNotFoundError(f"{name} is an empty list: give at least one netCDF file")
         return out
+    if not isinstance(data_path, (str, os.PathLike)):
+        raise TypeError(f"{name} {data_path!r}: give a path, a glob or a list of them; {how}")
     text = os.fspath(data_path)
     p = Path(text).expanduser()
     if p.is_dir():
@@ -132,6 +134,28 @@ def _units_kind(units: str | None) -> str | None:
     if u in CELSIUS_UNITS:
         return "C"
     return "unknown"
+
+
+def axis_problem(values: np.ndarray, circular: bool = False) -> str | None:
+    """Why a 1-D coordinate axis is unusable (None: it is strictly ascending or strictly descending).
+
+    A circular axis (longitude) may also start anywhere on the circle and wrap once, e.g. 180..359, 0..179."""
+    v = np.asarray(values, dtype=np.float64)
+    if not np.isfinite(v).all():
+        k = int(np.flatnonzero(~np.isfinite(v))[0])
+        return f"has a missing or non-finite value ({v[k]}) at index {k}"
+    d = np.diff(v)
+    if (d > 0).all() or (d < 0).all():
+        return None
+    if circular:  # wrapped once: the offsets from the first value, around the circle, ascend or descend
+        up, down = np.diff(np.mod(v - v[0], 360.0)), np.diff(np.mod(v[0] - v, 360.0))
+        if (up > 0).all() or (down > 0).all():
+            return None
+        d = up if (up > 0).sum() >= (down > 0).sum() else -down
+    main = 1.0 if (d > 0).sum() >= (d < 0).sum() else -1.0
+    k = int(np.flatnonzero(np.sign(d) != main)[0])
+    kind = "repeats a value" if v[k + 1] == v[k] else "is not monotonic"
+    return f"{kind}: {v[k + 1]:g} at index {k + 1} follows {v[k]:g}"
 
 
 @dataclass
@@ -237,13 +261,12 @@ def scan_file(path: Path, variable: str = "sst") -> FileEntry:
             dates = netCDF4.num2date(
                 tv[:], t_units, getattr(tv, "calendar", "standard"), only_use_cftime_datetimes=True
             )
-            months = np.array([d.year * 12 + d.month - 1 for d in np.atleast_1d(dates)], dtype=np.int64)
+            months = np.array([d.year * 12 + d.month - 1 for d in np.atleast_1d(np.asarray(dates))], dtype=np.int64)
         except (OSError, RuntimeError, ValueError) as e:
             raise ValueError(f"{path}: cannot decode time variable {tname!r} ({e})") from e
         if months.size == 0:
             raise ValueError(f"{path}: no time steps")
-        d = np.diff(months)
-        bad = np.flatnonzero(d != 1)
+        bad = np.flatnonzero(np.diff(months) != 1)
         if bad.size:
             k = int(bad[0])
             a, b = int(months[k]), int(months[k + 1])
@@ -262,6 +285,15 @@ def scan_file(path: Path, variable: str = "sst") -> FileEntry:
             raise ValueError(f"{path}: cannot read coordinates ({e}); the file is corrupt or truncated") from e
         if lat.ndim != 1 or lon.ndim != 1:
             raise ValueError(f"{path}: only regular 1-D lat/lon grids are supported (got {lat.shape}, {lon.shape})")
+        for name, axis, circular in ((latname, lat, False), (lonname, lon, True)):
+            why = axis_problem(axis, circular)
+            if why and why.startswith("has a missing"):
+                raise ValueError(f"{path}: coordinate {name!r} {why}; every grid point needs a coordinate value")
+            if why:
+                raise ValueError(
+                    f"{path}: coordinate {name!r} {why}; the reader needs a sorted axis without repeats: "
+                    f"sort the file along {name!r} (e.g. xarray's ds.sortby({name!r})) and drop repeated values"
+                )
         units = getattr(v, "units", None)
         note = "variable attribute"
         if units is None and hasattr(nc, "units"):

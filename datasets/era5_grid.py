@@ -152,10 +152,10 @@ class NetCDFSource:
             idx.append(slice(None) if i == entry.expver_axis else 0)
         idx += [p.lat_read, p.lon_read]
         own = nc is None
-        nc = _open(entry.path) if own else nc
+        ds = _open(entry.path) if nc is None else nc
         try:
             # netCDF4 applies scale/offset and masks _FillValue/missing_value; filled(NaN) keeps fills out
-            a = np.ma.filled(nc.variables[entry.var][tuple(idx)].astype(np.float32), np.nan)
+            a = np.ma.filled(ds.variables[entry.var][tuple(idx)].astype(np.float32), np.nan)
         except (OSError, RuntimeError, IndexError) as e:
             raise ValueError(
                 f"{entry.path}: cannot read {entry.var!r} months {t0}..{t1} ({e}); "
@@ -163,12 +163,12 @@ class NetCDFSource:
             ) from e
         finally:
             if own:
-                nc.close()
+                ds.close()
         if entry.expver_axis is not None:  # ERA5T: the last expver present wins, earlier ones fill the gaps
             # size-1 level dims were indexed away, so expver is axis 1 of (t, expver, lat, lon)
             merged = a[:, -1]
-            for e in range(a.shape[1] - 2, -1, -1):
-                merged = np.where(np.isfinite(merged), merged, a[:, e])
+            for k in range(a.shape[1] - 2, -1, -1):
+                merged = np.where(np.isfinite(merged), merged, a[:, k])
             a = merged
         kelvin = entry.units == "K"
         if entry.units is None:  # no units anywhere: ocean SST above 100 can only be Kelvin

@@ -28,11 +28,16 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import errno
 import os
 from pathlib import Path
+from typing import Literal
 
 import netCDF4
 import numpy as np
+
+from datasets.era5_cache import CACHE_HOW, remove_orphan_temp_files, temp_name
+from datasets.free_space import require_free_space
 
 LAYOUTS = ("legacy", "cds2024", "cf")
 SAMPLE_VERSION = 2  # in the cached file's name: a changed generator never reuses an old file
@@ -131,10 +136,10 @@ def sst_celsius(months: np.ndarray, lat: np.ndarray, lon: np.ndarray, seed: int 
     bands = np.exp(-(((lat[:, None] - _BAND_LATS[None, :]) / _BAND_WIDTH) ** 2))  # (nlat, bands)
     bands *= 0.6 + 0.8 * np.abs(np.sin(np.deg2rad(_BAND_LATS)))[None, :]  # mid-latitudes vary more
     lam = np.deg2rad(np.mod(lon, 360.0))
-    waves = [np.ones_like(lam)]
+    wave_list = [np.ones_like(lam)]
     for k in range(1, _WAVES + 1):
-        waves += [np.cos(k * lam), np.sin(k * lam)]
-    waves = np.stack(waves)  # (columns, nlon)
+        wave_list += [np.cos(k * lam), np.sin(k * lam)]
+    waves = np.stack(wave_list)  # (columns, nlon)
     land = land_mask(lat, lon)
     red, enso = _slow_states(int(months.max()) + 1 if months.size else 0, seed)
 
@@ -154,8 +159,28 @@ def sst_celsius(months: np.ndarray, lat: np.ndarray, lon: np.ndarray, seed: int 
     return out
 
 
+def sample_nbytes(layout: str, n_months: int, grid: float, expver_dim: bool = False) -> int:
+    """About how many bytes `write_sample_file` writes: the SST field (int16 packed for legacy, float32
+    otherwise, uncompressed) plus 64 KiB of coordinates and header."""
+    lat, lon = grid_coords(layout, grid)
+    itemsize = 2 if layout == "legacy" else 4
+    return n_months * lat.size * lon.size * itemsize * (2 if expver_dim else 1) + 64 * 2**10
+
+
 def _times(start_year: int, n_months: int) -> list[dt.datetime]:
     return [dt.datetime(start_year + m // 12, m % 12 + 1, 1) for m in range(n_months)]
+
+
+def _check_args(layout: str, years: int, grid: float, months: int | None = None) -> int:
+    """The number of months, or a ValueError naming the bad setting."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"--layout {layout!r} is not one of {LAYOUTS}")
+    n_months = int(months) if months is not None else int(years) * 12
+    if n_months < 1:
+        raise ValueError(f"--years {years} / months {months}: need at least one month")
+    if not (0.05 <= grid <= 30.0) or abs(360.0 / grid - round(360.0 / grid)) > 1e-6:
+        raise ValueError(f"--grid {grid}: must divide 360 (e.g. 0.25, 0.5, 1, 2.5)")
+    return n_months
 
 
 def write_sample_file(
@@ -178,20 +203,16 @@ def write_sample_file(
     3 months come from expver 5 and the rest from expver 1, as CDS served ERA5T), `units` (None = no units
     attribute; "auto" = K for CDS layouts, degC for cf) and `units_on_file` (units only as a global attribute).
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"--layout {layout!r} is not one of {LAYOUTS}")
-    n_months = int(months) if months is not None else int(years) * 12
-    if n_months < 1:
-        raise ValueError(f"--years {years} / months {months}: need at least one month")
-    if not (0.05 <= grid <= 30.0) or abs(360.0 / grid - round(360.0 / grid)) > 1e-6:
-        raise ValueError(f"--grid {grid}: must divide 360 (e.g. 0.25, 0.5, 1, 2.5)")
+    n_months = _check_args(layout, years, grid, months)
     path = Path(path)
+    # netCDF-C on a full disk can crash the process: refuse before the file is created
+    require_free_space(path, sample_nbytes(layout, n_months, grid, expver_dim), "free space there or write elsewhere")
     lat, lon = grid_coords(layout, grid)
     celsius = layout == "cf"
     if units == "auto":
         units = "degC" if celsius else "K"
     times = _times(start_year, n_months)
-    fmt = "NETCDF3_64BIT_OFFSET" if layout == "legacy" else "NETCDF4"
+    fmt: Literal["NETCDF3_64BIT_OFFSET", "NETCDF4"] = "NETCDF3_64BIT_OFFSET" if layout == "legacy" else "NETCDF4"
 
     with netCDF4.Dataset(path, "w", format=fmt) as nc:
         nc.title = "Synthetic ERA5-like monthly mean sea surface temperature (NOT real data)"
@@ -280,13 +301,17 @@ def ensure_sample_file(
     seed: int = 0,
 ) -> Path:
     """Path of the built-in sample file, generated once (temp file + rename, so a crash never leaves half a
-    file behind) into `cache_dir` (default $PLAINLOOP_CACHE or ~/.cache/plainloop)."""
+    file behind) into `cache_dir` (default $PLAINLOOP_CACHE or ~/.cache/plainloop). Without room for it, an
+    OSError (ENOSPC) naming the file, before anything is written."""
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     path = cache / f"era5_sample_v{SAMPLE_VERSION}_{layout}_{years}y_{grid:g}deg_seed{seed}.nc"
     if path.is_file() and path.stat().st_size > 0:
         return path
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    n_months = _check_args(layout, years, grid)
+    remove_orphan_temp_files(cache)  # an interrupted generation's temp file takes room the new one needs
+    require_free_space(path, sample_nbytes(layout, n_months, grid), CACHE_HOW)
+    tmp = temp_name(path)
     try:
         write_sample_file(tmp, layout=layout, years=years, grid=grid, seed=seed)
         os.replace(tmp, path)
@@ -305,7 +330,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--start-year", type=int, default=1990, help="first year (default: 1990)")
     args = p.parse_args(argv)
     out = Path(args.out)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        n_months = _check_args(args.layout, args.years, args.grid)
+    except ValueError as e:
+        p.error(str(e))
+    try:
+        require_free_space(out, sample_nbytes(args.layout, n_months, args.grid), "free space there or write elsewhere")
+    except OSError as e:  # exit 4: an I/O failure, as in train_optimized.py
+        why = e.strerror if e.errno == errno.ENOSPC else f"{out.parent}: {e.strerror}"
+        p.exit(4, f"{p.prog}: error: {why}\n")
+    tmp = temp_name(out)
     try:
         write_sample_file(tmp, args.layout, args.years, args.grid, args.seed, args.start_year)
         os.replace(tmp, out)

@@ -22,9 +22,11 @@ from __future__ import annotations
 import math
 import os
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -34,11 +36,29 @@ from torch.utils.data import Dataset
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 IMG_EXTS = (".jpg", ".jpeg", ".png", ".bmp")
+# Largest image a reader accepts, in pixels: person crops are a few hundred pixels on a side, and an image is
+# decoded whole every epoch before it is resized, so a 12000 x 12000 file would cost 0.4 GB per look.
+MAX_IMAGE_PIXELS = 4096 * 4096
 SYSU_RGB_CAMS = (1, 2, 4, 5)
 SYSU_IR_CAMS = (3, 6)
 # SYSU-MM01 protocol: cam2 and cam3 film the same indoor scene, so for an IR query from cam3 the RGB
 # gallery images of cam2 are excluded (and vice versa); same-camera matches are excluded always.
 SYSU_EXCLUDED_CAMERA_PAIRS = ((3, 2), (2, 3))
+
+
+# Named (query indices, gallery indices) pairs; a gallery may be a list of index arrays, one per random draw.
+Protocols = dict[str, tuple[np.ndarray, np.ndarray | Sequence[np.ndarray]]]
+
+
+class ReIDImages(Protocol):
+    """What an evaluation set's images offer: samples, and the identity and camera of each."""
+
+    pids: np.ndarray
+    camids: np.ndarray
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]: ...
 
 
 def _relabel(pids: np.ndarray) -> tuple[np.ndarray, int]:
@@ -51,8 +71,15 @@ class _MetaMixin:
     camids: np.ndarray
     modalities: np.ndarray
     labels: np.ndarray
+    num_classes: int
 
-    def _set_meta(self, pids: Sequence[int], camids: Sequence[int], modalities: Sequence[str], relabel: bool) -> None:
+    def _set_meta(
+        self,
+        pids: Sequence[int] | np.ndarray,
+        camids: Sequence[int] | np.ndarray,
+        modalities: Sequence[str] | np.ndarray,
+        relabel: bool,
+    ) -> None:
         self.pids = np.asarray(pids, dtype=np.int64)
         self.camids = np.asarray(camids, dtype=np.int64)
         self.modalities = np.asarray(modalities, dtype="<U3")
@@ -78,13 +105,15 @@ def load_image(path: str | os.PathLike, size: tuple[int, int]) -> np.ndarray:
     from PIL import Image  # optional dependency: only the folder readers need it
 
     with Image.open(path) as im:
-        im = im.convert("RGB").resize((size[1], size[0]), Image.BILINEAR)
-        return np.asarray(im, dtype=np.float32) / 255.0
+        rgb = im.convert("RGB").resize((size[1], size[0]), Image.Resampling.BILINEAR)
+        return np.asarray(rgb, dtype=np.float32) / 255.0
 
 
-def image_problem(path: str | os.PathLike) -> str | None:
-    """Why the file at `path` cannot be read as an image (None: it can), found cheaply: a JPEG is decoded in
-    Pillow's draft mode (1/8 scale, which still reads the whole compressed stream, so truncation shows)."""
+def image_problem(path: str | os.PathLike, max_pixels: int | None = None) -> str | None:
+    """Why the file at `path` cannot be read as an image (None: it can), found cheaply: the size comes from the
+    header (Pillow opens lazily) and an image over `max_pixels` (default MAX_IMAGE_PIXELS) is refused undecoded;
+    a JPEG is decoded in Pillow's draft mode (1/8 scale, which still reads the whole compressed stream, so
+    truncation shows)."""
     from PIL import Image
 
     p = Path(path)
@@ -98,11 +127,25 @@ def image_problem(path: str | os.PathLike) -> str | None:
         return "is not a regular file"
     if st.st_size == 0:
         return "is empty (0 bytes)"
+    max_pixels = MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
+    side = math.isqrt(max_pixels)
+    too_big = (
+        f"more than the {max_pixels:,} ({side} x {side}) a re-ID image may have (person crops are a few hundred "
+        "pixels a side, and every epoch decodes the whole image); downscale it or remove it"
+    )
     try:
-        with Image.open(p) as im:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the size is checked here
+            im_open = Image.open(p)
+        with im_open as im:
+            if im.width * im.height > max_pixels:
+                return f"has {im.width} x {im.height} = {im.width * im.height:,} pixels, {too_big}"
             if im.format == "JPEG":
                 im.draft("RGB", (max(1, im.width // 8), max(1, im.height // 8)))
             im.load()
+    except Image.DecompressionBombError as e:  # over Pillow's own limit: refused at open, before any decode
+        n = re.search(r"\((\d+) pixels\)", str(e))
+        return f"has {int(n[1]):,} pixels, {too_big}" if n else f"is too large ({e}), {too_big}"
     except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError... for damaged files
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return f"is not a readable image ({text})"
@@ -123,9 +166,9 @@ class ImageFileReID(_MetaMixin, Dataset):
     def __init__(
         self,
         paths: Sequence[str],
-        pids: Sequence[int],
-        camids: Sequence[int],
-        modalities: Sequence[str],
+        pids: Sequence[int] | np.ndarray,
+        camids: Sequence[int] | np.ndarray,
+        modalities: Sequence[str] | np.ndarray,
         image_size: tuple[int, int] = (128, 64),
         train: bool = False,
         relabel: bool | None = None,
@@ -150,7 +193,9 @@ class ImageFileReID(_MetaMixin, Dataset):
         return {"image": x, **self._meta_item(i)}
 
 
-_MARKET_RE = re.compile(r"^(-?\d+)_c(\d+)")
+# The whole name: <pid>_c<camera>s<sequence>_<frame>_<box>.<ext>, pid -1 (junk) or 0000 (distractor) included;
+# anchored so that a copy such as "0002_c1s1_000451_03 (1).jpg" is not read as a second image of person 2.
+_MARKET_RE = re.compile(r"^(-?\d+)_c(\d+)s\d+_\d+_\d+\.[A-Za-z]+$")
 
 
 def _scan_market(folder: Path) -> tuple[list[str], list[int], list[int]]:
@@ -160,18 +205,26 @@ def _scan_market(folder: Path) -> tuple[list[str], list[int], list[int]]:
             f"bounding_box_test/ (the extracted Market-1501-v15.09.15 directory)"
         )
     paths, pids, cams = [], [], []
+    bad: list[Path] = []
     for f in sorted(folder.iterdir()):
         if f.suffix.lower() not in IMG_EXTS:
             continue
         mt = _MARKET_RE.match(f.name)
         if mt is None:
-            raise ValueError(f"{f}: not a Market-1501 file name (expected e.g. 0002_c1s1_000451_03.jpg)")
+            bad.append(f)
+            continue
         pid, cam = int(mt.group(1)), int(mt.group(2))
         if pid <= 0:  # -1 = junk, 0000 = distractor: skipped
             continue
         paths.append(str(f))
         pids.append(pid)
         cams.append(cam)
+    if bad:
+        more = f" (and {len(bad) - 1} more such name(s) in {folder})" if len(bad) > 1 else ""
+        raise ValueError(
+            f"{bad[0]}: not a Market-1501 file name (expected <pid>_c<cam>s<seq>_<frame>_<box>.jpg, e.g. "
+            f"0002_c1s1_000451_03.jpg); rename or remove it{more}"
+        )
     if not paths:
         raise ValueError(f"{folder}: no Market-1501 images (0002_c1s1_000451_03.jpg style) found")
     return paths, pids, cams
@@ -196,7 +249,7 @@ def _holdout_ids(pids: np.ndarray, val_fraction: float, seed: int, where: str) -
     return np.sort(np.random.default_rng([seed, 0x7A1]).choice(ids, n_val, replace=False))
 
 
-def single_query_protocol(ds: _MetaMixin, seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def single_query_protocol(ds: _MetaMixin, seed: int = 0) -> Protocols:
     """Market-style protocol on one set of images: one random query per (identity, camera), the rest is
     the gallery (same-identity same-camera matches are excluded by the metric, so a query is matched
     only across cameras)."""
@@ -238,7 +291,21 @@ def read_market1501(
     test = ImageFileReID(q[0] + g[0], q[1] + g[1], q[2] + g[2], ["rgb"] * (len(q[0]) + len(g[0])), image_size)
     nq = len(q[0])
     val = ReIDEvalSet(val_ds, single_query_protocol(val_ds, seed)) if len(val_ids) else None
-    return train, val, ReIDEvalSet(test, {"": (np.arange(nq), np.arange(nq, len(test)))})
+    test_set = ReIDEvalSet(test, {"": (np.arange(nq), np.arange(nq, len(test)))})
+    if val is not None:
+        check_eval_set(
+            val,
+            f"{root / 'bounding_box_train'} (validation: the {len(val_ids)} identities val_fraction={val_fraction} "
+            "holds out)",
+            "raise val_fraction (--val_fraction) so that it holds out identities seen by two cameras, "
+            "or set it to 0 for no validation set",
+        )
+    check_eval_set(
+        test_set,
+        f"{root} (test: query/ against bounding_box_test/)",
+        "query/ and bounding_box_test/ must hold images of the same identities (the extracted Market-1501 folders)",
+    )
+    return train, val, test_set
 
 
 def _read_id_list(path: Path) -> list[int]:
@@ -306,17 +373,29 @@ def read_sysu_mm01(
     ranks = (1, 10, 20)  # what SYSU-MM01 papers report, beside mAP
     val = None
     if val_ids:
-        if va[0]:
-            val_ds = ImageFileReID(*va, image_size=image_size)
-            val = ReIDEvalSet(val_ds, sysu_protocols(val_ds, trials, seed), SYSU_EXCLUDED_CAMERA_PAIRS, ranks)
-    return (
-        train,
-        val,
-        ReIDEvalSet(test, sysu_protocols(test, trials, seed), SYSU_EXCLUDED_CAMERA_PAIRS, ranks),
+        if not va[0]:
+            raise ValueError(
+                f"{root}: exp/val_id.txt lists {len(val_ids)} validation identities but cam1..cam6/<pid>/ hold no "
+                "image of them; restore the images, or pass --val_fraction 0 to train without validation"
+            )
+        val_ds = ImageFileReID(*va, image_size=image_size)
+        val = ReIDEvalSet(val_ds, sysu_protocols(val_ds, trials, seed), SYSU_EXCLUDED_CAMERA_PAIRS, ranks)
+        check_eval_set(
+            val,
+            f"{root} (validation: exp/val_id.txt identities)",
+            "each identity needs IR images (cam3, cam6) and RGB images (cam1, 2, 4, 5); restore the images, or "
+            "pass --val_fraction 0 to train without validation",
+        )
+    test_set = ReIDEvalSet(test, sysu_protocols(test, trials, seed), SYSU_EXCLUDED_CAMERA_PAIRS, ranks)
+    check_eval_set(
+        test_set,
+        f"{root} (test: exp/test_id.txt identities)",
+        "each identity needs IR images (cam3, cam6) and RGB images (cam1, 2, 4, 5); restore the images",
     )
+    return train, val, test_set
 
 
-def sysu_protocols(ds: _MetaMixin, trials: int = 10, seed: int = 0) -> dict[str, tuple[np.ndarray, list[np.ndarray]]]:
+def sysu_protocols(ds: _MetaMixin, trials: int = 10, seed: int = 0) -> Protocols:
     """SYSU-MM01's evaluation (Wu et al., ICCV 2017): IR queries (cams 3, 6) against a single-shot RGB
     gallery of one random image per (identity, camera), drawn `trials` times (trial t seeded by seed + t);
     "allsearch" draws from RGB cams 1, 2, 4, 5 (outdoor and indoor), "indoor" from cams 1, 2. Together with
@@ -326,7 +405,7 @@ def sysu_protocols(ds: _MetaMixin, trials: int = 10, seed: int = 0) -> dict[str,
     if trials < 1:
         raise ValueError(f"trials={trials}: SYSU-MM01 needs at least 1 gallery draw (the standard is 10)")
     q = np.flatnonzero(np.isin(ds.camids, SYSU_IR_CAMS))
-    out: dict[str, tuple[np.ndarray, list[np.ndarray]]] = {}
+    out: Protocols = {}
     for name, cams in (("allsearch", SYSU_RGB_CAMS), ("indoor", (1, 2))):
         pool = np.flatnonzero(np.isin(ds.camids, cams))
         out[name] = (q, [_single_shot(ds, pool, seed + t) for t in range(trials)])
@@ -342,22 +421,66 @@ def _single_shot(ds: _MetaMixin, idx: np.ndarray, seed: int | Sequence[int]) -> 
 
 # ----------------------------------------------------------------------------------------- evaluation set
 @dataclass
-class ReIDEvalSet:
+class ReIDEvalSet(Dataset):
     """All images of an evaluation split in one dataset + named (query indices, gallery indices) protocols;
-    a gallery may be a list of index arrays (random trials, scored as mean and std)."""
+    a gallery may be a list of index arrays (random trials, scored as mean and std). Indexing it indexes its
+    images."""
 
-    dataset: Dataset
-    protocols: dict[str, tuple[np.ndarray, np.ndarray | list[np.ndarray]]]
+    dataset: ReIDImages
+    protocols: Protocols
     excluded_camera_pairs: Sequence[tuple[int, int]] = field(default_factory=tuple)
     ranks: tuple[int, ...] = (1, 5, 10)
 
     def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return self.dataset[i]
 
 
-def cross_modality_protocols(
-    ds: _MetaMixin, single_shot: bool = False, seed: int = 0
-) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def eval_set_problem(ev: ReIDEvalSet) -> str | None:
+    """Why an evaluation set cannot be scored (None: it can), found from its metadata before any training: an
+    empty set, a protocol without queries or gallery, or one where no query has a true match (an image of its
+    identity in the gallery from a camera the protocol does not exclude), which the metric would refuse."""
+    pids, camids = np.asarray(ev.dataset.pids), np.asarray(ev.dataset.camids)
+    if len(pids) == 0:
+        return "holds no image"
+    excluded = {(int(a), int(b)) for a, b in ev.excluded_camera_pairs}
+    for name, (q, gi) in ev.protocols.items():
+        label = f"protocol {name!r}" if name else "the query -> gallery protocol"
+        q = np.asarray(q)
+        trials = [np.asarray(gi)] if isinstance(gi, np.ndarray) else [np.asarray(g) for g in gi]
+        if len(q) == 0:
+            return f"{label} has no query image"
+        if not trials or any(len(g) == 0 for g in trials):
+            return f"{label} has an empty gallery"
+        query_pairs = {(int(a), int(b)) for a, b in zip(pids[q], camids[q])}
+        for t, g in enumerate(trials):
+            gallery_cams: dict[int, set[int]] = {}
+            for a, b in zip(pids[g].tolist(), camids[g].tolist()):
+                gallery_cams.setdefault(a, set()).add(b)
+            if not any(
+                gc != qc and (qc, gc) not in excluded for qp, qc in query_pairs for gc in gallery_cams.get(qp, ())
+            ):
+                shared = len({qp for qp, _ in query_pairs} & set(gallery_cams))
+                where = f" (gallery draw {t + 1} of {len(trials)})" if len(trials) > 1 else ""
+                return (
+                    f"{label}{where}: no query has a true match: the {len({qp for qp, _ in query_pairs})} query "
+                    f"identities share {shared} with the gallery's {len(gallery_cams)}, and a match must come "
+                    "from another camera"
+                )
+    return None
+
+
+def check_eval_set(ev: ReIDEvalSet, where: str, how: str) -> None:
+    """Refuse an evaluation set that cannot be scored when the data is read, not after training: one line
+    naming `where` (the folder or split) and `how` to fix it."""
+    why = eval_set_problem(ev)
+    if why:
+        raise ValueError(f"{where}: {why}; {how}")
+
+
+def cross_modality_protocols(ds: _MetaMixin, single_shot: bool = False, seed: int = 0) -> Protocols:
     """{"rgb2ir": (rgb, ir), "ir2rgb": (ir, rgb)}; single_shot keeps one gallery image per (pid, cam)."""
     rgb = np.flatnonzero(ds.modalities == "rgb")
     ir = np.flatnonzero(ds.modalities != "rgb")

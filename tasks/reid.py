@@ -25,7 +25,14 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from datasets.cached_sampler import CachedModalAwarePKSampler, parse_epoch_length
-from datasets.reid import read_market1501, read_sysu_mm01, synthetic_reid
+from datasets.reid import (
+    ImageFileReID,
+    ReIDEvalSet,
+    SyntheticCrossModalReID,
+    read_market1501,
+    read_sysu_mm01,
+    synthetic_reid,
+)
 from models.reid_net import ReIDLoss, ReIDNet
 from tasks.args import check_task_args, input_path_problem
 from trainer import Task
@@ -175,6 +182,8 @@ def build_reid_task(
     if epoch_length is not None and num_passes is not None:
         raise ValueError(f"--epoch_length {epoch_length} and --num_passes {num_passes} both set the epoch; "
                          "give one of them")  # fmt: skip
+    train: SyntheticCrossModalReID | ImageFileReID
+    val: ReIDEvalSet | None
     if reid_format == "synthetic":
         size = tuple(image_size) if image_size else (48, 24)
         n_ids = num_identities or 256
@@ -186,7 +195,7 @@ def build_reid_task(
             samples_per_id=8,
             image_size=size,  # type: ignore[arg-type]
             seed=seed,
-            num_val_identities=int(round(frac * n_ids)) if frac > 0 else 0,
+            num_val_identities=max(1, int(round(frac * n_ids))) if frac > 0 else 0,  # asked for: at least one
         )
         monitor = "rgb2ir_mAP"
     elif reid_format == "sysu":

@@ -298,13 +298,15 @@ def test_image_folder_runs_print_a_data_line(tmp_path: Path) -> None:
 
     for pid in range(1, 11):
         for cam in (1, 2):
-            _write_img(tmp_path / "bounding_box_train" / f"{pid:04d}_c{cam}s1_000001_00.jpg", (10 * pid, 0, 0))
+            for frame in (1, 2):  # two per camera: a validation query leaves a gallery image behind
+                name = f"{pid:04d}_c{cam}s1_00000{frame}_00.jpg"
+                _write_img(tmp_path / "bounding_box_train" / name, (10 * pid, 0, 0))
     _write_img(tmp_path / "query" / "0101_c1s1_000001_00.jpg", (0, 0, 0))
     for k in range(3):
         _write_img(tmp_path / "bounding_box_test" / f"0101_c2s1_00000{k}_00.jpg", (0, 0, 0))
     task = build_reid_task(data_path=str(tmp_path), reid_format="market1501", val_fraction=0.2, width=4)
     assert data_lines(task) == [
-        f"data: {tmp_path} (Market-1501 folder); train 8 identities / 16 images, val 2 identities / 4 images, "
+        f"data: {tmp_path} (Market-1501 folder); train 8 identities / 32 images, val 2 identities / 8 images, "
         "test 1 identity / 4 images"
     ]
     task = build_reid_task(data_path=str(tmp_path), reid_format="market1501", val_fraction=0, width=4)
