@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 from datasets.era5 import ERA5SSTMonthlyDataset, NetCDFSource, resolve_files
 
 
-class NetCDFPerSampleDataset(Dataset):
+class NetCDFPerSampleDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Every sample opens the netCDF file(s), reads its months and coarsens them to the grid.
 
     `ref` is the cached dataset of the same split: it supplies the split bounds, the ocean mask and the
@@ -47,18 +47,8 @@ class NetCDFPerSampleDataset(Dataset):
         return torch.from_numpy(x), torch.from_numpy(y)
 
 
-def run_before(
-    model: torch.nn.Module,
-    train_set: Dataset,
-    val_set: Dataset | None,
-    device: torch.device,
-    epochs: int = 1,
-    batch_size: int = 50,
-    lr: float = 1e-3,
-    warmup_steps: int = 2,
-    monitor: Any = None,
-    seed: int = 0,
-) -> dict[str, Any]:
+def run_before(model: Any, train_set: Any, val_set: Any, device: torch.device, epochs: int = 1, batch_size: int = 50,
+               lr: float = 1e-3, warmup_steps: int = 2, monitor: Any = None, seed: int = 0) -> dict[str, Any]:  # fmt: skip
     """Warm up for `warmup_steps` batches, then train `epochs` full epochs, validating after each.
 
     Returns the measured wall time of those epochs (training + validation), the samples trained and the
@@ -69,9 +59,7 @@ def run_before(
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     train_loader = DataLoader(train_set, batch_size=batch_size, shuffle=True, num_workers=0, pin_memory=False)
     val_loader = (
-        DataLoader(val_set, batch_size=batch_size, shuffle=False, num_workers=0, pin_memory=False)
-        if val_set is not None and len(val_set)
-        else None
+        DataLoader(val_set, batch_size=batch_size, num_workers=0) if val_set is not None and len(val_set) else None
     )
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -80,7 +68,7 @@ def run_before(
         loss = model.loss(model(x), y)
         loss.backward()
         optimizer.step()
-        return loss.item()  # every step, as the seeds' loops did: a host-device sync per step
+        return float(loss.item())  # every step, as the seeds' loops did: a host-device sync per step
 
     # warm-up: allocator, kernels, file cache; not measured
     model.train()
@@ -123,12 +111,5 @@ def run_before(
     wall = time.perf_counter() - t_start
     if monitor is not None:
         monitor.stop_monitoring()
-    return {
-        "wall_s": wall,
-        "samples": samples,
-        "steps": steps,
-        "data_wait_s": data_s,
-        "step_s": step_s,
-        "val_s": val_s,
-        "step_times_s": step_times,
-    }
+    return {"wall_s": wall, "samples": samples, "steps": steps, "data_wait_s": data_s, "step_s": step_s, "val_s": val_s,
+            "step_times_s": step_times}  # fmt: skip

@@ -5,13 +5,15 @@
 
 With short epochs (the seed's 479 samples are 4 steps of 150) a save after every epoch can cost as much as the
 epoch's steps. This runs benchmarks.run's "defaults" row (plainloop's Trainer, TrainConfig defaults) in
-variants, interleaved, and times the save's parts inside the real loop:
+variants, interleaved, and times the save's parts inside the real loop. Every variant but by_time writes last.pt
+at every epoch end (checkpoint_interval=0), the cadence this measures:
 
-  as_is        the loop as shipped (on a GPU: last.pt written from a background thread, async_checkpoint)
+  as_is        the save as shipped (on a GPU: last.pt written from a background thread, async_checkpoint)
   in_line      async_checkpoint=False: every save written before training goes on
   no_save      the per-epoch last.pt skipped (the final one is still written): the upper bound of any fix
   no_fsync     os.fsync skipped (durability off): what the disk's flush costs
   no_digest    the sha256 digest skipped: what hashing the state costs
+  by_time      the defaults' cadence: last.pt every checkpoint_interval seconds (60), at the end and on a stop
 
 Per save (as_is, measured inside the loop; the GPU's queued work is synchronised before each timer starts, so
 it is not counted): Checkpointer.save (what the loop waits for), state_digest, torch.save and os.fsync (every
@@ -33,15 +35,10 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import RESULTS_DIR, environment, md_table, write_result
+from benchmarks.common import RESULTS_DIR, environment, md_table, sync, write_result
 from benchmarks.run import PRESETS, Bench, _build_task, epochs_from_metrics
 
-VARIANTS = ("as_is", "in_line", "no_save", "no_fsync", "no_digest")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+VARIANTS = ("as_is", "in_line", "no_save", "no_fsync", "no_digest", "by_time")
 
 
 @contextlib.contextmanager
@@ -61,7 +58,7 @@ def _patched(variant: str, device: torch.device, phases: dict[str, list[float]],
     def timed(key: str, fn: Callable[..., Any], pre_sync: bool = False) -> Callable[..., Any]:
         def wrapper(*a: Any, **k: Any) -> Any:
             if pre_sync:
-                _sync(device)
+                sync(device)
             t = time.perf_counter()
             try:
                 return fn(*a, **k)
@@ -107,6 +104,7 @@ def run_variant(b: Bench, variant: str, batch: int) -> dict[str, Any]:
         cfg = TrainConfig(
             epochs=W + E, batch_size=batch, output_dir=tmp, run_name=variant, seed=b.seed, device=str(b.device),
             async_checkpoint=False if variant == "in_line" else None,
+            checkpoint_interval=TrainConfig.checkpoint_interval if variant == "by_time" else 0.0,
         )  # fmt: skip
         trainer = Trainer(cfg, task, log=lambda m: None)
         with _patched(variant, b.device, phases, W + E):

@@ -1,31 +1,48 @@
-"""Shared benchmark helpers: environment record, statistics, JSON output, Markdown tables, matmul peak.
+"""What every harness under benchmarks/ shares: the environment record, timing, statistics and targets, the JSON
+and Markdown output, the command line's common flags, and Lightning, the peer plainloop is measured against.
 
-Every harness under benchmarks/ writes one JSON file with `environment()` (device, driver, torch version,
-git commit) beside its config and every repetition, and prints a Markdown table rendered by `md_table`.
+Every harness writes one JSON file with `environment()` (device, driver, torch version, git commit) beside its
+config and every repetition, and prints a Markdown table rendered by `md_table`.
+
+Lightning, in two set-ups (a benchmark-only dependency, requirements-bench.txt):
+  SEED_PEER       configured as the seed guides' BaseTrainer: "16-mixed", 8 workers, pinned, persistent,
+                  prefetch 2, torch's AdamW, validation every epoch, progress bar and checkpointing on; it
+                  reads plainloop's cached dataset through a DataLoader, as a seed user does
+  SAME_DATA_PEER  given exactly plainloop's data path, so that only the loop differs: the in-memory dataset
+                  gathered by index in plainloop's order (ShardedBatchSampler, drop_last), 0 workers,
+                  plainloop's precision and AdamW, validation at the last epoch, checkpointing on, no logger,
+                  progress bar or model summary
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import json
+import logging
 import math
 import os
 import platform
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 from benchmarks.sizes import CPU_MODEL, TINY_MODEL
 from tasks.era5 import SEED_PRESET
 from utils.performance_monitor import usable_cpus
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-# The RecursiveAttentionTransformer sizes of the benchmark configurations; "seed" is seed 000's model (the CLI's
-# seed preset without its grid and context).
+# RecursiveAttentionTransformer sizes; "seed" is the seed guides' model (the CLI's seed preset less grid and context)
 MODEL_SIZES: dict[str, dict[str, Any]] = {
     "tiny": TINY_MODEL,
     "cpu": CPU_MODEL,
@@ -33,38 +50,24 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
 }
 
 
-def git_commit() -> str:
-    """HEAD's hash (+"+dirty" when the tree has changes outside benchmarks/results), or "uncommitted" outside a
-    git checkout."""
+# ------------------------------------------------------------------------------------------ environment
+def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
     try:
-        root = Path(__file__).resolve().parent.parent
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, cwd=root)
-        if out.returncode != 0:
-            return "uncommitted"
-        # result files are outputs: a run that follows another one's freshly written JSON is still clean
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", ".", ":(exclude)benchmarks/results"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            cwd=root,
-        )
-        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, cwd=cwd)
     except (OSError, subprocess.SubprocessError):
-        return "uncommitted"
-
-
-def _driver_version() -> str | None:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
-    except (OSError, subprocess.SubprocessError, IndexError):
         return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_commit() -> str:
+    """HEAD's hash (+"+dirty" when the tree has changes outside benchmarks/results), or "uncommitted"."""
+    root = Path(__file__).resolve().parent.parent
+    head = _run(["git", "rev-parse", "HEAD"], root)
+    if not head:
+        return "uncommitted"
+    # result files are outputs: a run that follows another one's freshly written JSON is still clean
+    dirty = _run(["git", "status", "--porcelain", "--", ".", ":(exclude)benchmarks/results"], root)
+    return head + ("+dirty" if dirty else "")
 
 
 def _cpu_model() -> str:
@@ -82,8 +85,7 @@ def optional_modules() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for name in ("lightning", "netCDF4", "psutil", "tqdm", "pynvml", "numpy", "xarray", "dask"):
         try:
-            mod = __import__(name)
-            out[name] = str(getattr(mod, "__version__", "present"))
+            out[name] = str(getattr(__import__(name), "__version__", "present"))
         except Exception:  # a broken optional install counts as missing
             out[name] = None
     return out
@@ -91,8 +93,9 @@ def optional_modules() -> dict[str, str | None]:
 
 def environment(device: torch.device) -> dict[str, Any]:
     """Where the figures come from: machine, device, driver, library versions and the code's commit."""
-    cpus = usable_cpus()
-    env: dict[str, Any] = {
+    cuda = device.type == "cuda"
+    driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) if cuda else None
+    return {
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": platform.node(),
         "platform": platform.platform(),
@@ -100,15 +103,14 @@ def environment(device: torch.device) -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cpu": _cpu_model(),
-        "cpu_count": cpus,
+        "cpu_count": usable_cpus(),
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_model(),
-        "driver": _driver_version() if device.type == "cuda" else None,
+        "device_name": torch.cuda.get_device_name(device) if cuda else _cpu_model(),
+        "driver": driver.splitlines()[0] if driver else None,
         "commit": git_commit(),
         "modules": optional_modules(),
         "loadavg": loadavg(),
     }
-    return env
 
 
 def loadavg() -> list[float] | None:
@@ -120,21 +122,60 @@ def loadavg() -> list[float] | None:
 
 
 def wait_for_quiet(max_load: float, max_wait_s: float, poll_s: float = 60.0) -> dict[str, Any]:
-    """Wait until the 1-minute load average is below `max_load`, at most `max_wait_s` seconds.
-
-    Timings on a shared machine are only worth committing when it is quiet; this says how long it waited
-    and what the load was when it stopped waiting (quiet or not)."""
+    """Wait until the 1-minute load average is below `max_load`, at most `max_wait_s` seconds; says how long it
+    waited and the load when it stopped (quiet or not): timings on a shared machine are worth keeping when quiet."""
     t0 = time.monotonic()
     while True:
-        la = loadavg()
-        waited = time.monotonic() - t0
+        la, waited = loadavg(), time.monotonic() - t0
         if la is None or la[0] < max_load or waited >= max_wait_s:
             quiet = la is None or la[0] < max_load
-            if not quiet:
+            if not quiet and la is not None:
                 print(f"[bench] load average {la[0]:.2f} still >= {max_load} after {waited:.0f} s; going on")
             return {"max_load": max_load, "waited_s": round(waited, 1), "loadavg": la, "quiet": quiet}
         print(f"[bench] load average {la[0]:.2f} >= {max_load}: waiting ({waited:.0f} s so far)", flush=True)
         time.sleep(min(poll_s, max(1.0, max_wait_s - waited)))
+
+
+def base_parser(doc: str | None, out: Path | None, reps: int | None = 3, threads: int = 1,
+                out_help: str = "") -> _Parser:  # fmt: skip
+    """The flags every timing harness has: --reps, --threads, --wait-load, --wait-max and --out.
+
+    parse_args() also sets `wait(rep)` (waits for quiet when --wait-load is given; returns the load average)
+    and `argv` (the command line as given)."""
+    doc = doc or ""
+    ap = _Parser(description=doc.split("\n\n")[0], epilog=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = ap.add_argument
+    add("--reps", type=int, default=reps, help=f"interleaved repetitions (default: {reps or 'per preset'})")
+    add("--threads", type=int, default=threads, help=f"torch threads, 0 = torch's own (default: {threads})")
+    add("--wait-load", type=float, default=0.0, help="before each repetition, wait until the 1-minute load average "
+        "is below this (at most --wait-max s in all); 0 = do not wait (default: 0)")  # fmt: skip
+    add("--wait-max", type=float, default=3600.0, help="longest wait in all, seconds (default: 3600)")
+    shown = out_help or (str(out.relative_to(RESULTS_DIR.parent.parent)) if out else "")
+    add("--out", default=None if out is None else str(out), help=f"JSON path (default: {shown})")
+    return ap
+
+
+class _Parser(argparse.ArgumentParser):
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        a = super().parse_args(args, namespace)
+        if (a.reps is not None and a.reps < 1) or a.threads < 0:
+            self.error(f"--reps {a.reps} / --threads {a.threads}: need reps >= 1 and threads >= 0")
+        if a.threads > 0:
+            torch.set_num_threads(a.threads)
+        deadline = time.monotonic() + a.wait_max
+        a.waits = []
+
+        def wait(rep: int) -> list[float] | None:
+            if a.wait_load > 0:
+                a.waits.append(wait_for_quiet(a.wait_load, max(0.0, deadline - time.monotonic())))
+            return loadavg()
+
+        a.wait, a.argv = wait, list(sys.argv[1:] if args is None else args)
+        return a
+
+    def config(self, a: argparse.Namespace) -> dict[str, Any]:
+        """The parsed flags as a JSON-able config."""
+        return {k: v for k, v in vars(a).items() if k not in ("wait", "argv", "waits")}
 
 
 def sync(device: torch.device) -> None:
@@ -142,22 +183,13 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)  # note: sync point (timing boundary)
 
 
-def matmul_peak_flops(
-    device: torch.device, dtype: torch.dtype | None = None, n: int | None = None, iters: int | None = None
-) -> dict[str, Any]:
-    """Measured dense matmul peak (FLOP/s) on `device`: bf16 on CUDA, fp32 on CPU (the precision each runs).
-
-    The best of several timed batches of n x n products, so the figure is what this device really reaches
-    today, not a datasheet number.
-    """
-    if dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    if n is None:
-        n = 8192 if device.type == "cuda" else 1024
-    if iters is None:
-        iters = 20 if device.type == "cuda" else 4
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
+def matmul_peak_flops(device: torch.device, n: int | None = None, iters: int | None = None) -> dict[str, Any]:
+    """Measured dense matmul peak (FLOP/s): bf16 on CUDA, fp32 on a CPU (the precision each runs); the best of
+    several timed batches of n x n products, so the figure is what this device reaches today, not a datasheet's."""
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    n, iters = n or (8192 if cuda else 1024), iters or (20 if cuda else 4)
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
     for _ in range(3):
         a @ b
     sync(device)
@@ -169,31 +201,55 @@ def matmul_peak_flops(
         sync(device)
         best = min(best, time.perf_counter() - t0)
     flops = 2.0 * n**3 * iters / best
-    return {
-        "flops": flops,
-        "tflops": flops / 1e12,
-        "dtype": str(dtype).replace("torch.", ""),
-        "n": n,
-        "iters": iters,
-    }
+    return {"flops": flops, "tflops": flops / 1e12, "dtype": str(dtype).replace("torch.", ""), "n": n, "iters": iters}
 
 
+# ------------------------------------------------------------------------------------------ statistics
 def stats(values: Sequence[float]) -> dict[str, float]:
     """Median and spread of repetitions: min, max and the relative spread (max - min) / median."""
     vals = [float(v) for v in values]
     if not vals:
         raise ValueError("stats: no values (did every repetition fail?)")
     med = statistics.median(vals)
-    return {
-        "median": med,
-        "min": min(vals),
-        "max": max(vals),
-        "spread": (max(vals) - min(vals)) / med if med else 0.0,
-        "n": len(vals),
-    }
+    return {"median": med, "min": min(vals), "max": max(vals), "spread": (max(vals) - min(vals)) / med if med else 0.0,
+            "n": len(vals)}  # fmt: skip
 
 
-def write_json(path: str | os.PathLike, obj: Any) -> Path:
+def paired(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """The median of the per-repetition ratios a[i] / b[i]: robust to a slow patch of a shared machine that hits
+    every row of one interleaved repetition."""
+    ratios = [x / y for x, y in zip(a, b) if y]
+    return stats(ratios)["median"] if ratios else None
+
+
+def target_check(what: str, value: float | None, paired_value: float | None, goal: float, higher: bool = True,
+                 unit: str = "", config: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """A target met or missed: `value` (a ratio of medians, or a figure) must reach `goal`, and so must the paired
+    ratio when there is one. None (not measured) is never met."""
+
+    def ok(v: float | None) -> bool:
+        return v is not None and (v >= goal if higher else v <= goal)
+
+    met = ok(value) and (paired_value is None or ok(paired_value))
+    return {"target": what, "config": config, "value": value, "paired": paired_value, "goal": goal,
+            "direction": ">=" if higher else "<=", "unit": unit, "met": met}  # fmt: skip
+
+
+def all_figures_finite(obj: Any, path: str = "") -> list[str]:
+    """Paths of numbers in `obj` that are not finite (for tests and a final self-check)."""
+    if isinstance(obj, bool):
+        return []
+    if isinstance(obj, int | float):
+        return [] if math.isfinite(obj) else [path]
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in all_figures_finite(v, f"{path}.{k}")]
+    if isinstance(obj, list | tuple):
+        return [p for i, v in enumerate(obj) for p in all_figures_finite(v, f"{path}[{i}]")]
+    return []
+
+
+# ------------------------------------------------------------------------------------------ output
+def write_json(path: str | os.PathLike[str], obj: Any) -> Path:
     """Atomic write, so a crash never leaves half a result file."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -203,21 +259,17 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
     return p
 
 
-def write_result(out: str | os.PathLike, result: Any, md: str) -> Path:
+def write_result(out: str | os.PathLike[str], result: Any, md: str) -> Path:
     """The raw JSON and its rendered Markdown table side by side (out and out.md); the table is printed."""
-    out = write_json(out, result)
-    out.with_suffix(".md").write_text(md, encoding="utf-8")
+    path = write_json(out, result)
+    path.with_suffix(".md").write_text(md, encoding="utf-8")
     print(md)
-    return out
+    return path
 
 
 def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    def cell(v: Any) -> str:
-        return "" if v is None else str(v)
-
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
-    return "\n".join(lines)
+    return "\n".join(lines + ["| " + " | ".join("" if v is None else str(v) for v in r) + " |" for r in rows])
 
 
 def fmt(v: float | None, spec: str = ".1f", suffix: str = "") -> str:
@@ -226,18 +278,174 @@ def fmt(v: float | None, spec: str = ".1f", suffix: str = "") -> str:
     return f"{v:{spec}}{suffix}"
 
 
-def all_figures_finite(obj: Any, path: str = "") -> list[str]:
-    """Paths of numbers in `obj` that are not finite (for tests and a final self-check)."""
-    bad: list[str] = []
-    if isinstance(obj, bool):
-        return bad
-    if isinstance(obj, int | float):
-        if not math.isfinite(obj):
-            bad.append(path)
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            bad += all_figures_finite(v, f"{path}.{k}")
-    elif isinstance(obj, list | tuple):
-        for i, v in enumerate(obj):
-            bad += all_figures_finite(v, f"{path}[{i}]")
-    return bad
+# ------------------------------------------------------------------------------------------ the Lightning peer
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """A loop's console output kept off the benchmark's: plainloop's lines (start-up notes, one per epoch) and
+    Lightning's progress bar and start-up/teardown notes. Everything still runs and is written (to a buffer),
+    so what is measured stays the same: Lightning's bar is part of its defaults, and on this 2-core machine its
+    samples/s were the same with the bar written to a file or to the buffer (72-74k, 3 reps each) but ~27%
+    higher with enable_progress_bar=False (92-95k: the bar cost it ~190 µs per step)."""
+    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric", "pytorch_lightning")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:  # "GPU available: ...", tips, "`Trainer.fit` stopped": outside the timed steps
+        lg.setLevel(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+SEED_LOADER = {"num_workers": 8, "pin_memory": True, "persistent_workers": True, "prefetch_factor": 2}
+SEED_PEER: dict[str, Any] = {"data": "loader", "progress_bar": True, "optimizer": "torch", "val_every": 1}
+SAME_DATA_PEER: dict[str, Any] = {"data": "gather", "progress_bar": False, "optimizer": "plainloop", "val_every": None}
+LIGHTNING_PRECISION = {"32": "32-true", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
+
+
+def lightning_available() -> str | None:
+    """Lightning's version, or None when it is not installed (the harness then skips its rows and says so)."""
+    try:
+        import lightning
+
+        return str(lightning.__version__)
+    except ImportError:
+        return None
+
+
+class GatherBatches(Dataset[Any]):
+    """Whole batches from a dataset held in memory, `[idx]` -> `dataset.gather(idx)`: plainloop's path. With
+    `DataLoader(batch_size=None, sampler=<a batch sampler>)` there is no per-sample __getitem__ and no collate."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, idx: Any) -> Any:
+        return self.dataset.gather(torch.as_tensor(idx, dtype=torch.long))
+
+
+def peer_loaders(train_set: Any, val_set: Any, device: torch.device, batch_size: int, peer: dict[str, Any],
+                 loader: dict[str, Any], seed: int) -> tuple[DataLoader[Any], DataLoader[Any] | None]:  # fmt: skip
+    if peer["data"] == "gather":
+        from trainer.data import ShardedBatchSampler
+
+        for ds in (train_set, val_set):  # plainloop's residency: the split's normalised array in memory
+            if ds is not None and not ds.maybe_to_device(device):
+                raise RuntimeError(f"{type(ds).__name__} refused to be held on {device}: no like-for-like row")
+        order = ShardedBatchSampler(len(train_set), batch_size, seed=seed, drop_last=True)
+        train = DataLoader(GatherBatches(train_set), batch_size=None, sampler=order)
+        if val_set is None or not len(val_set):
+            return train, None
+        val_order = ShardedBatchSampler(len(val_set), batch_size, shuffle=False, drop_last=False)
+        return train, DataLoader(GatherBatches(val_set), batch_size=None, sampler=val_order)
+    kw = dict(loader)
+    if kw.get("num_workers", 0) == 0:
+        kw.pop("persistent_workers", None)
+        kw.pop("prefetch_factor", None)
+    val = DataLoader(val_set, batch_size=batch_size, shuffle=False, **kw) if val_set is not None else None
+    return DataLoader(train_set, batch_size=batch_size, shuffle=True, **kw), val
+
+
+def peer_module(model: torch.nn.Module, lr: float, device: torch.device, peer: dict[str, Any]) -> Any:
+    """A LightningModule around a plainloop task's model: its loss, logged per step, and the peer's AdamW."""
+    import lightning as L
+
+    class SeedModule(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            loss: torch.Tensor = self.model.loss(self.model(batch[0]), batch[1])  # type: ignore[operator]
+            self.log("train_loss", loss, prog_bar=peer["progress_bar"])
+            return loss
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            loss = self.model.loss(self.model(batch[0]), batch[1])  # type: ignore[operator]
+            self.log("val_loss", loss, prog_bar=peer["progress_bar"])
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            if peer["optimizer"] == "plainloop":
+                from trainer.optim import build_adamw
+
+                return build_adamw(self.model, lr, 0.01, device, tensor_lr=False)
+            return torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.01)
+
+    return SeedModule()
+
+
+def run_lightning(model: torch.nn.Module, train_set: Any, val_set: Any, device: torch.device, epochs: int = 1,
+                  warmup_epochs: int = 1, batch_size: int = 150, lr: float = 1e-3, precision: str = "16-mixed",
+                  loader: dict[str, Any] | None = None, monitor: Any = None, seed: int = 0,
+                  peer: dict[str, Any] | None = None, callbacks: Sequence[Any] = ()) -> dict[str, Any]:  # fmt: skip
+    """Fit for warmup_epochs + epochs; time the last `epochs` (training + validation + checkpointing).
+
+    Data wait has the definition of plainloop's monitor: from the end of the previous step (or the epoch start)
+    until the batch reaches training_step."""
+    import lightning as L
+
+    peer, loader = dict(peer or SEED_PEER), dict(loader or SEED_LOADER)
+    total = warmup_epochs + epochs
+    torch.manual_seed(seed)
+    train_loader, val_loader = peer_loaders(train_set, val_set, device, batch_size, peer, loader, seed)
+    marks: dict[str, list[float]] = {"epoch_end": [], "samples": [], "data_s": [], "step_s": []}
+
+    class Clock(L.Callback):
+        t_prev = t_start = 0.0
+
+        def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+            self.t_prev = time.perf_counter()
+            if trainer.current_epoch == warmup_epochs and monitor is not None:
+                monitor.start_monitoring()
+            for k in ("samples", "data_s", "step_s"):
+                marks[k].append(0.0)
+
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            self.t_start = time.perf_counter()
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            t = time.perf_counter()
+            data, step, n = self.t_start - self.t_prev, t - self.t_prev, int(batch[0].shape[0])
+            marks["samples"][-1] += n
+            marks["data_s"][-1] += data
+            marks["step_s"][-1] += step
+            if monitor is not None and trainer.current_epoch >= warmup_epochs:
+                monitor.log_iteration(step, data, n)
+            self.t_prev = t
+
+        def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            sync(device)  # the epoch's timing boundary
+            marks["epoch_end"].append(time.perf_counter())
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = L.Trainer(
+            accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, precision=precision,  # type: ignore[arg-type]
+            max_epochs=total, logger=False, default_root_dir=tmp, enable_model_summary=False,
+            enable_progress_bar=peer["progress_bar"], num_sanity_val_steps=0, callbacks=[Clock(), *callbacks],
+            check_val_every_n_epoch=peer["val_every"] or total,  # None: the last epoch, as plainloop
+        )  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "does not have many workers" etc.: the seed's settings on purpose
+            trainer.fit(peer_module(model, lr, device, peer), train_loader, val_loader)
+        resolved = str(trainer.precision)
+    if monitor is not None:
+        monitor.stop_monitoring()
+    ends = marks["epoch_end"]
+    if len(ends) < total:
+        raise RuntimeError(f"Lightning ran {len(ends)} epochs, expected {total}")
+    timed = slice(warmup_epochs, total)
+    return {
+        "wall_s": ends[-1] - ends[warmup_epochs - 1] if warmup_epochs > 0 else None,
+        "samples": int(sum(marks["samples"][timed])),
+        "steps": len(train_loader) * epochs,
+        "data_wait_s": sum(marks["data_s"][timed]),
+        "step_s": sum(marks["step_s"][timed]),
+        "precision_requested": precision,
+        "precision_resolved": resolved,
+        "loader": {"gather": "dataset.gather, 0 workers"} if peer["data"] == "gather" else loader,
+        "peer": peer,
+    }

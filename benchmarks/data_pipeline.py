@@ -15,22 +15,22 @@ Writes raw JSON (every repetition) to --out and prints a Markdown table.
 from __future__ import annotations
 
 import argparse
-import platform
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 from benchmarks.before_loop import NetCDFPerSampleDataset
-from benchmarks.common import RESULTS_DIR, git_commit, write_json
+from benchmarks.common import RESULTS_DIR, environment, md_table, write_result
 from datasets.era5 import ERA5SSTMonthlyDataset
 from datasets.era5_sample import ensure_sample_file
 
 
-def _time_loader(loader: DataLoader, epochs: int, max_samples: int | None = None) -> tuple[float, int]:
+def _time_loader(loader: DataLoader[Any], epochs: int, max_samples: int | None = None) -> tuple[float, int]:
     n = 0
     t0 = time.perf_counter()
     for _ in range(epochs):
@@ -41,7 +41,7 @@ def _time_loader(loader: DataLoader, epochs: int, max_samples: int | None = None
     return time.perf_counter() - t0, n
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--grid", type=float, default=1.0, help="sample file grid in degrees (default: 1.0)")
     p.add_argument("--years", type=int, default=30, help="sample file length in years (default: 30)")
@@ -50,10 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers for mode b (default: 2)")
     p.add_argument("--repeats", type=int, default=3, help="timed repetitions per mode (default: 3)")
     p.add_argument(
-        "--netcdf-samples",
-        type=int,
-        default=256,
-        help="samples timed per repetition in mode a (default: 256)",
+        "--netcdf-samples", type=int, default=256, help="samples timed per repetition in mode a (default: 256)"
     )
     p.add_argument("--epochs", type=int, default=5, help="epochs timed per repetition in modes b/b'/c (default: 5)")
     p.add_argument("--cache-dir", default=None, help="where the sample file and cache go (default: a temp dir)")
@@ -61,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
 
     tmp = tempfile.TemporaryDirectory(prefix="plainloop_bench_") if args.cache_dir is None else None
-    cache = Path(args.cache_dir or tmp.name)
+    cache = Path(args.cache_dir if tmp is None else tmp.name)
     t0 = time.perf_counter()
     sample = ensure_sample_file(cache, years=args.years, grid=args.grid)
     t_gen = time.perf_counter() - t0
@@ -89,14 +86,8 @@ def main(argv: list[str] | None = None) -> dict:
         results["a_netcdf_per_sample"].append(k / dt)
 
     # (b) memmap through DataLoader workers
-    loader_b = DataLoader(
-        ds,
-        batch_size=bs,
-        shuffle=True,
-        num_workers=args.workers,
-        persistent_workers=args.workers > 0,
-        pin_memory=torch.cuda.is_available(),
-    )
+    loader_b = DataLoader(ds, batch_size=bs, shuffle=True, num_workers=args.workers,
+                          persistent_workers=args.workers > 0, pin_memory=torch.cuda.is_available())  # fmt: skip
     _time_loader(loader_b, epochs=1)  # warm-up: start the workers, fault in the memmap pages
     results["b_memmap_workers"] = []
     for _ in range(args.repeats):
@@ -129,52 +120,30 @@ def main(argv: list[str] | None = None) -> dict:
             if rep:
                 results[key].append(k / (time.perf_counter() - t0))
 
-    device = (
-        torch.cuda.get_device_name(0)
-        if torch.cuda.is_available()
-        else f"CPU {platform.processor() or platform.machine()}"
-    )
-    summary = {name: {"median_samples_per_s": float(np.median(v)), "reps": v} for name, v in results.items()}
+    summary: dict[str, dict[str, Any]] = {
+        name: {"median_samples_per_s": float(np.median(v)), "reps": v} for name, v in results.items()
+    }
     base = summary["a_netcdf_per_sample"]["median_samples_per_s"]
     for v in summary.values():
         v["speedup_vs_a"] = v["median_samples_per_s"] / base
-    report = {
+    report: dict[str, Any] = {
         "benchmark": "data_pipeline",
-        "device": device,
-        "cpu_count": __import__("os").cpu_count(),
-        "torch": torch.__version__,
-        "git_commit": git_commit(),
-        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "config": {
-            **vars(args),
-            "samples": n,
-            "grid_coarse": [ds.height, ds.width],
-            "seq_len": ds.seq_len,
-            "sample_file": sample.name,
-            "sample_file_mb": round(sample.stat().st_size / 1e6, 1),
-        },
+        "environment": environment(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
+        "config": {**vars(args), "samples": n, "grid_coarse": [ds.height, ds.width], "seq_len": ds.seq_len,
+                   "sample_file": sample.name, "sample_file_mb": round(sample.stat().st_size / 1e6, 1)},
         "setup_s": {"generate_sample_file": t_gen, "build_cache": t_build, "open_cache_hit": t_hit},
         "results": summary,
         "note": "timings on a shared machine; other processes may have used the CPU cores at the same time",
-    }
-    out = (
-        Path(args.out)
-        if args.out
-        else RESULTS_DIR / ("data_pipeline_cuda.json" if torch.cuda.is_available() else "data_pipeline_cpu.json")
-    )
-    write_json(out, report)
-
-    print(
-        f"\nERA5 data pipeline, {device}, {n} samples of {ds.seq_len - 1}+1 x {ds.height}x{ds.width}, "
-        f"batch {bs}, sample file {args.grid:g}° x {args.years} y"
-    )
-    print(f"setup: generate {t_gen:.1f} s, build cache {t_build:.1f} s, open cached {t_hit:.2f} s\n")
-    print("| mode | samples/s (median) | reps | vs (a) |")
-    print("|---|---:|---|---:|")
-    for name, v in summary.items():
-        reps = ", ".join(f"{r:.0f}" for r in v["reps"])
-        print(f"| {name} | {v['median_samples_per_s']:.0f} | {reps} | {v['speedup_vs_a']:.0f}x |")
-    print(f"\nraw JSON: {out}")
+    }  # fmt: skip
+    tag = "cuda" if torch.cuda.is_available() else "cpu"
+    out = Path(args.out) if args.out else RESULTS_DIR / f"data_pipeline_{tag}.json"
+    rows = [[k, f"{v['median_samples_per_s']:.0f}", ", ".join(f"{r:.0f}" for r in v["reps"]), f"{v['speedup_vs_a']:.0f}x"]
+            for k, v in summary.items()]  # fmt: skip
+    md = (f"ERA5 data pipeline, {report['environment']['device_name']}, {n} samples of {ds.seq_len - 1}+1 x "
+          f"{ds.height}x{ds.width}, batch {bs}, sample file {args.grid:g}° x {args.years} y; set-up: generate "
+          f"{t_gen:.1f} s, build cache {t_build:.1f} s, open cached {t_hit:.2f} s\n\n"
+          + md_table(["mode", "samples/s (median)", "reps", "vs (a)"], rows) + "\n")  # fmt: skip
+    write_result(out, report, md)
     if tmp is not None:
         tmp.cleanup()
     return report

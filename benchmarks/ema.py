@@ -85,9 +85,9 @@ def main(argv: list[str] | None = None) -> None:
         for m in TASKS[task]["metrics"]:
             for seed in args.seeds if task == "sst" else args.reid_seeds:
                 plain = next(r for r in runs if r["task"] == task and r["seed"] == seed and not r["ema"])
-                ema = next(r for r in runs if r["task"] == task and r["seed"] == seed and r["ema"])
-                a, b = plain["final_metrics"].get(m), ema["final_metrics"].get(m)
-                raw = ema["final_metrics"].get(f"raw_{m}")
+                with_ema = next(r for r in runs if r["task"] == task and r["seed"] == seed and r["ema"])
+                a, b = plain["final_metrics"].get(m), with_ema["final_metrics"].get(m)
+                raw = with_ema["final_metrics"].get(f"raw_{m}")
                 rows.append(
                     [task, seed, m, _f(a), _f(b), _f(raw), _f(b - a if a is not None and b is not None else None)]
                 )

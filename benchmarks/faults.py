@@ -48,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,23 +59,13 @@ from benchmarks.common import RESULTS_DIR, environment, md_table, stats, write_r
 from trainer.checkpoint import CheckpointError, atomic_save, load_checkpoint, state_digest
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = [
-    "--d_model",
-    "32",
-    "--num_layers",
-    "1",
-    "--dim_feedforward",
-    "64",
-    "--resolution",
-    "10",
-    "--no-plots",
-    "--no-progress_bar",
-]
+TINY = ["--d_model", "32", "--num_layers", "1", "--dim_feedforward", "64", "--resolution", "10", "--no-plots",
+        "--no-progress_bar"]  # fmt: skip
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT, "SIGUSR1": signal.SIGUSR1, "SIGHUP": signal.SIGHUP}
 EXIT_BAD_INPUT, EXIT_NON_FINITE = 2, 3
 
 
-def install_nan_injector(mode: str, steps: str):
+def install_nan_injector(mode: str, steps: str) -> Callable[[], None]:
     """Patch the RecursiveAttentionTransformer's training forward to inject NaN; returns the undo function.
 
     mode: "input" (one input value NaN) or "output" (the prediction NaN); steps: "5" (the 5th training forward
@@ -86,7 +77,7 @@ def install_nan_injector(mode: str, steps: str):
     every = steps.endswith("-")
     orig, calls = m.RecursiveAttentionTransformer.forward, [0]
 
-    def forward(self, x, *a, **k):
+    def forward(self: Any, x: torch.Tensor, *a: Any, **k: Any) -> Any:
         if not self.training:
             return orig(self, x, *a, **k)
         calls[0] += 1
@@ -97,10 +88,10 @@ def install_nan_injector(mode: str, steps: str):
         out = orig(self, x, *a, **k)
         return out * float("nan") if hit and mode == "output" else out
 
-    m.RecursiveAttentionTransformer.forward = forward
+    m.RecursiveAttentionTransformer.forward = forward  # type: ignore[method-assign]
 
     def undo() -> None:
-        m.RecursiveAttentionTransformer.forward = orig
+        m.RecursiveAttentionTransformer.forward = orig  # type: ignore[method-assign]
 
     return undo
 
@@ -193,7 +184,8 @@ def orphans(run_dir: Path) -> list[str]:
 class Campaign:
     """One work folder, one environment, one random generator; each method runs one case and records it."""
 
-    def __init__(self, work: Path, epochs: int = 12, seed: int = 0, log=print, inprocess: bool = False) -> None:
+    def __init__(self, work: Path, epochs: int = 12, seed: int = 0, log: Callable[[str], Any] = print,
+                 inprocess: bool = False) -> None:  # fmt: skip
         """inprocess: run the cases whose outcome is not a bitwise comparison (NaN, a reused name, bad inputs,
         the refused second process) inside this process, which saves a Python start-up each (the tests)."""
         self.work = Path(work)
@@ -206,17 +198,10 @@ class Campaign:
         cache = os.environ.get("PLAINLOOP_CACHE") or str(self.work / "cache")
         env = {k: v for k, v in os.environ.items() if k not in ("PLAINLOOP_DEBUG", "RUN_NAME", "MAX_RESTARTS")}
         # one thread per process: bit-exact comparisons need the same kernels, and the machine is shared
-        env.update(
-            {
-                "OMP_NUM_THREADS": "1",
-                "MKL_NUM_THREADS": "1",
-                "PLAINLOOP_CACHE": cache,
-                "PYTHONPATH": str(ROOT),
-                "PYTHONUNBUFFERED": "1",
-                # the launcher's `python` (SKIP_SETUP=1) must be this interpreter
-                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-            }
-        )
+        env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PLAINLOOP_CACHE": cache, "PYTHONPATH": str(ROOT),
+                    "PYTHONUNBUFFERED": "1",
+                    # the launcher's `python` (SKIP_SETUP=1) must be this interpreter
+                    "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"})  # fmt: skip
         self.env = env
         self.cases: list[Case] = []
         self._refs: dict[str, tuple[dict[str, Any], float]] = {}
@@ -228,18 +213,8 @@ class Campaign:
 
     # ------------------------------------------------------------------------------------ running
     def train_args(self, name: str, *extra: str, epochs: int | None = None) -> list[str]:
-        return [
-            "--output_dir",
-            str(self.out),
-            "--run_name",
-            name,
-            "--epochs",
-            str(epochs or self.epochs),
-            "--checkpoint_every",
-            "2",
-            *TINY,
-            *extra,
-        ]
+        return ["--output_dir", str(self.out), "--run_name", name, "--epochs", str(epochs or self.epochs),
+                "--checkpoint_every", "2", *TINY, *extra]  # fmt: skip
 
     def _logs(self, tag: str) -> tuple[Path, Path]:
         d = self.work / "logs"
@@ -265,14 +240,8 @@ class Campaign:
         fe.close()
         return Proc(rc, out.read_text(errors="replace"), err.read_text(errors="replace"), time.monotonic() - t0)
 
-    def cli(
-        self,
-        *args: str,
-        tag: str,
-        env: dict[str, str] | None = None,
-        timeout: float = 600,
-        inproc_ok: bool = False,
-    ) -> Proc:
+    def cli(self, *args: str, tag: str, env: dict[str, str] | None = None, timeout: float = 600,
+            inproc_ok: bool = False) -> Proc:  # fmt: skip
         if inproc_ok and self.inprocess:
             return self._inprocess(list(args), tag)
         p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *args], tag, env)
@@ -641,14 +610,12 @@ class Campaign:
         case = Case("collision", "second process, same directory")
         t0 = time.monotonic()
         run_dir = self.out / "locked"
-        p, h = self.start(
-            [
-                sys.executable,
-                str(ROOT / "train_optimized.py"),
-                *self.train_args("locked", epochs=max(self.epochs * 4, 40)),
-            ],
-            "locked",
-        )
+        argv = [
+            sys.executable,
+            str(ROOT / "train_optimized.py"),
+            *self.train_args("locked", epochs=max(self.epochs * 4, 40)),
+        ]
+        p, h = self.start(argv, "locked")
         problems = []
         if self.wait_for(run_dir / "checkpoints" / "last.pt", p) is None:  # resumable, and running
             problems.append("the first run ended before its first checkpoint")
@@ -962,20 +929,14 @@ class Campaign:
         base = {"NPROC_PER_NODE": "2", "OUTPUT_DIR": str(self.out), "EPOCHS": str(self.epochs)}
         extra = ["--checkpoint_every", "2", *TINY, *extra_args]
         if "elastic-ref" not in self._refs:
-            p, h = self.start(
-                ["bash", str(ROOT / "optimize_training.sh"), *extra],
-                "elastic-ref",
-                {"SKIP_SETUP": "1", **base, "RUN_NAME": "elastic-ref"},
-            )
+            env = {"SKIP_SETUP": "1", **base, "RUN_NAME": "elastic-ref"}
+            p, h = self.start(["bash", str(ROOT / "optimize_training.sh"), *extra], "elastic-ref", env)
             self._record_reference("elastic-ref", p, h, "two-process run")
         ref, window = self._refs["elastic-ref"]
         name = f"elastic{i}"
         run_dir = self.out / name
-        p, h = self.start(
-            ["bash", str(ROOT / "optimize_training.sh"), *extra],
-            name,
-            {"SKIP_SETUP": "1", **base, "RUN_NAME": name, "MAX_RESTARTS": "1"},
-        )
+        env = {"SKIP_SETUP": "1", **base, "RUN_NAME": name, "MAX_RESTARTS": "1"}
+        p, h = self.start(["bash", str(ROOT / "optimize_training.sh"), *extra], name, env)
         problems = []
         first_ckpt = self.wait_for(run_dir / "checkpoints" / "last.pt", p)
         victim = None
@@ -1065,7 +1026,7 @@ class _Payload:
     def __init__(self, marker: str) -> None:
         self.marker = marker
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (os.system, (f"touch {shlex.quote(self.marker)}",))
 
 
@@ -1185,64 +1146,29 @@ def render(result: dict[str, Any]) -> str:
         return [fault, s[group]["tried"], outcome, lost]
 
     rows = [
-        row(
-            "kill -9 at a random moment, then `--resume RUN_DIR` alone",
-            "kills",
-            f"{s['kills']['survived']} bit-identical ({s['kills']['mid_write']} mid-write)",
-            "kill",
-        ),
-        row(
-            "SIGTERM / SIGINT / SIGUSR1 / SIGHUP (and Ctrl-C twice), then the printed resume command",
-            "signals",
-            f"{s['signals']['survived']} bit-identical ({by_sig})",
-            "signal",
-        ),
+        row("kill -9 at a random moment, then `--resume RUN_DIR` alone", "kills",
+            f"{s['kills']['survived']} bit-identical ({s['kills']['mid_write']} mid-write)", "kill"),
+        row("SIGTERM / SIGINT / SIGUSR1 / SIGHUP (and Ctrl-C twice), then the printed resume command", "signals",
+            f"{s['signals']['survived']} bit-identical ({by_sig})", "signal"),
         row("NaN input, NaN forward, NaN every step, `--lr 1000`", "nan", f"{s['nan']['caught']} caught", "nan"),
-        row(
-            "run-name collisions and a second live process",
-            "collisions",
-            f"{s['collisions']['ok']} kept apart",
-            "collision",
-        ),
-        row(
-            "bad inputs (data, checkpoints, flags, launcher variables)",
-            "bad_inputs",
-            f"{s['bad_inputs']['clear']} exit 2 with a 1-2 line message",
-            None,  # rejected before training starts: no run to lose
-        ),
-        row(
-            "hostile values: run names outside the output dir, NaN/negative knobs, paths that are files, FIFOs, "
-            "devices, non-UTF-8 config, a zero-byte re-ID image, launcher variables",
-            "hostile",
-            f"{s['hostile']['clear']} exit 2 with one line naming it, before any run directory",
-            "hostile",
-        ),
-        row(
-            "resume: config.toml emptied / deleted, a non-UTF-8 flag, batch size changed mid-epoch, a step budget "
-            "below the checkpoint, a finished run whose file times were lost",
-            "resume",
-            f"{s['resume']['survived']} continued bit-identical (or recognised as finished)",
-            "resume",
-        ),
-        row(
-            "a user's directory as --run_name; --resume auto beside a live run",
-            "outside",
-            f"{s['outside']['ok']} left alone",
-            "outside",
-        ),
-        row(
-            "a stop signal during set-up (imports, data, model)",
-            "setup_signal",
-            f"{s['setup_signal']['clean']} exit 128+N with one line",
-            None,
-        ),
-        row(
-            "torchrun x2 (gloo), one worker killed, MAX_RESTARTS=1",
-            "elastic",
-            f"{s['elastic']['survived']} bit-identical",
-            "elastic",
-        ),
-    ]
+        row("run-name collisions and a second live process", "collisions", f"{s['collisions']['ok']} kept apart",
+            "collision"),
+        # bad inputs are rejected before training starts: no run to lose
+        row("bad inputs (data, checkpoints, flags, launcher variables)", "bad_inputs",
+            f"{s['bad_inputs']['clear']} exit 2 with a 1-2 line message", None),
+        row("hostile values: run names outside the output dir, NaN/negative knobs, paths that are files, FIFOs, "
+            "devices, non-UTF-8 config, a zero-byte re-ID image, launcher variables", "hostile",
+            f"{s['hostile']['clear']} exit 2 with one line naming it, before any run directory", "hostile"),
+        row("resume: config.toml emptied / deleted, a non-UTF-8 flag, batch size changed mid-epoch, a step budget "
+            "below the checkpoint, a finished run whose file times were lost", "resume",
+            f"{s['resume']['survived']} continued bit-identical (or recognised as finished)", "resume"),
+        row("a user's directory as --run_name; --resume auto beside a live run", "outside",
+            f"{s['outside']['ok']} left alone", "outside"),
+        row("a stop signal during set-up (imports, data, model)", "setup_signal",
+            f"{s['setup_signal']['clean']} exit 128+N with one line", None),
+        row("torchrun x2 (gloo), one worker killed, MAX_RESTARTS=1", "elastic",
+            f"{s['elastic']['survived']} bit-identical", "elastic"),
+    ]  # fmt: skip
     md = [
         "# Fault-injection campaign (CPU)",
         "",
@@ -1322,7 +1248,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.elastic):
             camp.elastic_case(i, tuple(shlex.split(args.elastic_args)))
         dcost = digest_cost(work, mb=args.digest_mb) if args.digest_mb else None
-        result = {
+        result: dict[str, Any] = {
             "environment": environment(torch.device("cpu")),
             "config": {
                 "argv": argv if argv is not None else sys.argv[1:],
@@ -1330,7 +1256,7 @@ def main(argv: list[str] | None = None) -> int:
                 "tiny": TINY,
                 "checkpoint_every": 2,
                 "seed": args.seed,
-            },
+            },  # fmt: skip
             "summary": camp.summary(),
             "cases": [asdict(c) for c in camp.cases],
             "digest_cost": dcost,

@@ -39,9 +39,9 @@ batch there: operator counts and host time outside the operators do not depend o
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import contextlib
+import functools
 import sys
 import tempfile
 import time
@@ -57,47 +57,22 @@ from torch.utils.data import DataLoader
 from benchmarks.common import (
     MODEL_SIZES,
     RESULTS_DIR,
+    base_parser,
     environment,
     fmt,
+    lightning_available,
     loadavg,
     md_table,
     stats,
-    wait_for_quiet,
     write_result,
 )
 
 MARK = "hostcost::step_end"
+_KEYS = ("steps", "warmup", "file_grid", "years", "resolution", "batch", "before_batch")
 CONFIGS: dict[str, dict[str, Any]] = {
-    "tiny": {
-        "steps": 4,
-        "warmup": 2,
-        "file_grid": 5.0,
-        "years": 25,
-        "resolution": 10.0,
-        "batch": 40,
-        "before_batch": 40,
-        "model": MODEL_SIZES["tiny"],
-    },
-    "cpu": {
-        "steps": 12,
-        "warmup": 3,
-        "file_grid": 1.0,
-        "years": 50,
-        "resolution": 5.0,
-        "batch": 150,
-        "before_batch": 50,
-        "model": MODEL_SIZES["cpu"],
-    },
-    "seed": {
-        "steps": 6,
-        "warmup": 2,
-        "file_grid": 1.0,
-        "years": 50,
-        "resolution": 2.0,
-        "batch": 150,
-        "before_batch": 50,
-        "model": MODEL_SIZES["seed"],
-    },
+    "tiny": {**dict(zip(_KEYS, (4, 2, 5.0, 25, 10.0, 40, 40))), "model": MODEL_SIZES["tiny"]},
+    "cpu": {**dict(zip(_KEYS, (12, 3, 1.0, 50, 5.0, 150, 50))), "model": MODEL_SIZES["cpu"]},
+    "seed": {**dict(zip(_KEYS, (6, 2, 1.0, 50, 2.0, 150, 50))), "model": MODEL_SIZES["seed"]},
 }
 LOOPS = ("before", "plainloop", "plainloop_gpu_path", "lightning_data")
 _READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
@@ -180,7 +155,7 @@ class SyncCounter:
                 else:
                     kind = counter._classify(f)
                 if kind:
-                    origin = f
+                    origin: Any = f
                     while origin is not None and "/torch/" in origin.f_code.co_filename.replace("\\", "/"):
                         origin = origin.f_back
                     origin = origin or f
@@ -197,16 +172,8 @@ def _task(c: dict[str, Any], cache_dir: Path, device_cache: bool | None, seed: i
     from tasks.era5 import build_era5_task
 
     path = ensure_sample_file(cache_dir, years=c["years"], grid=c["file_grid"])
-    return build_era5_task(
-        data_path=str(path),
-        resolution=c["resolution"],
-        seq_len=2,
-        device_cache=device_cache,
-        seed=seed,
-        cache_dir=str(cache_dir),
-        learning_rate=1e-3,
-        **c["model"],
-    )
+    return build_era5_task(data_path=str(path), resolution=c["resolution"], seq_len=2, device_cache=device_cache,
+                           seed=seed, cache_dir=str(cache_dir), learning_rate=1e-3, **c["model"])  # fmt: skip
 
 
 def loop_before(c: dict, cache_dir: Path, device: torch.device, batch: int, marks: Marks, seed: int) -> None:
@@ -248,15 +215,8 @@ class _MarksMonitor:
         self.marks.mark(t.batches_done == t.batches_per_epoch)
 
 
-def loop_plainloop(
-    c: dict,
-    cache_dir: Path,
-    device: torch.device,
-    batch: int,
-    marks: Marks,
-    seed: int,
-    gpu_path: bool = False,
-) -> None:
+def loop_plainloop(c: dict[str, Any], cache_dir: Path, device: torch.device, batch: int, marks: Marks, seed: int,
+                   gpu_path: bool = False) -> None:  # fmt: skip
     from trainer import TrainConfig, Trainer
     from trainer.optim import build_adamw
 
@@ -265,14 +225,8 @@ def loop_plainloop(
         task.model.configure_optimizers = lambda: build_adamw(task.model, 1e-3, 0.01, device, tensor_lr=True)
     mon = _MarksMonitor(marks)
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = TrainConfig(
-            max_steps=marks.warmup + marks.steps,
-            batch_size=batch,
-            output_dir=tmp,
-            seed=seed,
-            device=str(device),
-            progress_bar=True,
-        )
+        cfg = TrainConfig(max_steps=marks.warmup + marks.steps, batch_size=batch, output_dir=tmp, seed=seed,
+                          device=str(device), progress_bar=True)  # fmt: skip
         trainer = Trainer(cfg, task, log=lambda _s: None, monitor=mon)
         if gpu_path:
             trainer.opt.host_reads = False  # the guard's flag stays on the device, as on a GPU (test_engine.py)
@@ -280,57 +234,34 @@ def loop_plainloop(
         trainer.fit()
 
 
-def loop_plainloop_gpu_path(
-    c: dict, cache_dir: Path, device: torch.device, batch: int, marks: Marks, seed: int
-) -> None:
+def loop_plainloop_gpu_path(c: dict[str, Any], cache_dir: Path, device: torch.device, batch: int, marks: Marks,
+                            seed: int) -> None:  # fmt: skip
     loop_plainloop(c, cache_dir, device, batch, marks, seed, gpu_path=True)
 
 
-def loop_lightning_data(c: dict, cache_dir: Path, device: torch.device, batch: int, marks: Marks, seed: int) -> None:
+def loop_lightning_data(c: dict[str, Any], cache_dir: Path, device: torch.device, batch: int, marks: Marks,
+                        seed: int) -> None:  # fmt: skip
     import lightning as L
 
-    from benchmarks.lightning_peer import LIGHTNING_PRECISION, SAME_DATA_PEER, GatherBatches
-    from trainer.data import ShardedBatchSampler
-    from trainer.optim import build_adamw
+    from benchmarks.common import LIGHTNING_PRECISION, SAME_DATA_PEER, peer_loaders, peer_module
     from trainer.runtime import resolve_runtime
 
     task = _task(c, cache_dir, None, seed)
-    task.train_set.maybe_to_device(device)
-    model = task.model
-
-    class Module(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def training_step(self, b: Any, i: int) -> torch.Tensor:
-            loss = self.model.loss(self.model(b[0]), b[1])
-            self.log("train_loss", loss, prog_bar=SAME_DATA_PEER["progress_bar"])
-            return loss
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return build_adamw(self.model, 1e-3, 0.01, device, tensor_lr=False)
+    loader, _ = peer_loaders(task.train_set, None, device, batch, SAME_DATA_PEER, {}, seed)
 
     class Mark(L.Callback):
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, b: Any, i: int) -> None:
             marks.mark(i + 1 == trainer.num_training_batches)
 
-    order = ShardedBatchSampler(len(task.train_set), batch, seed=seed, drop_last=True)
-    loader = DataLoader(GatherBatches(task.train_set), batch_size=None, sampler=order)
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = L.Trainer(
-            accelerator="gpu" if device.type == "cuda" else "cpu",
-            devices=1,
-            precision=LIGHTNING_PRECISION[resolve_runtime("auto", str(device)).precision],
-            max_steps=marks.warmup + marks.steps,
-            logger=False,
-            default_root_dir=tmp,
-            enable_model_summary=False,
-            enable_progress_bar=False,
+            accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, max_steps=marks.warmup + marks.steps,
+            precision=LIGHTNING_PRECISION[resolve_runtime("auto", str(device)).precision],  # type: ignore[arg-type]
+            logger=False, default_root_dir=tmp, enable_model_summary=False, enable_progress_bar=False,
             callbacks=[Mark()],
-        )
-        trainer.fit(Module(), loader)
+        )  # fmt: skip
+        trainer.fit(peer_module(task.model, 1e-3, device, SAME_DATA_PEER), loader)
 
 
 RUNNERS: dict[str, Callable[..., None]] = {
@@ -461,184 +392,105 @@ def summarise(reps: dict[str, dict[str, list[dict]]]) -> dict[str, dict[str, dic
 def render(result: dict[str, Any]) -> str:
     env = result["environment"]
     cuda = env["device"].startswith("cuda")
-    head = (
+    parts = [
         f"Host cost per training step on {env['device_name']} ({env['device']}), torch {env['torch']}, commit "
         f"`{env['commit'][:12]}`, {env['time_utc']}, load average {fmt((result['loadavg_start'] or [None])[0], '.2f')} "
-        f"at the start; {result['config']['reps']} interleaved repetitions; medians over the steady steps, "
-        f"(min–max) over the repetitions; {result['config']['torch_threads']} torch thread(s). Command: "
-        f"`{result['command']}`."
-    )
-    parts = [head]
+        f"at the start; {result['config']['reps']} interleaved repetitions; medians over the steady steps, (min–max) "
+        f"over the repetitions; {result['config']['torch_threads']} torch thread(s). Command: `{result['command']}`."
+    ]  # fmt: skip
+    keys = [("step_us_median", ".0f", True), ("outside_ops_us_median", ".0f", True), ("in_ops_us_median", ".0f", False),
+            ("ops_per_step", ".0f", False), ("outer_ops_per_step", ".0f", False),
+            ("kernel_launches_per_step", ".0f", False), ("syncs_per_step", ".2f", False),
+            ("syncs_per_step_incl_epoch_ends", ".2f", False), ("host_reads_per_step", ".2f", False)]  # fmt: skip
+    header = ["loop", "step µs", "host µs outside ops", "µs inside ops", "aten ops/step", "outermost ops/step",
+              "kernel launches/step", "syncs/step" + ("" if cuda else " (loop's reads, syncs on a GPU)"),
+              "syncs/step incl. epoch ends", "all host reads/step"]  # fmt: skip
     for cfg, loops in result["summary"].items():
         c = result["configs"][cfg]
         rows = []
         for loop, s in loops.items():
-
-            def cell(k: str, spec: str = ".0f", spread: bool = False, s: dict = s) -> str:
-                if k not in s:
-                    return "n/a"
-                v = s[k]
-                rng = f" ({v['min']:{spec}}–{v['max']:{spec}})" if spread and v["n"] > 1 else ""
-                return f"{v['median']:{spec}}{rng}"
-
-            rows.append(
-                [
-                    loop,
-                    cell("step_us_median", spread=True),
-                    cell("outside_ops_us_median", spread=True),
-                    cell("in_ops_us_median"),
-                    cell("ops_per_step"),
-                    cell("outer_ops_per_step"),
-                    cell("kernel_launches_per_step") if cuda else "n/a (CPU)",
-                    cell("syncs_per_step", ".2f"),
-                    cell("syncs_per_step_incl_epoch_ends", ".2f"),
-                    cell("host_reads_per_step", ".2f"),
-                ]
-            )
-        header = [
-            "loop",
-            "step µs",
-            "host µs outside ops",
-            "µs inside ops",
-            "aten ops/step",
-            "outermost ops/step",
-        ]
-        header += ["kernel launches/step", "syncs/step" + ("" if cuda else " (loop's reads, syncs on a GPU)")]
-        header += ["syncs/step incl. epoch ends", "all host reads/step"]
-        parts.append(
-            f"**{cfg}**: {c['describe']}, batch {c['batch']} (before: {c['before_batch']}), {c['steps']} timed "
-            f"steps after {c['warmup']}\n\n" + md_table(header, rows)
-        )
-    parts += [f"- {n}" for n in result["notes"]]
-    return "\n\n".join(parts) + "\n"
+            row = [loop]
+            for k, spec, spread in keys:
+                v = s.get(k)
+                rng = f" ({v['min']:{spec}}–{v['max']:{spec}})" if v and spread and v["n"] > 1 else ""
+                row.append(f"{v['median']:{spec}}{rng}" if v else ("n/a (CPU)" if "kernel" in k else "n/a"))
+            rows.append(row)
+        parts.append(f"**{cfg}**: {c['describe']}, batch {c['batch']} (before: {c['before_batch']}), {c['steps']} timed "
+                     f"steps after {c['warmup']}\n\n" + md_table(header, rows))  # fmt: skip
+    return "\n\n".join(parts + [f"- {n}" for n in result["notes"]]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    ap.add_argument("--configs", default="cpu,seed", help=f"comma list from {','.join(CONFIGS)} (default: cpu,seed)")
-    ap.add_argument("--loops", default=",".join(LOOPS), help=f"comma list from {','.join(LOOPS)} (default: all)")
-    ap.add_argument("--steps", type=int, default=None, help="timed steps per pass (default: 12 cpu, 6 seed, 4 tiny)")
-    ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default: 3 cpu, 2 seed/tiny)")
-    ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default: 3)")
-    ap.add_argument(
+    # 1 thread: host cost is single-threaded, and on a shared machine a descheduled second OpenMP thread stalls
+    # every operator
+    ap = base_parser(__doc__, None, reps=3, threads=1, out_help="benchmarks/results/host_cost_<cpu|gpu>.json")
+    add = ap.add_argument
+    add("--configs", default="cpu,seed", help=f"comma list from {','.join(CONFIGS)} (default: cpu,seed)")
+    add("--loops", default=",".join(LOOPS), help=f"comma list from {','.join(LOOPS)} (default: all)")
+    add("--steps", type=int, default=None, help="timed steps per pass (default: 12 cpu, 6 seed, 4 tiny)")
+    add("--warmup", type=int, default=None, help="untimed steps first (default: 3 cpu, 2 seed/tiny)")
+    add(
         "--seed-batch",
         type=int,
         default=None,
         help="batch of the seed configuration (default: 150 on CUDA, 2 on a CPU)",
     )
-    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    ap.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch intra-op threads, 0 = torch's default (default: 1: host cost is single-threaded, and on a "
-        "shared machine a descheduled second OpenMP thread stalls every operator)",
-    )
-    ap.add_argument(
-        "--cache-dir",
-        default=None,
-        help="netCDF + coarse cache (default: $PLAINLOOP_CACHE or ~/.cache/plainloop)",
-    )
-    ap.add_argument("--quick", action="store_true", help="the tiny configuration, 1 repetition, 4 steps (a test)")
-    ap.add_argument(
-        "--wait-load",
-        type=float,
-        default=0.0,
-        help="before each repetition, wait for a 1-minute load average below this, at most an hour in all "
-        "(default: 0 = do not wait)",
-    )
-    ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/host_cost_<cpu|gpu>.json)")
+    add("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    add("--cache-dir", default=None, help="netCDF + coarse cache (default: $PLAINLOOP_CACHE or ~/.cache/plainloop)")
+    add("--quick", action="store_true", help="the tiny configuration, 1 repetition, 4 steps (a test)")
     a = ap.parse_args(argv)
     if a.quick:
         a.configs, a.reps = "tiny", 1
     configs, loops = a.configs.split(","), a.loops.split(",")
     for flag, vals, known in (("--configs", configs, CONFIGS), ("--loops", loops, LOOPS)):
-        bad = [v for v in vals if v not in known]
-        if bad:
+        if bad := [v for v in vals if v not in known]:
             ap.error(f"{flag}: unknown {bad}; choose from {','.join(known)}")
-    if (a.steps is not None and a.steps < 2) or (a.warmup is not None and a.warmup < 1) or a.reps < 1:
-        ap.error(f"--steps {a.steps} / --warmup {a.warmup} / --reps {a.reps}: need steps >= 2, warmup >= 1, reps >= 1")
+    if (a.steps is not None and a.steps < 2) or (a.warmup is not None and a.warmup < 1):
+        ap.error(f"--steps {a.steps} / --warmup {a.warmup}: need steps >= 2, warmup >= 1")
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if a.threads < 0:
-        ap.error(f"--threads {a.threads}: must be >= 0")
-    if a.threads:
-        torch.set_num_threads(a.threads)
     notes: list[str] = []
-    if "lightning_data" in loops:
-        from benchmarks.lightning_peer import lightning_available
-
-        if lightning_available() is None:
-            loops.remove("lightning_data")
-            notes.append("lightning is not installed: its row is skipped (pip install lightning)")
+    if "lightning_data" in loops and lightning_available() is None:
+        loops.remove("lightning_data")
+        notes.append("lightning is not installed: its row is skipped (pip install lightning)")
     if device.type == "cuda" and "plainloop_gpu_path" in loops:
         loops.remove("plainloop_gpu_path")  # on CUDA, plainloop's own path is the GPU path
     from datasets.era5 import default_cache_dir
 
     cache_dir = Path(a.cache_dir).expanduser() if a.cache_dir else default_cache_dir()
-    waited: list[dict] = []
-    deadline = time.monotonic() + 3600.0
     seed_batch = a.seed_batch or (150 if device.type == "cuda" else 2)
     cfgs = {k: dict(CONFIGS[k]) for k in configs}
     for c in cfgs.values():
         c["steps"], c["warmup"] = a.steps or c["steps"], a.warmup or c["warmup"]
+        m = c["model"]
+        c["describe"] = (f"d_model {m['d_model']}, {m['num_layers']} layers x {m['recursion_depth']} recursions, "
+                         f"{c['resolution']:g}° grid from a {c['file_grid']:g}° file")  # fmt: skip
     if "seed" in cfgs:
         cfgs["seed"]["batch"] = cfgs["seed"]["before_batch"] = seed_batch
         if seed_batch != 150:
-            notes.append(
-                f"seed configuration at batch {seed_batch} (the seed's is 150): a CPU step at 150 takes "
-                "about a minute; operator counts and host time outside operators do not depend on it"
-            )
+            notes.append(f"seed configuration at batch {seed_batch} (the seed's is 150): a CPU step at 150 takes about "
+                         "a minute; operator counts and host time outside operators do not depend on it")  # fmt: skip
     env = environment(device)  # at the start: the commit that is measured
     load_start = loadavg()
-    reps: dict[str, dict[str, list[dict]]] = {k: {lp: [] for lp in loops} for k in cfgs}
+    reps: dict[str, dict[str, list[dict[str, Any]]]] = {k: {lp: [] for lp in loops} for k in cfgs}
     for r in range(a.reps):
-        if a.wait_load > 0:  # each repetition starts on a quiet machine (at most an hour of waiting in all)
-            waited.append(wait_for_quiet(a.wait_load, max(0.0, deadline - time.monotonic())))
+        a.wait(r)
         for k, c in cfgs.items():
             for lp in loops:  # interleaved
-                batch = c["before_batch"] if lp == "before" else c["batch"]
-                args = (c, cache_dir, device, batch)
-                run = RUNNERS[lp]
-                rec = {
-                    **timed_pass(lambda *x, run=run: run(*x, 0), args, device, c["warmup"], c["steps"]),
-                    **profiled_pass(lambda *x, run=run: run(*x, 0), args, device, c["warmup"], c["steps"]),
-                    "rep": r,
-                    "loadavg_1m": (loadavg() or [None])[0],
-                }
+                args = (c, cache_dir, device, c["before_batch"] if lp == "before" else c["batch"])
+                run = functools.partial(RUNNERS[lp], seed=0)
+                rec = {**timed_pass(run, args, device, c["warmup"], c["steps"]),
+                       **profiled_pass(run, args, device, c["warmup"], c["steps"]),
+                       "rep": r, "loadavg_1m": (loadavg() or [0.0])[0]}  # fmt: skip
                 reps[k][lp].append(rec)
-                print(
-                    f"[host_cost] rep {r + 1}/{a.reps} {k:5s} {lp:18s} step {rec['step_us_median']:9.0f} µs, "
-                    f"outside ops {rec['outside_ops_us_median']:8.0f} µs, {rec['ops_per_step']:5.0f} ops, "
-                    f"{rec['syncs_per_step']:.2f} reads/step",
-                    flush=True,
-                )
-    for c in cfgs.values():
-        m = c["model"]
-        c["describe"] = (
-            f"d_model {m['d_model']}, {m['num_layers']} layers x {m['recursion_depth']} recursions, "
-            f"{c['resolution']:g}° grid from a {c['file_grid']:g}° file"
-        )
+                print(f"[host_cost] rep {r + 1}/{a.reps} {k:5s} {lp:18s} step {rec['step_us_median']:9.0f} µs, "
+                      f"outside ops {rec['outside_ops_us_median']:8.0f} µs, {rec['ops_per_step']:5.0f} ops, "
+                      f"{rec['syncs_per_step']:.2f} reads/step", flush=True)  # fmt: skip
     result = {
-        "schema": "plainloop-bench-host-cost-1",
-        "command": "python -m benchmarks.host_cost " + " ".join(sys.argv[1:] if argv is None else argv),
-        "environment": env,
-        "loadavg_start": load_start,
-        "loadavg_end": loadavg(),
-        "waited_for_quiet": waited,
-        "config": {
-            "reps": a.reps,
-            "loops": loops,
-            "torch_threads": torch.get_num_threads(),
-        },
-        "configs": cfgs,
-        "repetitions": reps,
-        "summary": summarise(reps),
-        "notes": notes,
-    }
+        "schema": "plainloop-bench-host-cost-1", "command": "python -m benchmarks.host_cost " + " ".join(a.argv),
+        "environment": env, "loadavg_start": load_start, "loadavg_end": loadavg(), "waited_for_quiet": a.waits,
+        "config": {"reps": a.reps, "loops": loops, "torch_threads": torch.get_num_threads()},
+        "configs": cfgs, "repetitions": reps, "summary": summarise(reps), "notes": notes,
+    }  # fmt: skip
     out = Path(a.out) if a.out else RESULTS_DIR / f"host_cost_{'gpu' if device.type == 'cuda' else 'cpu'}.json"
     write_result(out, result, render(result))
     return result

@@ -36,9 +36,11 @@ def sst_case(batch: int) -> tuple[nn.Module, Callable[[nn.Module, Any], torch.Te
     from tasks.era5 import CPU_PRESET
 
     torch.manual_seed(0)
-    h, w, c = 33, 72, CPU_PRESET["seq_len"] - 1  # 5 deg over 80S-80N, all longitudes
-    kw = {k: CPU_PRESET[k] for k in ("d_model", "num_heads", "num_layers", "dim_feedforward", "recursion_depth")}
-    model = RecursiveAttentionTransformer(width=w, height=h, seq_len=CPU_PRESET["seq_len"], dropout=0.0, **kw)
+    h, w, c = 33, 72, int(CPU_PRESET["seq_len"]) - 1  # 5 deg over 80S-80N, all longitudes
+    kw: dict[str, Any] = {
+        k: CPU_PRESET[k] for k in ("d_model", "num_heads", "num_layers", "dim_feedforward", "recursion_depth")
+    }
+    model = RecursiveAttentionTransformer(width=w, height=h, seq_len=int(CPU_PRESET["seq_len"]), dropout=0.0, **kw)
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(batch, c, h, w, generator=g), torch.randn(batch, h, w, generator=g)) for _ in range(4)]
 

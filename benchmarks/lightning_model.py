@@ -48,27 +48,28 @@ def make_model_class() -> type:
             self.warmup_epochs, self.epochs = warmup_epochs, epochs
             self.epoch_starts: list[float] = []
 
-        def forward(self, x):
-            return self.head(self.enc(self.proj(x)))
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.head(self.enc(self.proj(x)))
+            return out
 
-        def training_step(self, batch, batch_idx):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             x, y = batch
             loss = nn.functional.mse_loss(self(x), y)
             self.log("train_loss", loss)
             return loss
 
-        def validation_step(self, batch, batch_idx):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
             x, y = batch
             self.log("val_loss", nn.functional.mse_loss(self(x), y))
 
-        def on_train_epoch_start(self):
+        def on_train_epoch_start(self) -> None:
             self.epoch_starts.append(time.perf_counter())
 
-        def configure_optimizers(self):
+        def configure_optimizers(self) -> Any:
             opt = torch.optim.AdamW(self.parameters(), lr=1e-3, weight_decay=0.05)
             w, e = self.warmup_epochs, self.epochs
 
-            def f(ep):
+            def f(ep: int) -> float:
                 return (ep + 1) / w if ep < w else 0.5 * (1 + math.cos(math.pi * (ep - w) / max(1, e - w)))
 
             return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.LambdaLR(opt, f)}
@@ -149,10 +150,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             runs.append(out)
             print(f"  {name:9s} rep {r}: {out['s_per_epoch']:.3f} s/epoch, val_loss {out['val_loss']:.5f}")
     per = {n: stats([x["s_per_epoch"] for x in runs if x["trainer"] == n]) for n in order}
-    val = {n: stats([x["val_loss"] for x in runs if x["trainer"] == n]) for n in order}
+    vloss = {n: stats([x["val_loss"] for x in runs if x["trainer"] == n]) for n in order}
     ratios = [p["s_per_epoch"] / q["s_per_epoch"] for p, q in zip(
         [x for x in runs if x["trainer"] == "plainloop"], [x for x in runs if x["trainer"] == "lightning"])]  # fmt: skip
-    result = {
+    result: dict[str, Any] = {
         "benchmark": "lightning_model",
         "env": environment(torch.device("cpu")),
         "config": {
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },  # fmt: skip
         "runs": runs,
         "s_per_epoch": per,
-        "val_loss": val,
+        "val_loss": vloss,
         "paired_ratio_plainloop_over_lightning": stats(ratios),
     }
     env = result["env"]
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"of {a.batch} per epoch, a validation and a checkpoint every epoch; the model's own AdamW + LambdaLR.\n\n"
         "| trainer | s/epoch (median) | min - max | final val loss (median) |\n|---|---|---|---|\n"
         + "".join(
-            f"| {n} | {per[n]['median']:.3f} | {per[n]['min']:.3f} - {per[n]['max']:.3f} | {val[n]['median']:.5f} |\n"
+            f"| {n} | {per[n]['median']:.3f} | {per[n]['min']:.3f} - {per[n]['max']:.3f} | {vloss[n]['median']:.5f} |\n"
             for n in order
         )
         + f"\nplainloop / Lightning time per epoch, paired by repetition: median "

@@ -19,17 +19,14 @@ default) is written to a buffer (`quiet`): the output shows the [overhead] lines
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import io
 import json
-import logging
 import math
 import pstats
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +34,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.common import RESULTS_DIR, environment, md_table, stats, write_result
+from benchmarks.common import (
+    RESULTS_DIR,
+    base_parser,
+    environment,
+    lightning_available,
+    md_table,
+    paired,
+    quiet,
+    stats,
+    target_check,
+    write_result,
+)
 
 TARGET_VS_HAND = 0.97
 
@@ -77,25 +85,6 @@ class TensorPairs(torch.utils.data.Dataset):
 
     def gather(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.x[idx], self.y[idx]
-
-
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """A loop's console output kept off the benchmark's: plainloop's lines (start-up notes, one per epoch) and
-    Lightning's progress bar and start-up/teardown notes. Everything still runs and is written (to a buffer),
-    so what is measured stays the same: Lightning's bar is part of its defaults, and on this 2-core machine its
-    samples/s were the same with the bar written to a file or to the buffer (72-74k, 3 reps each) but ~27%
-    higher with enable_progress_bar=False (92-95k: the bar cost it ~190 µs per step)."""
-    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric", "pytorch_lightning")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:  # "GPU available: ...", tips, "`Trainer.fit` stopped": outside the timed steps
-        lg.setLevel(logging.WARNING)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
 
 
 def mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
@@ -231,6 +220,7 @@ def basetrainer_loop(x: torch.Tensor, y: torch.Tensor, a: argparse.Namespace) ->
                          log=lambda _s: None)  # fmt: skip
         with quiet():
             bt.train()
+        assert bt.trainer is not None and bt.trainer.run_dir is not None
         rows = [json.loads(r) for r in (bt.trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
     times = {r["step"]: r["time"] for r in rows if r["kind"] == "train"}
     return (a.steps - a.warmup) * a.batch_size / (times[a.steps] - times[a.warmup])
@@ -258,113 +248,72 @@ def profile_plainloop(x: torch.Tensor, y: torch.Tensor, a: argparse.Namespace, t
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__,
-    )
-    ap.add_argument("--steps", type=int, default=600, help="optimizer steps per run (default: 600)")
-    ap.add_argument("--warmup", type=int, default=100, help="untimed leading steps (default: 100)")
-    ap.add_argument("--batch-size", type=int, default=64, help="batch size (default: 64)")
-    ap.add_argument("--dim", type=int, default=32, help="input features (default: 32)")
-    ap.add_argument("--hidden", type=int, default=64, help="hidden units (default: 64)")
-    ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default: 1e-3)")
-    ap.add_argument("--reps", type=int, default=7, help="interleaved repetitions (default: 7)")
-    ap.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
-    ap.add_argument("--device", default="cpu", help="device (default: cpu: the loop's overhead is host-side)")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads, 0 = torch's default (default: 1)")
-    ap.add_argument(
-        "--loops",
-        default=",".join(LOOPS),
-        help=f"comma list (default: {','.join(LOOPS)})",
-    )
-    ap.add_argument("--profile", action="store_true", help="also cProfile one plainloop run and print it")
-    ap.add_argument(
-        "--out",
-        default=str(RESULTS_DIR / "loop_overhead_cpu.json"),
-        help="JSON path (default: benchmarks/results/loop_overhead_cpu.json)",
-    )
+    # One intra-op thread for every loop: on a tiny model threading buys nothing, and on a shared machine a
+    # descheduled second OpenMP thread stalls every op (ms per step) and buries the loop cost in noise.
+    ap = base_parser(__doc__, RESULTS_DIR / "loop_overhead_cpu.json", reps=7, threads=1)
+    add = ap.add_argument
+    add("--steps", type=int, default=600, help="optimizer steps per run (default: 600)")
+    add("--warmup", type=int, default=100, help="untimed leading steps (default: 100)")
+    add("--batch-size", type=int, default=64, help="batch size (default: 64)")
+    add("--dim", type=int, default=32, help="input features (default: 32)")
+    add("--hidden", type=int, default=64, help="hidden units (default: 64)")
+    add("--lr", type=float, default=1e-3, help="AdamW learning rate (default: 1e-3)")
+    add("--seed", type=int, default=0, help="seed (default: 0)")
+    add("--device", default="cpu", help="device (default: cpu: the loop's overhead is host-side)")
+    add("--loops", default=",".join(LOOPS), help=f"comma list (default: {','.join(LOOPS)})")
+    add("--profile", action="store_true", help="also cProfile one plainloop run and print it")
     a = ap.parse_args(argv)
     if a.warmup < 1 or a.steps <= a.warmup:
         ap.error(f"--warmup {a.warmup} / --steps {a.steps}: need 1 <= warmup < steps")
     loops = a.loops.split(",")
-    bad = [n for n in loops if n not in LOOPS]
-    if bad:
+    if bad := [n for n in loops if n not in LOOPS]:
         ap.error(f"--loops: unknown {bad}; choose from {list(LOOPS)}")
     notes = []
-    if "lightning" in loops:
-        from benchmarks.lightning_peer import lightning_available
-
-        if lightning_available() is None:
-            loops.remove("lightning")
-            notes.append("lightning is not installed: its row is skipped")
-    # One intra-op thread for every loop: on a tiny model threading buys nothing, and on a shared machine a
-    # descheduled second OpenMP thread stalls every op (ms per step) and buries the loop cost in noise.
-    if a.threads > 0:
-        torch.set_num_threads(a.threads)
+    if "lightning" in loops and lightning_available() is None:
+        loops.remove("lightning")
+        notes.append("lightning is not installed: its row is skipped")
     x, y = make_data(a.steps * a.batch_size, a.dim, a.seed)  # one epoch holds every step: no epoch boundary
     reps: dict[str, list[float]] = {n: [] for n in loops}
     for r in range(a.reps):
+        a.wait(r)
         for n in loops:  # interleaved
             reps[n].append(LOOPS[n](x, y, a))
             print(f"[overhead] rep {r + 1}/{a.reps} {n:10s} {reps[n][-1]:10.0f} samples/s", flush=True)
     summ = {n: stats(v) for n, v in reps.items()}
     hand = summ.get("hand", {}).get("median")
-    rows = []
-    for n in loops:
-        med = summ[n]["median"]
-        us = 1e6 * a.batch_size / med
-        rows.append(
-            [
-                n,
-                f"{med:.0f}",
-                f"{summ[n]['min']:.0f}–{summ[n]['max']:.0f}",
-                f"{us:.0f}",
-                f"{med / hand:.3f}× ({stats([v / h for v, h in zip(reps[n], reps['hand'])])['median']:.3f}×)"
-                if hand
-                else "n/a",
-                f"{us - 1e6 * a.batch_size / hand:+.0f}" if hand else "n/a",
-            ]
-        )
+    vs_hand = {n: summ[n]["median"] / hand for n in loops} if hand else {}
+    vs_paired = {n: paired(reps[n], reps["hand"]) for n in loops} if hand else {}
     result: dict[str, Any] = {
-        "schema": "plainloop-bench-loop-overhead-1",
-        "environment": environment(torch.device(a.device)),
-        "config": {k: v for k, v in vars(a).items() if k != "profile"},
-        "torch_threads": torch.get_num_threads(),
-        "model": f"Linear({a.dim},{a.hidden}) GELU Linear({a.hidden},1), AdamW, MSE",
-        "repetitions": reps,
-        "summary": summ,
-        "vs_hand": {n: summ[n]["median"] / hand for n in loops} if hand else {},
-        # the median of the ratios within each interleaved repetition (robust to a slow patch of the machine)
-        "vs_hand_paired": {n: stats([v / h for v, h in zip(reps[n], reps["hand"])])["median"] for n in loops}
-        if hand
-        else {},
-        "target_vs_hand": TARGET_VS_HAND,
+        "schema": "plainloop-bench-loop-overhead-1", "environment": environment(torch.device(a.device)),
+        "command": "python -m benchmarks.loop_overhead " + " ".join(a.argv),
+        "config": {k: v for k, v in ap.config(a).items() if k != "profile"}, "torch_threads": torch.get_num_threads(),
+        "model": f"Linear({a.dim},{a.hidden}) GELU Linear({a.hidden},1), AdamW, MSE", "repetitions": reps,
+        "summary": summ, "vs_hand": vs_hand, "vs_hand_paired": vs_paired, "target_vs_hand": TARGET_VS_HAND,
         "notes": notes,
-    }
-    if hand:
-        # met only when both the ratio of the medians and the median per-repetition ratio reach the target
-        result["target_met_by"] = {
-            n: min(result["vs_hand"][n], result["vs_hand_paired"][n]) >= TARGET_VS_HAND
-            for n in ("plainloop", "plain_model", "basetrainer")
-            if n in summ
-        }
+    }  # fmt: skip
+    if hand:  # met only when both the ratio of the medians and the paired ratio reach the target
+        engine = [n for n in ("plainloop", "plain_model", "basetrainer") if n in summ]
+        result["target_met_by"] = {n: target_check(n, vs_hand[n], vs_paired[n], TARGET_VS_HAND)["met"] for n in engine}
         result["target_met"] = all(result["target_met_by"].values())
+    rows = [[n, f"{summ[n]['median']:.0f}", f"{summ[n]['min']:.0f}–{summ[n]['max']:.0f}",
+             f"{1e6 * a.batch_size / summ[n]['median']:.0f}",
+             f"{vs_hand[n]:.3f}× ({vs_paired[n]:.3f}×)" if hand else "n/a",
+             f"{1e6 * a.batch_size / summ[n]['median'] - 1e6 * a.batch_size / hand:+.0f}" if hand else "n/a"]
+            for n in loops]  # fmt: skip
     table = md_table(["loop", "samples/s (median)", "min–max", "µs/step", "× hand (paired)", "µs/step vs hand"], rows)
     env = result["environment"]
     verdict = "".join(
-        f"\n\nTarget {n} ≥ {TARGET_VS_HAND}× hand: **{'met' if ok else 'missed'}** ({result['vs_hand'][n]:.3f}× "
-        f"of the medians, {result['vs_hand_paired'][n]:.3f}× paired; both must reach it)."
+        f"\n\nTarget {n} ≥ {TARGET_VS_HAND}× hand: **{'met' if ok else 'missed'}** ({vs_hand[n]:.3f}× of the "
+        f"medians, {vs_paired[n]:.3f}× paired; both must reach it)."
         for n, ok in result.get("target_met_by", {}).items()
     )
     md = (
-        f"Loop overhead on {env['device_name']} ({a.device}), torch {env['torch']}, commit "
-        f"`{env['commit'][:12]}`: {result['model']}, batch {a.batch_size}, {a.steps} steps "
-        f"({a.warmup} untimed), {a.reps} interleaved repetitions, {torch.get_num_threads()} torch thread(s).\n\n{table}{verdict}\n"
+        f"Loop overhead on {env['device_name']} ({a.device}), torch {env['torch']}, commit `{env['commit'][:12]}`: "
+        f"{result['model']}, batch {a.batch_size}, {a.steps} steps ({a.warmup} untimed), {a.reps} interleaved "
+        f"repetitions, {torch.get_num_threads()} torch thread(s).\n\n{table}{verdict}\n"
     )
     if a.profile:
-        prof = profile_plainloop(x, y, a)
-        result["profile_plainloop"] = prof
+        result["profile_plainloop"] = prof = profile_plainloop(x, y, a)
         print(prof)
     out = write_result(a.out, result, md)
     print(f"[overhead] wrote {out} and {out.with_suffix('.md')}")

@@ -6,24 +6,20 @@
 Configurations (same model, same data, same optimizer AdamW(lr 1e-3, wd 0.01)):
   before          the seed guides' unoptimised loop (benchmarks/before_loop.py): fp32, batch 50, num_workers 0,
                   no pinning, netCDF read per sample, loss.item() every step, validation every epoch
-  defaults        plainloop's Trainer with TrainConfig() defaults: batch 150, precision auto (bf16 on a GPU
-                  that has it, fp16 on older GPUs, fp32 on a CPU), data cached and held on the device
-  seed_loader     defaults, but the seed's data path: a DataLoader over the cached dataset with 8 workers,
-                  pinned, persistent (device_cache off): defaults / seed_loader = the data path's share
+  defaults        plainloop's Trainer with TrainConfig() defaults: batch 150, precision auto, data held on the device
+  seed_loader     defaults on the seed's data path: a DataLoader with 8 workers, pinned, persistent (device_cache
+                  off): defaults / seed_loader = the data path's share
   tuned           defaults + torch.compile (--compile-mode) + a batch size found by trainer.extras.autobatch
-  user_trainer    a user's own model (the seed's network, forward only: no `loss` method, so plainloop's
-                  default MSE) through `trainer.Trainer` with defaults
-  user_base       the same model through seed 000's door, `trainer.BaseTrainer(...).train()`
-  lightning       lightning.Trainer as seed 000's BaseTrainer (benchmarks/lightning_peer.py) on the cached
-                  dataset: 16-mixed, 8 workers, pinned, persistent, progress bar, validation every epoch
-  lightning_data  lightning.Trainer given exactly plainloop's data path (the in-memory dataset gathered by
-                  index, 0 workers, plainloop's precision and AdamW, no logger/progress bar/model summary):
+  user_trainer    a user's own model (the seed's network, forward only, no `loss` method) through Trainer
+  user_base       the same model through the seed guides' door, `trainer.BaseTrainer(...).train()`
+  lightning       lightning.Trainer as the guides' BaseTrainer (common.SEED_PEER) on the cached dataset
+  lightning_data  lightning.Trainer on exactly plainloop's data path (common.SAME_DATA_PEER):
                   defaults / lightning_data = the loop's own share
-  lightning_fp32  `lightning` with precision "32" (CPU preset: there Lightning turns 16-mixed into bf16)
-Repetitions are interleaved (A B C A B C ...). Each repetition builds the configuration afresh, runs warm-up
-epochs that are not timed, then times whole epochs: training, validation (at the configuration's own
-interval) and checkpoint writes included. samples/s = training samples of the timed epochs / their wall time.
-Writes raw JSON (environment, config, every repetition) and a Markdown table to --out / its .md.
+  lightning_fp32  `lightning` with precision "32" (on a CPU Lightning turns 16-mixed into bf16)
+Repetitions are interleaved (A B C A B C ...). Each builds the configuration afresh, runs untimed warm-up epochs,
+then times whole epochs: training, validation (at the row's own interval) and checkpoint writes included.
+samples/s = training samples of the timed epochs / their wall time. Writes raw JSON (environment, config, every
+repetition) and a Markdown table to --out and its .md.
 """
 
 from __future__ import annotations
@@ -44,30 +40,27 @@ import torch
 from torch import nn
 
 from benchmarks.common import (
+    LIGHTNING_PRECISION,
     MODEL_SIZES,
     RESULTS_DIR,
+    SAME_DATA_PEER,
+    SEED_LOADER,
+    SEED_PEER,
+    base_parser,
     environment,
     fmt,
+    lightning_available,
     loadavg,
     matmul_peak_flops,
     md_table,
+    paired,
+    run_lightning,
     stats,
     sync,
-    wait_for_quiet,
+    target_check,
     write_result,
 )
 
-ALL_CONFIGS = (
-    "before",
-    "defaults",
-    "seed_loader",
-    "tuned",
-    "user_trainer",
-    "user_base",
-    "lightning",
-    "lightning_data",
-    "lightning_fp32",
-)
 LABELS = {
     "before": "before (seed loop)",
     "defaults": "plainloop defaults",
@@ -79,70 +72,36 @@ LABELS = {
     "lightning_data": "Lightning, plainloop's data path",
     "lightning_fp32": "Lightning, precision 32",
 }
-
+ALL_CONFIGS = tuple(LABELS)
 _CPU_ROWS = ("before", "defaults", "seed_loader", "user_trainer", "user_base", "lightning", "lightning_data")
-# file_grid: the generated ERA5-format file's grid (0.25 = ERA5 native 1440 x 721); months of data;
-# resolution: the training grid. Batch sizes follow the seeds (50 before, 150 after) except in `tiny`,
-# whose few samples need smaller batches to have several steps per epoch.
+_KEYS = ("file_grid", "years", "resolution", "before_batch", "batch", "reps", "warmup_epochs", "epochs",
+         "before_epochs", "lightning_workers")  # fmt: skip
+# file_grid: the generated ERA5-format file's grid (0.25 = ERA5 native 1440 x 721); years of data; resolution: the
+# training grid. Batches follow the seeds (50 before, 150 after) except in `tiny`, whose few samples need smaller ones.
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {
-        "file_grid": 5.0,
-        "years": 25,
-        "resolution": 10.0,
-        "model": MODEL_SIZES["tiny"],
-        "before_batch": 20,
-        "batch": 60,
-        "reps": 2,
-        "warmup_epochs": 1,
-        "epochs": 1,
-        "before_epochs": 1,
-        "lightning_workers": 2,
-        "configs": ("before", "defaults", "lightning"),
-    },
-    "cpu": {
-        "file_grid": 1.0,
-        "years": 50,
-        "resolution": 5.0,
-        "model": MODEL_SIZES["cpu"],
-        "before_batch": 50,
-        "batch": 150,
-        "reps": 3,
-        "warmup_epochs": 1,
-        "epochs": 2,
-        "before_epochs": 1,
-        "lightning_workers": 8,
-        "configs": (*_CPU_ROWS, "lightning_fp32"),
-    },
-    "seed": {
-        "file_grid": 0.25,
-        "years": 50,
-        "resolution": 2.0,
-        "model": MODEL_SIZES["seed"],
-        "before_batch": 50,
-        "batch": 150,
-        "reps": 3,
-        "warmup_epochs": 2,
-        "epochs": 20,
-        "before_epochs": 1,
-        "lightning_workers": 8,
-        "configs": (*_CPU_ROWS[:3], "tuned", *_CPU_ROWS[3:]),
-    },
-}
+    "tiny": {**dict(zip(_KEYS, (5.0, 25, 10.0, 20, 60, 2, 1, 1, 1, 2))), "model": MODEL_SIZES["tiny"],
+             "configs": ("before", "defaults", "lightning")},
+    "cpu": {**dict(zip(_KEYS, (1.0, 50, 5.0, 50, 150, 3, 1, 2, 1, 8))), "model": MODEL_SIZES["cpu"],
+            "configs": (*_CPU_ROWS, "lightning_fp32")},
+    "seed": {**dict(zip(_KEYS, (0.25, 50, 2.0, 50, 150, 3, 2, 20, 1, 8))), "model": MODEL_SIZES["seed"],
+             "configs": (*_CPU_ROWS[:3], "tuned", *_CPU_ROWS[3:])},
+}  # fmt: skip
 # The seed's whole job: 500 epochs over 252 months (seq_len 2, split 0.8/0.1/0.1 -> 200 training samples).
 JOB_EPOCHS, JOB_MONTHS = 500, 252
 GUIDE_ESTIMATE = {"before_h": 83.0, "after_h": "12–20", "gpu": "RTX 4060 Ti"}
 TARGETS = {
-    "gpu": {
-        "tuned_vs_before": 20.0,
-        "tuned_vs_lightning": 1.5,
-        "mfu": 0.5,
-        "gpu_util": 95.0,
-        "data_wait_frac": 0.01,
-        "job_s": 60.0,
-    },
+    "gpu": {"tuned_vs_before": 20.0, "tuned_vs_lightning": 1.5, "mfu": 0.5, "gpu_util": 95.0, "data_wait_frac": 0.01,
+            "job_s": 60.0},
     "cpu": {"defaults_vs_before": 5.0, "defaults_vs_lightning": 1.3},
-}
+}  # fmt: skip
 AREA = {"lon": (-180, 180), "lat": (-80, 80)}  # build_era5_task's default area, used by every row
+# per-row TrainConfig overrides of plainloop's defaults
+PLAINLOOP_ROWS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "user_trainer": {},
+    "seed_loader": {"device_cache": False, "pin_memory": True, "persistent_workers": True, "prefetch_factor": 2},
+    "tuned": {"compile_model": True},
+}
 
 
 @dataclass
@@ -161,23 +120,18 @@ class Bench:
 def _job_train_samples() -> int:
     from datasets.era5 import _split_counts
 
-    return _split_counts(JOB_MONTHS - 1, (0.8, 0.1, 0.1))[0]
+    return int(_split_counts(JOB_MONTHS - 1, (0.8, 0.1, 0.1))[0])
 
 
 def _build_task(b: Bench, device_cache: bool | None) -> Any:
     from tasks.era5 import build_era5_task
 
     return build_era5_task(
-        data_path=str(b.data_path),
-        resolution=b.p["resolution"],
-        seq_len=2,
-        device_cache=device_cache,
-        seed=b.seed,
-        cache_dir=str(b.cache_dir),
-        learning_rate=1e-3,
-        calendar=False,  # the speed benchmark's work stays that of its recorded results (the seed's inputs)
+        data_path=str(b.data_path), resolution=b.p["resolution"], seq_len=2, device_cache=device_cache, seed=b.seed,
+        cache_dir=str(b.cache_dir), learning_rate=1e-3,
+        calendar=False,  # the benchmark's work stays that of its recorded results (the seed's inputs)
         **b.p["model"],
-    )
+    )  # fmt: skip
 
 
 class UserSSTModel(nn.Module):
@@ -191,22 +145,12 @@ class UserSSTModel(nn.Module):
         self.net = RecursiveAttentionTransformer(**kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+        out: torch.Tensor = self.net(x)
+        return out
 
 
 def _user_model_params(b: Bench, width: int, height: int) -> dict[str, Any]:
     return dict(width=width, height=height, seq_len=2, lon_range=AREA["lon"], lat_range=AREA["lat"], **b.p["model"])
-
-
-def _peak_memory_mb(device: torch.device, mon: dict[str, Any] | None) -> tuple[float, str]:
-    """Allocator peak on CUDA; on a CPU the process's peak RSS (whole harness process, an upper bound)."""
-    if device.type == "cuda":
-        v = (mon or {}).get("peak_gpu_mem_mb") or torch.cuda.max_memory_allocated(device) / 2**20
-        return float(v), "cuda max_memory_allocated"
-    rss = (mon or {}).get("process_rss_gb_max")
-    if rss:
-        return float(rss) * 1024, "process RSS max (harness process)"
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process ru_maxrss (harness process)"
 
 
 def _monitor(device: torch.device, batch: int) -> Any:
@@ -215,35 +159,54 @@ def _monitor(device: torch.device, batch: int) -> Any:
 
         return TrainingMonitor(interval=0.2, device=device, batch_size=batch, warmup_iters=0)
     except ImportError as e:  # psutil missing on a bare GPU box: timings still work, telemetry does not
-        print(
-            f"[bench] TrainingMonitor unavailable ({e}); GPU utilisation and RSS not recorded",
-            file=sys.stderr,
-        )
+        print(f"[bench] TrainingMonitor unavailable ({e}); GPU utilisation and RSS not recorded", file=sys.stderr)
         return None
 
 
-def _rep_record(
-    name: str, r: dict[str, Any], device: torch.device, mon: dict[str, Any] | None, extra: dict[str, Any]
-) -> dict[str, Any]:
+def _rep_record(name: str, r: dict[str, Any], device: torch.device, mon: dict[str, Any] | None,
+                extra: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """One repetition from its raw timing `r` (wall_s, samples, steps, data_wait_s, step_s)."""
-    peak, peak_src = _peak_memory_mb(device, mon)
+    mon = mon or {}
+    if device.type == "cuda":  # the allocator's peak; on a CPU the harness process's peak RSS (an upper bound)
+        peak = float(mon.get("peak_gpu_mem_mb") or torch.cuda.max_memory_allocated(device) / 2**20)
+        src = "cuda max_memory_allocated"
+    elif mon.get("process_rss_gb_max"):
+        peak, src = float(mon["process_rss_gb_max"]) * 1024, "process RSS max (harness process)"
+    else:
+        peak, src = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process ru_maxrss (harness process)"
     wall, data_s, step_s, steps = r["wall_s"], r["data_wait_s"], r["step_s"], r["steps"]
+    la = loadavg()
     return {
-        "config": name,
-        "wall_s": wall,
-        "samples": r["samples"],
-        "steps": steps,
-        "samples_per_s": r["samples"] / wall,
-        "step_time_s": step_s / max(steps, 1),
+        "config": name, "wall_s": wall, "samples": r["samples"], "steps": steps,
+        "samples_per_s": r["samples"] / wall, "step_time_s": step_s / max(steps, 1),
         "data_wait_frac": data_s / step_s if step_s > 0 else 0.0,
         "compute_frac": 1.0 - data_s / step_s if step_s > 0 else 1.0,
         "outside_steps_frac": max(0.0, 1.0 - step_s / wall),  # validation, checkpoints, epoch start-up
-        "gpu_util_mean": (mon or {}).get("gpu_util_mean"),
-        "peak_memory_mb": peak,
-        "peak_memory_source": peak_src,
-        "loadavg_1m": loadavg()[0],  # the machine is shared: high load explains a slow repetition
+        "gpu_util_mean": mon.get("gpu_util_mean"), "peak_memory_mb": peak, "peak_memory_source": src,
+        "loadavg_1m": la[0] if la else None,  # the machine is shared: high load explains a slow repetition
         **extra,
-    }
+    }  # fmt: skip
+
+
+def epochs_from_metrics(metrics: Path, warmup: int, epochs: int, batch: int, name: str) -> dict[str, Any]:
+    """Timing of epochs warmup+1 .. warmup+epochs from a run's metrics.jsonl (every epoch ends in a row): wall
+    time between the last rows of epoch `warmup` and of the final epoch; step time and data wait summed from the
+    per-interval rows of the timed epochs."""
+    rows = [r for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "train"]
+    ends: dict[int, float] = {}
+    for r in rows:
+        ends[r["epoch"]] = max(ends.get(r["epoch"], -math.inf), r["time"])
+    if len(ends) < warmup + epochs:
+        raise RuntimeError(f"{name}: plainloop logged {len(ends)} epochs, expected {warmup + epochs}")
+    step_s = data_s = 0.0
+    steps = prev = 0
+    for r in rows:
+        n, prev = r["step"] - prev, r["step"]
+        if r["epoch"] > warmup:
+            elapsed = n * batch / r["samples_per_s"]
+            step_s, data_s, steps = step_s + elapsed, data_s + r["data_wait_frac"] * elapsed, steps + n
+    wall = ends[warmup + epochs] - ends[warmup]
+    return {"wall_s": wall, "samples": steps * batch, "steps": steps, "data_wait_s": data_s, "step_s": step_s}
 
 
 # ------------------------------------------------------------------------------------------ the runners
@@ -251,61 +214,12 @@ def run_before_config(b: Bench, name: str) -> dict[str, Any]:
     from benchmarks.before_loop import NetCDFPerSampleDataset, run_before
 
     task = _build_task(b, False)
-    train = NetCDFPerSampleDataset(task.train_set, b.data_path)
-    val = NetCDFPerSampleDataset(task.val_set, b.data_path)
+    train, val = (NetCDFPerSampleDataset(s, b.data_path) for s in (task.train_set, task.val_set))
     mon = _monitor(b.device, b.p["before_batch"])
-    r = run_before(
-        task.model,
-        train,
-        val,
-        b.device,
-        epochs=b.p["before_epochs"],
-        batch_size=b.p["before_batch"],
-        monitor=mon,
-        seed=b.seed,
-    )
+    r = run_before(task.model, train, val, b.device, epochs=b.p["before_epochs"], batch_size=b.p["before_batch"],
+                   monitor=mon, seed=b.seed)  # fmt: skip
     extra = {"batch_size": b.p["before_batch"], "precision": "32", "epochs_timed": b.p["before_epochs"]}
     return _rep_record(name, r, b.device, mon.get_summary() if mon else None, {**extra, "val_s": r["val_s"]})
-
-
-def epochs_from_metrics(metrics: Path, warmup: int, epochs: int, batch: int, name: str) -> dict[str, Any]:
-    """Timing of epochs warmup+1 .. warmup+epochs from a run's metrics.jsonl (every epoch ends in a row).
-
-    Wall time is between the last rows of epoch `warmup` and of the final epoch; step time and data wait
-    are summed from the per-interval rows of the timed epochs."""
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    train_rows = [r for r in rows if r["kind"] == "train"]
-    ends: dict[int, float] = {}
-    for r in train_rows:
-        ends[r["epoch"]] = max(ends.get(r["epoch"], -math.inf), r["time"])
-    if len(ends) < warmup + epochs:
-        raise RuntimeError(f"{name}: plainloop logged {len(ends)} epochs, expected {warmup + epochs}")
-    step_s = data_s = 0.0
-    steps, prev_step = 0, 0
-    for r in train_rows:
-        n_steps, prev_step = r["step"] - prev_step, r["step"]
-        if r["epoch"] <= warmup:
-            continue
-        elapsed = n_steps * batch / r["samples_per_s"]
-        step_s += elapsed
-        data_s += r["data_wait_frac"] * elapsed
-        steps += n_steps
-    wall = ends[warmup + epochs] - ends[warmup]
-    return {"wall_s": wall, "samples": steps * batch, "steps": steps, "data_wait_s": data_s, "step_s": step_s}
-
-
-# per-row TrainConfig overrides of plainloop's defaults
-PLAINLOOP_ROWS: dict[str, dict[str, Any]] = {
-    "defaults": {},
-    "user_trainer": {},
-    "seed_loader": {
-        "device_cache": False,
-        "pin_memory": True,
-        "persistent_workers": True,
-        "prefetch_factor": 2,
-    },
-    "tuned": {"compile_model": True},
-}
 
 
 def run_plainloop_config(b: Bench, name: str) -> dict[str, Any]:
@@ -324,35 +238,24 @@ def run_plainloop_config(b: Bench, name: str) -> dict[str, Any]:
         model = UserSSTModel(**_user_model_params(b, task.train_set.width, task.train_set.height))
         task = Task("user_model", model, task.train_set, task.val_set)
     W, E = b.p["warmup_epochs"], b.p["epochs"]
-    notes: list[str] = []
     mon = _monitor(b.device, batch)
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = TrainConfig(
-            epochs=W + E,
-            batch_size=batch,
-            output_dir=tmp,
-            run_name=name,
-            seed=b.seed,
-            device=str(b.device),
-            **over,
-        )
-        trainer = Trainer(cfg, task, log=notes.append, monitor=mon, callbacks=[VerdictCallback()])
+        cfg = TrainConfig(epochs=W + E, batch_size=batch, output_dir=tmp, run_name=name, seed=b.seed,
+                          device=str(b.device), **over)  # fmt: skip
+        trainer = Trainer(cfg, task, log=lambda _s: None, monitor=mon, callbacks=[VerdictCallback()])
         summary = trainer.fit()
         r = epochs_from_metrics(Path(summary["run_dir"]) / "metrics.jsonl", W, E, batch, name)
     extra = {
-        "batch_size": batch,
-        "precision": summary["precision"],
-        "epochs_timed": E,
+        "batch_size": batch, "precision": summary["precision"], "epochs_timed": E,
         "compile_mode": over.get("compile_mode") if over.get("compile_model") else None,
         "data_path": "held on the device" if trainer.on_device else f"DataLoader {trainer.loader_kw}",
-        "verdict": (summary.get("verdict") or {}).get("verdict"),
-        "notes": summary.get("notes", []),
-    }
+        "verdict": (summary.get("verdict") or {}).get("verdict"), "notes": summary.get("notes", []),
+    }  # fmt: skip
     return _rep_record(name, r, b.device, summary.get("monitor"), extra)
 
 
 def run_base_trainer_config(b: Bench, name: str) -> dict[str, Any]:
-    """The user model through seed 000's door: seed-style dicts in, `.train()`, nothing else."""
+    """The user model through the seed guides' door: seed-style dicts in, `.train()`, nothing else."""
     from datasets.area import Area
     from datasets.era5 import ERA5SSTMonthlyDataset
     from trainer import BaseTrainer
@@ -360,34 +263,16 @@ def run_base_trainer_config(b: Bench, name: str) -> dict[str, Any]:
     probe = _build_task(b, False).train_set
     W, E, batch = b.p["warmup_epochs"], b.p["epochs"], b.p["batch"]
     mon = _monitor(b.device, batch)
-    lines: list[str] = []
+    data = {"data_path": str(b.data_path), "resolution": b.p["resolution"], "seq_len": 2, "cache_dir": str(b.cache_dir)}
     with tempfile.TemporaryDirectory() as tmp:
-        bt = BaseTrainer(
-            "user_model",
-            "bench",
-            Area("global", lon=list(AREA["lon"]), lat=list(AREA["lat"])),
-            UserSSTModel,
-            ERA5SSTMonthlyDataset,
-            Path(tmp) / "user_model.pt",
-            dataset_params={
-                "data_path": str(b.data_path),
-                "resolution": b.p["resolution"],
-                "seq_len": 2,
-                "cache_dir": str(b.cache_dir),
-            },
-            trainer_params={
-                "epochs": W + E,
-                "batch_size": batch,
-                "output_dir": tmp,
-                "seed": b.seed,
-                "device": str(b.device),
-                "split_ratio": (0.8, 0.1, 0.1),
-            },
-            model_params=_user_model_params(b, probe.width, probe.height),
-            monitor=mon,
-            log=lines.append,
-        )
+        train = {"epochs": W + E, "batch_size": batch, "output_dir": tmp, "seed": b.seed, "device": str(b.device),
+                 "split_ratio": (0.8, 0.1, 0.1)}  # fmt: skip
+        bt = BaseTrainer("user_model", "bench", Area("global", lon=list(AREA["lon"]), lat=list(AREA["lat"])),
+                         UserSSTModel, ERA5SSTMonthlyDataset, Path(tmp) / "user_model.pt", dataset_params=data,
+                         trainer_params=train, model_params=_user_model_params(b, probe.width, probe.height),
+                         monitor=mon, log=lambda _s: None)  # fmt: skip
         bt.train()
+        assert bt.trainer is not None and bt.trainer.run_dir is not None and bt.summary is not None
         r = epochs_from_metrics(Path(bt.trainer.run_dir) / "metrics.jsonl", W, E, batch, name)
         precision = bt.summary["precision"]
     extra = {"batch_size": batch, "precision": precision, "epochs_timed": E}
@@ -395,13 +280,6 @@ def run_base_trainer_config(b: Bench, name: str) -> dict[str, Any]:
 
 
 def run_lightning_config(b: Bench, name: str) -> dict[str, Any]:
-    from benchmarks.lightning_peer import (
-        LIGHTNING_PRECISION,
-        SAME_DATA_PEER,
-        SEED_LOADER,
-        SEED_PEER,
-        run_lightning,
-    )
     from trainer.runtime import resolve_runtime
 
     same = name == "lightning_data"
@@ -410,44 +288,24 @@ def run_lightning_config(b: Bench, name: str) -> dict[str, Any]:
         precision = LIGHTNING_PRECISION[resolve_runtime("auto", str(b.device)).precision]
     task = _build_task(b, None if same else False)
     mon = _monitor(b.device, b.p["batch"])
-    r = run_lightning(
-        task.model,
-        task.train_set,
-        task.val_set,
-        b.device,
-        epochs=b.p["epochs"],
-        warmup_epochs=b.p["warmup_epochs"],
-        batch_size=b.p["batch"],
-        precision=precision,
-        loader=dict(SEED_LOADER, num_workers=b.p["lightning_workers"]),
-        monitor=mon,
-        seed=b.seed,
-        peer=SAME_DATA_PEER if same else SEED_PEER,
-    )
-    extra = {
-        "batch_size": b.p["batch"],
-        "precision": r["precision_resolved"],
-        "precision_requested": precision,
-        "epochs_timed": b.p["epochs"],
-        "loader": r["loader"],
-    }
+    r = run_lightning(task.model, task.train_set, task.val_set, b.device, epochs=b.p["epochs"],
+                      warmup_epochs=b.p["warmup_epochs"], batch_size=b.p["batch"], precision=precision,
+                      loader=dict(SEED_LOADER, num_workers=b.p["lightning_workers"]), monitor=mon, seed=b.seed,
+                      peer=SAME_DATA_PEER if same else SEED_PEER)  # fmt: skip
+    extra = {"batch_size": b.p["batch"], "precision": r["precision_resolved"], "precision_requested": precision,
+             "epochs_timed": b.p["epochs"], "loader": r["loader"]}  # fmt: skip
     return _rep_record(name, r, b.device, mon.get_summary() if mon else None, extra)
 
 
 RUNNERS = {
     "before": run_before_config,
-    "defaults": run_plainloop_config,
-    "seed_loader": run_plainloop_config,
-    "tuned": run_plainloop_config,
-    "user_trainer": run_plainloop_config,
+    **{k: run_plainloop_config for k in PLAINLOOP_ROWS},
     "user_base": run_base_trainer_config,
-    "lightning": run_lightning_config,
-    "lightning_data": run_lightning_config,
-    "lightning_fp32": run_lightning_config,
+    **{k: run_lightning_config for k in ("lightning", "lightning_data", "lightning_fp32")},
 }
 
 
-def autotune_batch(b: Bench) -> dict:
+def autotune_batch(b: Bench) -> dict[str, Any]:
     """Largest batch that fits (trainer.extras.autobatch's search, from the preset's batch up), capped so an epoch
     still has at least two steps."""
     from trainer.extras.autobatch import find_max_batch_size
@@ -476,152 +334,102 @@ def autotune_batch(b: Bench) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ report
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a and b else None
+def _rates(rs: list[dict[str, Any]] | None) -> list[float]:
+    return [r["samples_per_s"] for r in sorted(rs or [], key=lambda r: r["rep"])]
 
 
-def summarise(
-    reps: dict[str, list[dict[str, Any]]], flops_per_sample: float, peak_flops: float, job_samples: int
-) -> dict[str, dict[str, Any]]:
+def _paired(a: list[dict[str, Any]], b: list[dict[str, Any]] | None) -> float | None:
+    """The median of the per-repetition ratios of two rows (matched by repetition)."""
+    by_rep = {r["rep"]: r["samples_per_s"] for r in b or []}
+    both = [(r["samples_per_s"], by_rep[r["rep"]]) for r in a if r["rep"] in by_rep]
+    return paired([x for x, _ in both], [y for _, y in both])
+
+
+def summarise(reps: dict[str, list[dict[str, Any]]], flops_per_sample: float, peak_flops: float,
+              job_samples: int) -> dict[str, dict[str, Any]]:  # fmt: skip
     out: dict[str, dict[str, Any]] = {}
     for name, rs in reps.items():
         if not rs:
             continue
-        sps = stats([r["samples_per_s"] for r in rs])
+        sps = stats(_rates(rs))
         util = [r["gpu_util_mean"] for r in rs if r.get("gpu_util_mean") is not None]
+        med = {k: stats([r[k] for r in rs])["median"] for k in ("step_time_s", "data_wait_frac", "compute_frac",
+                                                                "outside_steps_frac")}  # fmt: skip
         out[name] = {
-            "samples_per_s": sps,
-            "step_time_s": stats([r["step_time_s"] for r in rs])["median"],
-            "data_wait_frac": stats([r["data_wait_frac"] for r in rs])["median"],
-            "compute_frac": stats([r["compute_frac"] for r in rs])["median"],
-            "outside_steps_frac": stats([r["outside_steps_frac"] for r in rs])["median"],
-            "gpu_util_mean": stats(util)["median"] if util else None,
-            "peak_memory_mb": max(r["peak_memory_mb"] for r in rs),
-            "mfu": flops_per_sample * sps["median"] / peak_flops,
-            "job_s": job_samples / sps["median"],
-            "batch_size": rs[0]["batch_size"],
-            "precision": rs[0]["precision"],
-        }
+            "samples_per_s": sps, **med, "gpu_util_mean": stats(util)["median"] if util else None,
+            "peak_memory_mb": max(r["peak_memory_mb"] for r in rs), "mfu": flops_per_sample * sps["median"] / peak_flops,
+            "job_s": job_samples / sps["median"], "batch_size": rs[0]["batch_size"], "precision": rs[0]["precision"],
+        }  # fmt: skip
     for name, s in out.items():
-        # paired: the ratio within each interleaved repetition, then the median; robust to a slow patch of
-        # the shared machine that hits every configuration of one repetition
         for peer, key in (
             ("before", "vs_before"),
             ("lightning", "vs_lightning"),
             ("lightning_data", "vs_lightning_data"),
         ):
-            s[key] = _ratio(s["samples_per_s"]["median"], out.get(peer, {}).get("samples_per_s", {}).get("median"))
+            other = out.get(peer, {}).get("samples_per_s", {}).get("median")
+            s[key] = s["samples_per_s"]["median"] / other if other else None
             s[key + "_paired"] = _paired(reps[name], reps.get(peer))
     return out
 
 
-def _paired(a: list[dict[str, Any]], b: list[dict[str, Any]] | None) -> float | None:
-    if not b:
-        return None
-    by_rep = {r["rep"]: r["samples_per_s"] for r in b}
-    ratios = [r["samples_per_s"] / by_rep[r["rep"]] for r in a if r["rep"] in by_rep]
-    return stats(ratios)["median"] if ratios else None
+# Each share of plainloop defaults over Lightning (seed) is a ratio of two rows; what differs between them is named.
+SPLIT = {
+    "total": ("defaults", "lightning", "plainloop defaults / Lightning (seed BaseTrainer)"),
+    "loop": ("defaults", "lightning_data", "the loop: both on plainloop's data path, precision and validation interval"),
+    "lightning_data_path_and_precision": ("lightning_data", "lightning", "Lightning's seed set-up: 8-worker loader, "
+        "validation every epoch, progress bar, torch's AdamW and 16-mixed (bf16 on a CPU) vs plainloop's data path, "
+        "validation interval, AdamW and precision"),
+    "lightning_data_path": ("lightning_data", "lightning_fp32", "the same without precision (both fp32): the seed's "
+        "loader, validation every epoch, progress bar and torch's AdamW vs plainloop's"),
+    "lightning_precision": ("lightning_fp32", "lightning", "precision alone, in Lightning with the seed's set-up: 32 vs "
+        "the seed's 16-mixed (bf16 on a CPU)"),
+    "data_path": ("defaults", "seed_loader", "the data path alone, in plainloop: held in memory vs the seed's loader "
+        "(8 workers, pinned, persistent)"),
+}  # fmt: skip
 
 
 def speedup_split(reps: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """plainloop defaults over Lightning (seed) as a product of shares, each a ratio of two rows (of the
-    medians, and paired): total = loop x Lightning's seed set-up, and the set-up = its data path and
-    schedule x its precision. Each entry says what differs between its two rows."""
-    parts = {
-        "total": ("defaults", "lightning", "plainloop defaults / Lightning (seed BaseTrainer)"),
-        "loop": (
-            "defaults",
-            "lightning_data",
-            "the loop: both on plainloop's data path, precision and validation interval",
-        ),
-        "lightning_data_path_and_precision": (
-            "lightning_data",
-            "lightning",
-            "Lightning's seed set-up: 8-worker loader, validation every epoch, progress bar, torch's AdamW and "
-            "16-mixed (bf16 on a CPU) vs plainloop's data path, validation interval, AdamW and precision",
-        ),
-        "lightning_data_path": (
-            "lightning_data",
-            "lightning_fp32",
-            "the same without precision (both fp32): the seed's loader, validation every epoch, progress bar and "
-            "torch's AdamW vs plainloop's",
-        ),
-        "lightning_precision": (
-            "lightning_fp32",
-            "lightning",
-            "precision alone, in Lightning with the seed's set-up: 32 vs the seed's 16-mixed (bf16 on a CPU)",
-        ),
-        "data_path": (
-            "defaults",
-            "seed_loader",
-            "the data path alone, in plainloop: held in memory vs the seed's loader (8 workers, pinned, persistent)",
-        ),
-    }
+    """plainloop defaults over Lightning (seed) as a product of shares: total = loop x Lightning's seed set-up,
+    and the set-up = its data path and schedule x its precision; each of the medians and paired."""
     out: dict[str, Any] = {}
-    for key, (a, b, what) in parts.items():
+    for key, (a, b, what) in SPLIT.items():
         if reps.get(a) and reps.get(b):
-            med = _ratio(
-                stats([r["samples_per_s"] for r in reps[a]])["median"],
-                stats([r["samples_per_s"] for r in reps[b]])["median"],
-            )
-            out[key] = {"ratio": med, "paired": _paired(reps[a], reps[b]), "rows": [a, b], "what": what}
+            ratio = stats(_rates(reps[a]))["median"] / stats(_rates(reps[b]))["median"]
+            out[key] = {"ratio": ratio, "paired": _paired(reps[a], reps[b]), "rows": [a, b], "what": what}
     return out
 
 
 def _where(name: str, s: dict[str, Any]) -> str:
     """One config's time split, per step and per sample: the profile behind a missed target."""
-    step_ms, bs = s["step_time_s"] * 1e3, s["batch_size"]
-    return (
-        f"{name}: {step_ms:.1f} ms/step of {bs} = {step_ms / bs:.2f} ms/sample, of which data wait "
-        f"{100 * s['data_wait_frac']:.1f}% ({step_ms * s['data_wait_frac'] / bs:.2f} ms/sample) and compute "
-        f"{100 * s['compute_frac']:.1f}% ({step_ms * s['compute_frac'] / bs:.2f} ms/sample); outside the steps "
-        f"(validation, checkpoints, epoch start-up) {100 * s['outside_steps_frac']:.1f}% of the wall time"
-    )
+    step_ms, bs, dw = s["step_time_s"] * 1e3, s["batch_size"], s["data_wait_frac"]
+    return (f"{name}: {step_ms:.1f} ms/step of {bs} = {step_ms / bs:.2f} ms/sample, of which data wait "
+            f"{100 * dw:.1f}% ({step_ms * dw / bs:.2f} ms/sample) and compute {100 * s['compute_frac']:.1f}% "
+            f"({step_ms * s['compute_frac'] / bs:.2f} ms/sample); outside the steps (validation, checkpoints, "
+            f"epoch start-up) {100 * s['outside_steps_frac']:.1f}% of the wall time")  # fmt: skip
 
 
 def check_targets(summary: dict[str, dict[str, Any]], device: torch.device) -> list[dict[str, Any]]:
-    """Each target with the measured value, met or missed, and where the time went when missed."""
-    checks: list[dict[str, Any]] = []
-
-    def add(what: str, cfg: str, key: str, goal: float, higher: bool, unit: str = "") -> None:
-        s = summary.get(cfg, {})
-        value, paired = s.get(key), s.get(key + "_paired")
-        # a ratio target counts as met only when the paired (per-repetition) ratio meets it too
-        met = value is not None and (value >= goal if higher else value <= goal)
-        met = met and (paired is None or paired >= goal)
-        why = None
-        if not met and s:
-            why = _where(cfg, s)
-            for peer in ("before", "lightning"):
-                ps = summary.get(peer)
-                if peer != cfg and ps and peer in what:
-                    why += "; " + _where(peer, ps)
-        checks.append(
-            {
-                "target": what,
-                "config": cfg,
-                "value": value,
-                "goal": goal,
-                "direction": ">=" if higher else "<=",
-                "unit": unit,
-                "paired": paired,
-                "met": met,
-                "explanation": why,
-            }
-        )
-
+    """Each target with the measured value, met or missed (a ratio also paired), and where the time went if missed."""
+    t = TARGETS["gpu" if device.type == "cuda" else "cpu"]
     if device.type == "cuda":
-        t = TARGETS["gpu"]
-        add("tuned vs before", "tuned", "vs_before", t["tuned_vs_before"], True, "x")
-        add("tuned vs lightning", "tuned", "vs_lightning", t["tuned_vs_lightning"], True, "x")
-        add("MFU of the measured bf16 peak", "tuned", "mfu", t["mfu"], True)
-        add("GPU utilisation", "tuned", "gpu_util_mean", t["gpu_util"], True, "%")
-        add("data wait of step time", "tuned", "data_wait_frac", t["data_wait_frac"], False)
-        add("seed job (500 epochs)", "tuned", "job_s", t["job_s"], False, "s")
+        wanted = [("tuned vs before", "tuned", "vs_before", t["tuned_vs_before"], True, "x"),
+                  ("tuned vs lightning", "tuned", "vs_lightning", t["tuned_vs_lightning"], True, "x"),
+                  ("MFU of the measured bf16 peak", "tuned", "mfu", t["mfu"], True, ""),
+                  ("GPU utilisation", "tuned", "gpu_util_mean", t["gpu_util"], True, "%"),
+                  ("data wait of step time", "tuned", "data_wait_frac", t["data_wait_frac"], False, ""),
+                  ("seed job (500 epochs)", "tuned", "job_s", t["job_s"], False, "s")]  # fmt: skip
     else:
-        t = TARGETS["cpu"]
-        add("defaults vs before", "defaults", "vs_before", t["defaults_vs_before"], True, "x")
-        add("defaults vs lightning", "defaults", "vs_lightning", t["defaults_vs_lightning"], True, "x")
+        wanted = [("defaults vs before", "defaults", "vs_before", t["defaults_vs_before"], True, "x"),
+                  ("defaults vs lightning", "defaults", "vs_lightning", t["defaults_vs_lightning"], True, "x")]  # fmt: skip
+    checks = []
+    for what, cfg, key, goal, higher, unit in wanted:
+        s = summary.get(cfg, {})
+        c = target_check(what, s.get(key), s.get(key + "_paired"), goal, higher, unit, cfg)
+        why = None
+        if not c["met"] and s:
+            why = "; ".join([_where(cfg, s)] + [_where(p, summary[p]) for p in ("before", "lightning")
+                                                if p != cfg and p in summary and p in what])  # fmt: skip
+        checks.append({**c, "explanation": why})
     return checks
 
 
@@ -629,256 +437,76 @@ def headline(summary: dict[str, dict[str, Any]], device: torch.device) -> dict[s
     """The figures docs/benchmarks/index.md quotes, from the summary: plainloop's best row against every peer."""
     best = "tuned" if "tuned" in summary else "defaults"
     s = summary.get(best, {})
-    keys = (
-        "vs_before",
-        "vs_lightning",
-        "vs_lightning_data",
-        "mfu",
-        "gpu_util_mean",
-        "data_wait_frac",
-        "job_s",
-    )
+    keys = ("vs_before", "vs_lightning", "vs_lightning_data", "mfu", "gpu_util_mean", "data_wait_frac", "job_s")
     out: dict[str, Any] = {"config": best, "samples_per_s": (s.get("samples_per_s") or {}).get("median")}
-    out.update({k: s.get(k) for k in keys})
-    out.update({k + "_paired": s.get(k + "_paired") for k in keys[:3]})
+    out.update({k: s.get(k) for k in keys} | {k + "_paired": s.get(k + "_paired") for k in keys[:3]})
     out["job_s_source"] = f"{JOB_EPOCHS} epochs x {_job_train_samples()} samples at the {best} row's median rate"
     out["gpu_util_mean_note"] = None if device.type == "cuda" else "n/a: no GPU in this run"
-    return out
-
-
-def _ratio_cell(x: dict[str, Any], key: str) -> str:
-    return f"{fmt(x[key], '.2f', '×')} ({fmt(x[key + '_paired'], '.2f', '×')})"
-
-
-def render(result: dict[str, Any]) -> str:
-    s, env = result["summary"], result["environment"]
-    peak = result["peak"]
-    head = (
-        f"**{result['preset']}** preset on {env['device_name']} ({env['device']}), torch {env['torch']}, "
-        f"commit `{env['commit'][:12]}`, {env['time_utc']}, {_loads(result)}. Grid {result['grid']}, {result['train_samples']} training samples, {result['reps']} "
-        f"interleaved repetitions (ratios: of the medians, and in brackets the median of the per-repetition "
-        f"ratios); measured {peak['dtype']} matmul peak {peak['tflops']:.2f} TFLOP/s (best of "
-        f"{len(peak.get('measurements_tflops', [1]))} measurements); model "
-        f"{result['flops_per_sample'] / 1e9:.2f} GFLOP/sample (training)."
-    )
-    rows = []
-    for name in ALL_CONFIGS:
-        if name not in s:
-            continue
-        x = s[name]
-        sp = x["samples_per_s"]
-        rows.append(
-            [
-                LABELS[name],
-                x["batch_size"],
-                x["precision"],
-                f"{sp['median']:.1f} ({sp['min']:.1f}–{sp['max']:.1f})",
-                _ratio_cell(x, "vs_before"),
-                _ratio_cell(x, "vs_lightning"),
-                _ratio_cell(x, "vs_lightning_data"),
-                fmt(x["step_time_s"] * 1e3, ".1f"),
-                fmt(100 * x["data_wait_frac"], ".1f", "%"),
-                fmt(100 * x["outside_steps_frac"], ".1f", "%"),
-                fmt(x["gpu_util_mean"], ".0f", "%") if x["gpu_util_mean"] is not None else "n/a (CPU)",
-                fmt(x["peak_memory_mb"], ".0f"),
-                fmt(100 * x["mfu"], ".2f", "%"),
-                _dur(x["job_s"]),
-            ]
-        )
-    header = ["config", "batch", "precision", "samples/s median (min–max)", "× before (paired)"]
-    header += ["× Lightning seed (paired)", "× Lightning same data (paired)", "ms/step", "data wait"]
-    header += ["outside steps", "GPU util", "peak MB", "MFU", "seed job (500 ep)"]
-    table = md_table(header, rows)
-    split = result.get("split") or {}
-    split_lines = [
-        f"- {v['what']}: {fmt(v['ratio'], '.2f', '×')} (paired {fmt(v['paired'], '.2f', '×')}; "
-        f"{LABELS[v['rows'][0]]} / {LABELS[v['rows'][1]]})"
-        for v in split.values()
-    ]
-    guide = (
-        f"Seed guide's estimate of the 500-epoch job on an {GUIDE_ESTIMATE['gpu']}: "
-        f"{GUIDE_ESTIMATE['before_h']:.0f} h before, {GUIDE_ESTIMATE['after_h']} h after (never measured). "
-        f"The last column extrapolates {JOB_EPOCHS} epochs × {result['job_train_samples']} training samples "
-        f"({JOB_MONTHS} months) from each measured rate"
-        + (
-            " — this preset's model is smaller than the seed's, so it is not the seed's job time."
-            if result["preset"] != "seed"
-            else "."
-        )
-    )
-    trows = [
-        [
-            c["target"],
-            c["config"],
-            fmt(c["value"], ".3g")
-            + (c["unit"] if c["value"] is not None else "")
-            + (f" (paired {c['paired']:.3g}{c['unit']})" if c.get("paired") is not None else ""),
-            f"{c['direction']} {c['goal']:g}{c['unit']}",
-            "met" if c["met"] else ("not measured" if c["value"] is None else "**missed**"),
-            c["explanation"] or "",
-        ]
-        for c in result["targets"]
-    ]
-    ttable = md_table(["target", "config", "measured", "goal", "", "where the time goes (if missed)"], trows)
-    parts = [head, table]
-    if split_lines:
-        parts.append(
-            "Where the speed-up over Lightning comes from (each a ratio of two rows; what differs is named):\n\n"
-            + "\n".join(split_lines)
-        )
-    parts += [guide, ttable] + [f"- {n}" for n in result["notes"]]
-    return "\n\n".join(parts) + "\n"
-
-
-def _loads(result: dict[str, Any]) -> str:
-    """The machine's load while measuring: at each repetition's start (when it waited for quiet) and per row."""
-    per_row = [r["loadavg_1m"] for rs in result["repetitions"].values() for r in rs if r.get("loadavg_1m") is not None]
-    out = (
-        f"1-minute load average {min(per_row):.1f}–{max(per_row):.1f} after the rows"
-        if per_row
-        else "load not recorded"
-    )
-    waits = [w for w in result.get("waited_for_quiet") or [] if w.get("loadavg")]
-    if waits:
-        starts = ", ".join(f"{w['loadavg'][0]:.1f}" for w in waits)
-        out += f" (repetitions started at {starts}; each waited for < {waits[0]['max_load']:g})"
     return out
 
 
 def _dur(s: float | None) -> str:
     if s is None:
         return "n/a"
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
-def rerender(path: Path) -> dict[str, Any]:
-    """Summary, targets and Markdown recomputed from the raw repetitions stored in `path` (rewritten in place)."""
-    if not path.is_file():
-        sys.exit(f"--rerender {path}: no such file")
-    result = json.loads(path.read_text(encoding="utf-8"))
-    device = torch.device(result["environment"]["device"])
-    finish_result(result, device)
-    write_result(path, result, render(result))
-    return result
+def render(result: dict[str, Any]) -> str:
+    s, env, peak = result["summary"], result["environment"], result["peak"]
+    loads = [r["loadavg_1m"] for rs in result["repetitions"].values() for r in rs if r.get("loadavg_1m") is not None]
+    load = f"1-minute load average {min(loads):.1f}–{max(loads):.1f} after the rows" if loads else "load not recorded"
+    head = (
+        f"**{result['preset']}** preset on {env['device_name']} ({env['device']}), torch {env['torch']}, commit "
+        f"`{env['commit'][:12]}`, {env['time_utc']}, {load}. Grid {result['grid']}, {result['train_samples']} training "
+        f"samples, {result['reps']} interleaved repetitions (ratios: of the medians, and in brackets the median of the "
+        f"per-repetition ratios); measured {peak['dtype']} matmul peak {peak['tflops']:.2f} TFLOP/s (best of "
+        f"{len(peak.get('measurements_tflops', [1]))} measurements); model "
+        f"{result['flops_per_sample'] / 1e9:.2f} GFLOP/sample (training)."
+    )
 
+    def ratio(x: dict[str, Any], key: str) -> str:
+        return f"{fmt(x[key], '.2f', '×')} ({fmt(x[key + '_paired'], '.2f', '×')})"
 
-def finish_result(result: dict[str, Any], device: torch.device) -> None:
-    """Everything derived from the raw repetitions: summary, split, targets, headline."""
-    reps = result["repetitions"]
-    summary = summarise(reps, result["flops_per_sample"], result["peak"]["flops"], result["job_samples"])
-    result["summary"] = summary
-    result["split"] = speedup_split(reps)
-    result["targets"] = check_targets(summary, device)
-    result["headline"] = headline(summary, device)
+    rows = [[LABELS[n], x["batch_size"], x["precision"],
+             f"{x['samples_per_s']['median']:.1f} ({x['samples_per_s']['min']:.1f}–{x['samples_per_s']['max']:.1f})",
+             ratio(x, "vs_before"), ratio(x, "vs_lightning"), ratio(x, "vs_lightning_data"),
+             fmt(x["step_time_s"] * 1e3, ".1f"), fmt(100 * x["data_wait_frac"], ".1f", "%"),
+             fmt(100 * x["outside_steps_frac"], ".1f", "%"),
+             fmt(x["gpu_util_mean"], ".0f", "%") if x["gpu_util_mean"] is not None else "n/a (CPU)",
+             fmt(x["peak_memory_mb"], ".0f"), fmt(100 * x["mfu"], ".2f", "%"), _dur(x["job_s"])]
+            for n in ALL_CONFIGS if (x := s.get(n))]  # fmt: skip
+    table = md_table(["config", "batch", "precision", "samples/s median (min–max)", "× before (paired)",
+                      "× Lightning seed (paired)", "× Lightning same data (paired)", "ms/step", "data wait",
+                      "outside steps", "GPU util", "peak MB", "MFU", "seed job (500 ep)"], rows)  # fmt: skip
+    split = [f"- {v['what']}: {fmt(v['ratio'], '.2f', '×')} (paired {fmt(v['paired'], '.2f', '×')}; "
+             f"{LABELS[v['rows'][0]]} / {LABELS[v['rows'][1]]})" for v in (result.get("split") or {}).values()]  # fmt: skip
+    guide = (
+        f"Seed guide's estimate of the 500-epoch job on an {GUIDE_ESTIMATE['gpu']}: {GUIDE_ESTIMATE['before_h']:.0f} h "
+        f"before, {GUIDE_ESTIMATE['after_h']} h after (never measured). The last column extrapolates {JOB_EPOCHS} epochs "
+        f"× {result['job_train_samples']} training samples ({JOB_MONTHS} months) from each measured rate"
+        + (" — this preset's model is smaller than the seed's, so it is not the seed's job time."
+           if result["preset"] != "seed" else ".")
+    )  # fmt: skip
+    trows = [[c["target"], c["config"], fmt(c["value"], ".3g") + (c["unit"] if c["value"] is not None else "")
+              + (f" (paired {c['paired']:.3g}{c['unit']})" if c.get("paired") is not None else ""),
+              f"{c['direction']} {c['goal']:g}{c['unit']}",
+              "met" if c["met"] else ("not measured" if c["value"] is None else "**missed**"), c["explanation"] or ""]
+             for c in result["targets"]]  # fmt: skip
+    parts = [head, table]
+    if split:
+        parts.append("Where the speed-up over Lightning comes from (each a ratio of two rows; what differs is named):"
+                     "\n\n" + "\n".join(split))  # fmt: skip
+    parts += [guide, md_table(["target", "config", "measured", "goal", "", "where the time goes (if missed)"], trows)]
+    return "\n\n".join(parts + [f"- {n}" for n in result["notes"]]) + "\n"
 
 
 # ------------------------------------------------------------------------------------------ main
-def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__,
-    )
-    add = ap.add_argument
-    add("--preset", choices=sorted(PRESETS), default="cpu", help="problem size (default: cpu)")
-    add(
-        "--file-grid",
-        type=float,
-        default=None,
-        help="grid (degrees) of the generated ERA5-format file, e.g. "
-        "0.25 = ERA5's native 1440 x 721 (default: the preset's)",
-    )
-    add(
-        "--configs",
-        default=None,
-        help=f"comma list from {','.join(ALL_CONFIGS)} (default: the preset's list)",
-    )
-    add("--reps", type=int, default=None, help="repetitions, interleaved (default: the preset's)")
-    add("--epochs", type=int, default=None, help="timed epochs per repetition (default: the preset's)")
-    add("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    add(
-        "--cache-dir",
-        default=None,
-        help="where the generated netCDF and the coarse cache go (default: $PLAINLOOP_CACHE or ~/.cache/plainloop)",
-    )
-    add(
-        "--data-path",
-        default=None,
-        help="an existing ERA5-format netCDF file instead of the generated one (default: generate)",
-    )
-    add(
-        "--compile-mode",
-        default="default",
-        choices=("default", "reduce-overhead", "max-autotune", "none"),
-        help="torch.compile mode of the tuned config; none = autotuned batch without compile (default: default)",
-    )
-    add("--out", default=None, help="JSON path (default: benchmarks/results/run_<cpu|gpu>.json)")
-    add("--seed", type=int, default=0, help="model/data-order seed (default: 0)")
-    add(
-        "--rerender",
-        default=None,
-        metavar="JSON",
-        help="recompute the summary, targets and table of an earlier result from its raw repetitions (no run)",
-    )
-    add(
-        "--threads",
-        type=int,
-        default=0,
-        help="torch intra-op threads; 0 = torch's default, as users run (default: 0)",
-    )
-    add(
-        "--wait-load",
-        type=float,
-        default=0.0,
-        help="before each repetition, wait until the 1-minute load average is below this (polling every 60 s, "
-        "at most --wait-max seconds in all); 0 = do not wait (default: 0)",
-    )
-    add(
-        "--wait-max",
-        type=float,
-        default=3600.0,
-        help="longest wait for --wait-load in all, seconds (default: 3600)",
-    )
-    return ap, ap.parse_args(argv)
-
-
-def resolve_settings(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict, tuple, torch.device]:
-    """The preset with the command line's overrides, the configurations to run and the device."""
-    p = dict(PRESETS[args.preset])
-    if args.file_grid is not None:
-        p["file_grid"] = args.file_grid
-    configs = tuple(args.configs.split(",")) if args.configs else p["configs"]
-    unknown = [c for c in configs if c not in ALL_CONFIGS]
-    if unknown:
-        ap.error(f"--configs: unknown {unknown}; choose from {ALL_CONFIGS}")
-    for flag, key in (("reps", "reps"), ("epochs", "epochs")):
-        v = getattr(args, flag)
-        if v is not None:
-            if v < 1:
-                ap.error(f"--{flag} {v}: must be >= 1")
-            p[key] = v
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda but CUDA is not available here; drop --device or use cpu")
-    if args.threads < 0:
-        ap.error(f"--threads {args.threads}: must be >= 0")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    return p, configs, device
-
-
-def prepare_data(ap: argparse.ArgumentParser, args: argparse.Namespace, p: dict) -> tuple[Path, Path]:
+def prepare_data(ap: argparse.ArgumentParser, args: argparse.Namespace, p: dict[str, Any]) -> tuple[Path, Path]:
     """(cache_dir, data_path): the generated ERA5-format file (made once) or the user's own."""
     try:
         import netCDF4  # noqa: F401
     except ImportError:
-        sys.exit(
-            "benchmarks.run: netCDF4 is missing; the ERA5 data (and the 'before' loop) need it: pip install netCDF4"
-        )
+        sys.exit("benchmarks: netCDF4 is missing; the ERA5 data (and the 'before' loop) need it: pip install netCDF4")
     from datasets.era5 import default_cache_dir
     from datasets.era5_sample import ensure_sample_file
 
@@ -891,137 +519,115 @@ def prepare_data(ap: argparse.ArgumentParser, args: argparse.Namespace, p: dict)
             ap.error(f"--data-path {data_path}: no such file")
     else:
         data_path = ensure_sample_file(cache_dir, years=p["years"], grid=p["file_grid"])
-    size_mb = data_path.stat().st_size / 1e6
-    print(
-        f"[bench] data {data_path} ({size_mb:.0f} MB, {time.perf_counter() - t0:.0f} s to make/find)",
-        flush=True,
-    )
+    mb = data_path.stat().st_size / 1e6
+    print(f"[bench] data {data_path} ({mb:.0f} MB, {time.perf_counter() - t0:.0f} s to make/find)", flush=True)
     return cache_dir, data_path
 
 
 def setup_notes(b: Bench, configs: tuple[str, ...]) -> tuple[tuple[str, ...], list[str]]:
     """Drop the rows that cannot run here (Lightning missing) and say what each preset choice means."""
-    from benchmarks.lightning_peer import lightning_available
-
     notes: list[str] = []
     if any(c.startswith("lightning") for c in configs) and lightning_available() is None:
         configs = tuple(c for c in configs if not c.startswith("lightning"))
         notes.append("lightning is not installed: the Lightning rows are skipped (pip install lightning)")
     if b.device.type == "cpu":
-        notes.append(
-            "CPU: plainloop's precision 'auto' resolves to fp32 (CPU autocast is slower), so 'defaults' "
-            "here = fp32 + data held in RAM + throttled logging; MFU is of the measured fp32 matmul peak"
-        )
+        notes.append("CPU: plainloop's precision 'auto' resolves to fp32 (CPU autocast is slower), so 'defaults' here "
+                     "= fp32 + data held in RAM + throttled logging; MFU is of the measured fp32 matmul peak")  # fmt: skip
         if "lightning" in configs:
-            notes.append(
-                "CPU: Lightning's seed precision '16-mixed' is impossible on a CPU; Lightning itself "
-                "switches to bf16-mixed (row 'Lightning (seed BaseTrainer)')"
-            )
+            notes.append("CPU: Lightning's seed precision '16-mixed' is impossible on a CPU; Lightning itself switches "
+                         "to bf16-mixed (row 'Lightning (seed BaseTrainer)')")  # fmt: skip
     if b.p["lightning_workers"] != 8 and {"lightning", "lightning_fp32", "seed_loader"} & set(configs):
         notes.append(f"the seed's loader uses {b.p['lightning_workers']} workers in this preset (seed: 8)")
     if {"user_trainer", "user_base"} & set(configs):
-        notes.append(
-            "user model: the seed's network wrapped in a plain nn.Module with no loss method (plainloop's "
-            "default MSE over every cell, land included, where the built-in task masks land)"
-        )
+        notes.append("user model: the seed's network wrapped in a plain nn.Module with no loss method (plainloop's "
+                     "default MSE over every cell, land included, where the built-in task masks land)")  # fmt: skip
     if "lightning_data" in configs:
-        notes.append(
-            "Lightning, plainloop's data path: the same in-memory dataset gathered by index in the same "
-            "order, 0 workers, plainloop's precision and AdamW (its warmup+cosine schedule is not given "
-            "to Lightning), validation at the last epoch, no logger/progress bar/model summary"
-        )
+        notes.append("Lightning, plainloop's data path: the same in-memory dataset gathered by index in the same "
+                     "order, 0 workers, plainloop's precision and AdamW (its warmup+cosine schedule is not given to "
+                     "Lightning), validation at the last epoch, no logger/progress bar/model summary")  # fmt: skip
     if "tuned" in configs:
         at = autotune_batch(b)
         b.tuned_batch = at["batch_size"]
-        notes.append(
-            f"tuned: batch {b.tuned_batch} from trainer.extras.autobatch (capped at {at['cap']} so an epoch has >= "
-            f"2 steps), torch.compile mode {b.compile_mode!r}"
-        )
+        notes.append(f"tuned: batch {b.tuned_batch} from trainer.extras.autobatch (capped at {at['cap']} so an epoch "
+                     f"has >= 2 steps), torch.compile mode {b.compile_mode!r}")  # fmt: skip
     return configs, notes
 
 
-def run_reps(
-    b: Bench, configs: tuple[str, ...], peak: dict, wait_load: float = 0.0, wait_max: float = 0.0
-) -> tuple[dict[str, list], dict, list]:
-    """Interleaved repetitions (A B C A B C ...); the matmul peak is re-measured every repetition and the
-    best one is this device's peak (a shared machine can be slowed at any one moment). With `wait_load`,
-    each repetition first waits for the load average to drop below it (at most `wait_max` s in all)."""
-    reps: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
-    peaks, waits = [peak], []
-    deadline = time.monotonic() + wait_max
-    for rep in range(b.p["reps"]):
-        if wait_load > 0:
-            waits.append(wait_for_quiet(wait_load, max(0.0, deadline - time.monotonic())))
-        if rep:
-            peaks.append(matmul_peak_flops(b.device))
-        for c in configs:
-            t = time.perf_counter()
-            r = RUNNERS[c](b, c)
-            r["rep"] = rep
-            reps[c].append(r)
-            print(
-                f"[bench] rep {rep + 1}/{b.p['reps']} {c:15s} {r['samples_per_s']:9.1f} samples/s ({r['samples']} "
-                f"samples in {r['wall_s']:.2f} s; harness {time.perf_counter() - t:.0f} s)",
-                flush=True,
-            )
-    best = dict(max(peaks, key=lambda q: q["flops"]), measurements_tflops=[q["tflops"] for q in peaks])
-    return reps, best, waits
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap, args = parse_args(argv)
-    if args.rerender:
-        return rerender(Path(args.rerender))
-    p, configs, device = resolve_settings(ap, args)
+    ap = base_parser(__doc__, None, reps=None, threads=0, out_help="benchmarks/results/run_<cpu|gpu>.json")
+    add = ap.add_argument
+    add("--preset", choices=sorted(PRESETS), default="cpu", help="problem size (default: cpu)")
+    add("--file-grid", type=float, default=None, help="grid (degrees) of the generated ERA5-format file, e.g. 0.25 = "
+        "ERA5's native 1440 x 721 (default: the preset's)")  # fmt: skip
+    add("--configs", default=None, help=f"comma list from {','.join(ALL_CONFIGS)} (default: the preset's list)")
+    add("--epochs", type=int, default=None, help="timed epochs per repetition (default: the preset's)")
+    add("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    add("--cache-dir", default=None, help="the generated netCDF and the coarse cache (default: $PLAINLOOP_CACHE or "
+        "~/.cache/plainloop)")  # fmt: skip
+    add("--data-path", default=None, help="an existing ERA5-format netCDF file instead of the generated one")
+    add("--compile-mode", default="default", choices=("default", "reduce-overhead", "max-autotune", "none"),
+        help="torch.compile mode of the tuned row; none = autotuned batch without compile (default: default)")  # fmt: skip
+    add("--seed", type=int, default=0, help="model/data-order seed (default: 0)")
+    args = ap.parse_args(argv)
+    p = dict(PRESETS[args.preset])
+    if args.file_grid is not None:
+        p["file_grid"] = args.file_grid
+    configs = tuple(args.configs.split(",")) if args.configs else p["configs"]
+    if unknown := [c for c in configs if c not in ALL_CONFIGS]:
+        ap.error(f"--configs: unknown {unknown}; choose from {ALL_CONFIGS}")
+    for key in ("reps", "epochs"):
+        if (v := getattr(args, key)) is not None:
+            if v < 1:
+                ap.error(f"--{key} {v}: must be >= 1")
+            p[key] = v
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda but CUDA is not available here; drop --device or use cpu")
     env = environment(device)  # at the start: the commit that is measured, not one edited meanwhile
     t0 = time.perf_counter()
     cache_dir, data_path = prepare_data(ap, args, p)
     b = Bench(data_path, p, cache_dir, device, args.seed, args.compile_mode)
     probe = _build_task(b, False)
-    flops, n_train, ds = float(probe.flops_per_sample), len(probe.train_set), probe.train_set
-    source = f"a {p['file_grid']:g}° file" if not args.data_path else f"{data_path.name}"
+    flops, ds = float(probe.flops_per_sample), probe.train_set
+    source = f"a {p['file_grid']:g}° file" if not args.data_path else data_path.name
     grid = f"{ds.height} x {ds.width} at {p['resolution']:g}° from {source} ({ds.info['months']})"
+    n_train = len(ds)
     del probe, ds
-    peak = matmul_peak_flops(device)
-    print(
-        f"[bench] {n_train} training samples, grid {grid}; measured {peak['dtype']} matmul peak "
-        f"{peak['tflops']:.2f} TFLOP/s",
-        flush=True,
-    )
+    peaks = [matmul_peak_flops(device)]
+    print(f"[bench] {n_train} training samples, grid {grid}; measured {peaks[0]['dtype']} matmul peak "
+          f"{peaks[0]['tflops']:.2f} TFLOP/s", flush=True)  # fmt: skip
     configs, notes = setup_notes(b, configs)
     load_start = loadavg()
-    reps, peak, waited = run_reps(b, configs, peak, args.wait_load, args.wait_max)
-    result = {
-        "schema": "plainloop-bench-run-2",
-        "preset": args.preset,
-        "command": "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv),
-        "environment": env,
-        "loadavg_start": load_start,
-        "loadavg_end": loadavg(),
-        "waited_for_quiet": waited,
-        "config": {
-            **{k: v for k, v in p.items() if k != "configs"},
-            "configs": list(configs),
-            "data_path": str(data_path),
-            "compile_mode": args.compile_mode,
-            "seed": args.seed,
-            "optimizer": "AdamW(lr=1e-3, weight_decay=0.01)",
-            "tuned_batch": b.tuned_batch,
-            "torch_threads": torch.get_num_threads(),
-        },
-        "grid": grid,
-        "train_samples": n_train,
-        "reps": p["reps"],
-        "flops_per_sample": flops,
+    reps: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+    for rep in range(p["reps"]):  # interleaved; the peak is re-measured each time and the best one kept
+        args.wait(rep)
+        if rep:
+            peaks.append(matmul_peak_flops(device))
+        for c in configs:
+            t = time.perf_counter()
+            reps[c].append({**RUNNERS[c](b, c), "rep": rep})
+            r = reps[c][-1]
+            print(f"[bench] rep {rep + 1}/{p['reps']} {c:15s} {r['samples_per_s']:9.1f} samples/s ({r['samples']} "
+                  f"samples in {r['wall_s']:.2f} s; harness {time.perf_counter() - t:.0f} s)", flush=True)  # fmt: skip
+    peak = dict(max(peaks, key=lambda q: q["flops"]), measurements_tflops=[q["tflops"] for q in peaks])
+    job = _job_train_samples()
+    result: dict[str, Any] = {
+        "schema": "plainloop-bench-run-2", "preset": args.preset,
+        "command": "python -m benchmarks.run " + " ".join(args.argv), "environment": env,
+        "loadavg_start": load_start, "loadavg_end": loadavg(), "waited_for_quiet": args.waits,
+        "config": {**{k: v for k, v in p.items() if k != "configs"}, "configs": list(configs),
+                   "data_path": str(data_path), "compile_mode": args.compile_mode, "seed": args.seed,
+                   "optimizer": "AdamW(lr=1e-3, weight_decay=0.01)", "tuned_batch": b.tuned_batch,
+                   "torch_threads": torch.get_num_threads()},
+        "grid": grid, "train_samples": n_train, "reps": p["reps"], "flops_per_sample": flops,
         "flops_source": "RecursiveAttentionTransformer.flops_per_sample(training=True): matmul FLOPs x 3",
-        "peak": peak,
-        "job_train_samples": _job_train_samples(),
-        "job_samples": JOB_EPOCHS * _job_train_samples(),
-        "guide_estimate": GUIDE_ESTIMATE,
-        "repetitions": reps,
-        "notes": notes,
-    }
-    finish_result(result, device)
+        "peak": peak, "job_train_samples": job, "job_samples": JOB_EPOCHS * job, "guide_estimate": GUIDE_ESTIMATE,
+        "repetitions": reps, "notes": notes,
+    }  # fmt: skip
+    result["summary"] = summary = summarise(reps, flops, peak["flops"], result["job_samples"])
+    result["split"] = speedup_split(reps)
+    result["targets"] = check_targets(summary, device)
+    result["headline"] = headline(summary, device)
     out = Path(args.out) if args.out else RESULTS_DIR / f"run_{'gpu' if device.type == 'cuda' else 'cpu'}.json"
     write_result(out, result, render(result))
     print(f"[bench] wrote {out} and {out.with_suffix('.md')} ({time.perf_counter() - t0:.0f} s)")

@@ -193,53 +193,29 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             CachedModalAwarePKSampler(as_list, **kw)
             list_t.append(time.perf_counter() - t0)
-        entry = {
-            "samples": len(ds),
-            "summary": first.summary,
-            "construction_cold_s": cold,
-            "construction_s": cons,
-            "construction": stats(cons),
-            "epoch_s": epoch_t,
-            "epoch": stats(epoch_t),
-            "construction_from_python_lists_s": list_t,
-            "construction_from_python_lists": stats(list_t),
+        entry: dict[str, Any] = {
+            "samples": len(ds), "summary": first.summary, "construction_cold_s": cold, "construction_s": cons,
+            "construction": stats(cons), "epoch_s": epoch_t, "epoch": stats(epoch_t),
+            "construction_from_python_lists_s": list_t, "construction_from_python_lists": stats(list_t),
             "before": before,
             "speedup_epoch_vs_before": {v: before[v]["stats"]["median"] / stats(epoch_t)["median"] for v in before},
-        }
+        }  # fmt: skip
         results["sets"][ds.name] = entry
         ms = 1e3
         rows.append(
             [
-                ds.name,
-                len(ds),
-                first.num_ids,
-                first.summary["pairable_ids"],
-                first.num_batches,
+                ds.name, len(ds), first.num_ids, first.summary["pairable_ids"], first.num_batches,
                 f"{entry['construction']['median'] * ms:.2f} ({cold * ms:.1f} cold)",
                 f"{entry['epoch']['median'] * ms:.2f}",
                 f"{before['per-sample']['stats']['median'] * ms:.0f} ({before['per-sample']['infer_calls'][0]:,} calls)",
                 f"{before['per-identity']['stats']['median'] * ms:.0f} ({before['per-identity']['infer_calls'][0]:,} calls)",
                 f"{entry['speedup_epoch_vs_before']['per-sample']:.0f}x / {entry['speedup_epoch_vs_before']['per-identity']:.0f}x",
             ]
-        )
+        )  # fmt: skip
     path = write_json(args.out, results)
-    print(
-        md_table(
-            [
-                "set",
-                "samples",
-                "ids",
-                "pairable",
-                "batches/epoch",
-                "construction ms (median)",
-                "epoch ms (median)",
-                "before per-sample ms",
-                "before per-identity ms",
-                "speed-up (per-sample / per-identity)",
-            ],
-            rows,
-        )
-    )
+    print(md_table(["set", "samples", "ids", "pairable", "batches/epoch", "construction ms (median)",
+                    "epoch ms (median)", "before per-sample ms", "before per-identity ms",
+                    "speed-up (per-sample / per-identity)"], rows))  # fmt: skip
     print(f"\nraw: {path}")
     return 0
 

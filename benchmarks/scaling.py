@@ -45,8 +45,8 @@ from benchmarks.sizes import TINY_MODEL
 AREA = {"lon": [-180.0, 180.0], "lat": [-80.0, 80.0]}
 LAYOUTS = ("legacy", "cds2024")
 PEERS = ("xarray_dask", "xarray")
-FULL = {"years": (5, 10, 20, 40), "grid": 0.25, "resolution": 2.0, "sampler_scales": (1.0, 4.0, 16.0)}
-QUICK = {"years": (1, 2), "grid": 5.0, "resolution": 10.0, "sampler_scales": (0.05,)}
+FULL: dict[str, Any] = {"years": (5, 10, 20, 40), "grid": 0.25, "resolution": 2.0, "sampler_scales": (1.0, 4.0, 16.0)}
+QUICK: dict[str, Any] = {"years": (1, 2), "grid": 5.0, "resolution": 10.0, "sampler_scales": (0.05,)}
 TRAIN_MODEL = TINY_MODEL
 
 
@@ -103,15 +103,8 @@ def measure_build(spec: dict[str, Any], isolated: bool) -> dict[str, Any]:
     out = Path(spec["out_dir"])
     with PeakRSS() as rss:
         t0 = time.perf_counter()
-        ds = ERA5SSTMonthlyDataset(
-            lon=AREA["lon"],
-            lat=AREA["lat"],
-            resolution=spec["resolution"],
-            data_path=spec["file"],
-            split=None,
-            cache_dir=out,
-            device_cache=False,
-        )
+        ds = ERA5SSTMonthlyDataset(lon=AREA["lon"], lat=AREA["lat"], resolution=spec["resolution"],
+                                   data_path=spec["file"], split=None, cache_dir=out, device_cache=False)  # fmt: skip
         seconds = time.perf_counter() - t0
     files = [p for p in out.iterdir() if p.name.startswith("era5_")]
     return {
@@ -183,14 +176,8 @@ def measure_train(spec: dict[str, Any], isolated: bool) -> dict[str, Any]:
         torch.set_num_threads(spec["threads"])
     with PeakRSS() as rss, tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        task = build_era5_task(
-            data_path=spec["file"],
-            resolution=spec["resolution"],
-            cache_dir=spec["cache_dir"],
-            seq_len=2,
-            seed=0,
-            **TRAIN_MODEL,
-        )
+        task = build_era5_task(data_path=spec["file"], resolution=spec["resolution"], cache_dir=spec["cache_dir"],
+                               seq_len=2, seed=0, **TRAIN_MODEL)  # fmt: skip
         task_s = time.perf_counter() - t0  # datasets from the cache, the LIM prior fitted on the training months
         t_start = time.time()  # metrics.jsonl "time" is wall clock
         cfg = TrainConfig(
@@ -204,7 +191,7 @@ def measure_train(spec: dict[str, Any], isolated: bool) -> dict[str, Any]:
             ends[r["epoch"]] = max(ends.get(r["epoch"], 0.0), r["time"])
     epochs = [ends[e] - (ends[e - 1] if e > 1 else t_start) for e in sorted(ends)]
     steady = sorted(epochs[1:])
-    n = len(task.train_set)
+    n = len(task.train_set)  # type: ignore[arg-type]
     med = steady[len(steady) // 2] if steady else None
     return {
         "task_build_s": task_s,
@@ -257,13 +244,8 @@ def era5_grid(a: argparse.Namespace, sizes: dict[str, Any], cache_dir: Path, wor
                 a.waited.append(wait_for_quiet(a.wait_load, max(0.0, a.deadline - time.monotonic())))
             t0 = time.perf_counter()
             f = ensure_sample_file(cache_dir, layout=layout, years=years, grid=sizes["grid"])
-            row: dict[str, Any] = {
-                "layout": layout,
-                "years": years,
-                "file": str(f),
-                "file_bytes": f.stat().st_size,
-                "file_s": time.perf_counter() - t0,
-            }
+            row: dict[str, Any] = {"layout": layout, "years": years, "file": str(f), "file_bytes": f.stat().st_size,
+                                   "file_s": time.perf_counter() - t0}  # fmt: skip
             d = work / f"{layout}_{years}"
             shutil.rmtree(d, ignore_errors=True)
             d.mkdir(parents=True)
@@ -282,14 +264,8 @@ def era5_grid(a: argparse.Namespace, sizes: dict[str, Any], cache_dir: Path, wor
                 if a.quick and "npy" in row[peer] and "npy" in row["build"]:
                     row[peer]["max_abs_diff_c"] = _compare(row["build"]["npy"], row[peer]["npy"])
             if layout == a.layouts[0] and not a.no_train:
-                tspec = {
-                    "file": str(f),
-                    "resolution": sizes["resolution"],
-                    "cache_dir": str(d),
-                    "epochs": a.epochs,
-                    "batch": a.batch,
-                    "threads": a.threads,
-                }
+                tspec = {"file": str(f), "resolution": sizes["resolution"], "cache_dir": str(d), "epochs": a.epochs,
+                         "batch": a.batch, "threads": a.threads}  # fmt: skip
                 out["train"].append({"years": years, **run_measure("train", tspec, not a.quick)})
             out["rows"].append(row)
             print(
@@ -345,21 +321,10 @@ def sampler_grid(scales: tuple[float, ...], reps: int) -> list[dict[str, Any]]:
             t0 = time.perf_counter()
             before_epoch(meta, s, 0, "per-sample")
             before.append(time.perf_counter() - t0)
-        out.append(
-            {
-                "scale": k,
-                "samples": len(meta),
-                "ids": ids,
-                "batches": len(batches),
-                "metadata_s": make_s,
-                "construction_s": cons,
-                "epoch_s": epoch,
-                "before_per_sample_s": before,
-                "construction_median_s": float(np.median(cons)),
-                "epoch_median_s": float(np.median(epoch)),
-                "rss_above_start_mb": rss.peak - rss.start,
-            }
-        )
+        out.append({"scale": k, "samples": len(meta), "ids": ids, "batches": len(batches), "metadata_s": make_s,
+                    "construction_s": cons, "epoch_s": epoch, "before_per_sample_s": before,
+                    "construction_median_s": float(np.median(cons)), "epoch_median_s": float(np.median(epoch)),
+                    "rss_above_start_mb": rss.peak - rss.start})  # fmt: skip
         print(
             f"[scaling] sampler x{k:g}: {len(meta)} samples, construction {np.median(cons) * 1e3:.1f} ms, "
             f"epoch {np.median(epoch) * 1e3:.1f} ms, before {before[0] * 1e3:.0f} ms",
@@ -384,164 +349,87 @@ def growth(rows: list[dict[str, Any]], key: str, what: str) -> dict[str, Any] | 
     }
 
 
+def _peer_cell(m: dict[str, Any] | None) -> str:
+    if not m:
+        return "n/a"
+    if "skipped" in m or "error" in m:
+        return "skipped (memory)" if "skipped" in m else "failed: " + m["error"][:60]
+    return f"{m['seconds']:.1f} s / {m['peak_rss_mb']:.0f} MB"
+
+
 def render(result: dict[str, Any]) -> str:
     from benchmarks.common import fmt, md_table
 
-    env = result["environment"]
-    cfg = result["config"]
-    head = (
+    env, cfg = result["environment"], result["config"]
+    parts = [
         f"Scaling on {env['device_name']}, torch {env['torch']}, commit `{env['commit'][:12]}`, {env['time_utc']}, "
         f"load average {fmt((result['loadavg_start'] or [None])[0], '.2f')} at the start. Files: ERA5-format, "
         f"{cfg['grid']:g}° grid, coarsened to {cfg['resolution']:g}° over lon {AREA['lon']}, lat {AREA['lat']}. "
         f"Command: `{result['command']}`."
-    )
-    parts = [head]
+    ]
     rows = []
     for r in result["era5"]["rows"]:
         b = r["build"]
-
-        def peer(m: dict[str, Any] | None) -> str:
-            if not m:
-                return "n/a"
-            if "skipped" in m:
-                return "skipped (memory)"
-            if "error" in m:
-                return "failed: " + m["error"][:60]
-            return f"{m['seconds']:.1f} s / {m['peak_rss_mb']:.0f} MB"
-
         ok = "error" not in b
-        rows.append(
-            [
-                r["layout"],
-                r["years"],
-                f"{r['file_bytes'] / 1e9:.2f}",
-                f"{b['seconds']:.1f}" if ok else "failed",
-                f"{b['seconds'] / r['years']:.2f}" if ok else "",
-                f"{b['peak_rss_mb']:.0f}" if ok else "",
-                f"{b['rss_above_start_mb']:.0f}" if ok else "",
-                f"{b['cache_bytes'] / 1e6:.1f}" if ok else "",
-                *(peer(r.get(p)) for p in cfg["peers"]),
-            ]
-        )
-    header = ["layout", "years", "file GB", "build s", "build s/year", "peak RSS MB", "RSS above start MB"]
-    header += ["cache MB", *(f"{p} (time / peak RSS)" for p in cfg["peers"])]
+        cells = [f"{b['seconds']:.1f}", f"{b['seconds'] / r['years']:.2f}", f"{b['peak_rss_mb']:.0f}",
+                 f"{b['rss_above_start_mb']:.0f}", f"{b['cache_bytes'] / 1e6:.1f}"] if ok else ["failed", "", "", "", ""]  # fmt: skip
+        rows.append([r["layout"], r["years"], f"{r['file_bytes'] / 1e9:.2f}", *cells,
+                     *(_peer_cell(r.get(p)) for p in cfg["peers"])])  # fmt: skip
+    header = ["layout", "years", "file GB", "build s", "build s/year", "peak RSS MB", "RSS above start MB", "cache MB",
+              *(f"{p} (time / peak RSS)" for p in cfg["peers"])]  # fmt: skip
     parts.append(
         "**Cache build** (plainloop) and the xarray peer doing the same area mean:\n\n" + md_table(header, rows)
     )
-    g = result["growth"]
-    lines = []
-    for key, what in (("build", "seconds"), ("build", "rss_above_start_mb"), ("build", "peak_rss_mb")):
-        for layout, gl in g.items():
-            x = gl.get(f"{key}.{what}")
-            if x:
-                lines.append(
-                    f"- {layout} {key} {what}: {x['from_years']} -> {x['to_years']} years (x{x['years_ratio']:g}) "
-                    f"grew x{x['ratio']:.2f} (per year x{x['per_year_ratio']:.2f})"
-                )
-    parts.append("\n".join(lines))
+    parts.append("\n".join(
+        f"- {layout} {key} {what}: {x['from_years']} -> {x['to_years']} years (x{x['years_ratio']:g}) grew "
+        f"x{x['ratio']:.2f} (per year x{x['per_year_ratio']:.2f})"
+        for key, what in (("build", "seconds"), ("build", "rss_above_start_mb"), ("build", "peak_rss_mb"))
+        for layout, gl in result["growth"].items() if (x := gl.get(f"{key}.{what}"))
+    ))  # fmt: skip
     if result["era5"]["train"]:
-        trows = [
-            [
-                t["years"],
-                t.get("train_samples", ""),
-                fmt(t.get("task_build_s"), ".2f"),
-                fmt(t.get("first_epoch_s"), ".2f"),
-                fmt(t.get("steady_epoch_s"), ".2f"),
-                fmt(t.get("steady_ms_per_sample"), ".2f"),
-                fmt(t.get("peak_rss_mb"), ".0f"),
-                t.get("error", ""),
-            ]
-            for t in result["era5"]["train"]
-        ]
-        parts.append(
-            f"**Training** on the built cache ({cfg['layouts'][0]} files), plainloop defaults, batch "
-            f"{cfg['batch']}, model {TRAIN_MODEL}:\n\n"
-            + md_table(
-                [
-                    "years",
-                    "train samples",
-                    "task build s",
-                    "first epoch s",
-                    "steady epoch s",
-                    "steady ms/sample",
-                    "peak RSS MB",
-                    "error",
-                ],
-                trows,
-            )
-        )
+        keys = [("task_build_s", ".2f"), ("first_epoch_s", ".2f"), ("steady_epoch_s", ".2f"),
+                ("steady_ms_per_sample", ".2f"), ("peak_rss_mb", ".0f")]  # fmt: skip
+        trows = [[t["years"], t.get("train_samples", ""), *(fmt(t.get(k), f) for k, f in keys), t.get("error", "")]
+                 for t in result["era5"]["train"]]  # fmt: skip
+        head = ["years", "train samples", "task build s", "first epoch s", "steady epoch s", "steady ms/sample",
+                "peak RSS MB", "error"]  # fmt: skip
+        parts.append(f"**Training** on the built cache ({cfg['layouts'][0]} files), plainloop defaults, batch "
+                     f"{cfg['batch']}, model {TRAIN_MODEL}:\n\n" + md_table(head, trows))  # fmt: skip
     if result.get("sampler"):
-        srows = [
-            [
-                f"x{s['scale']:g}",
-                s["samples"],
-                s["ids"],
-                s["batches"],
-                f"{s['construction_median_s'] * 1e3:.1f}",
-                f"{s['epoch_median_s'] * 1e3:.1f}",
-                f"{s['before_per_sample_s'][0] * 1e3:.0f}",
-                f"{s['rss_above_start_mb']:.0f}",
-            ]
-            for s in result["sampler"]
-        ]
-        parts.append(
-            "**Sampler** (CachedModalAwarePKSampler, batch 32 = 8 x 4) at k x SYSU-MM01:\n\n"
-            + md_table(
-                [
-                    "size",
-                    "samples",
-                    "ids",
-                    "batches",
-                    "construction ms",
-                    "epoch ms",
-                    "before (per-sample inference) ms",
-                    "RSS above start MB",
-                ],
-                srows,
-            )
-        )
-    parts += [f"- {n}" for n in result["notes"]]
-    return "\n\n".join(parts) + "\n"
+        srows = [[f"x{s['scale']:g}", s["samples"], s["ids"], s["batches"], f"{s['construction_median_s'] * 1e3:.1f}",
+                  f"{s['epoch_median_s'] * 1e3:.1f}", f"{s['before_per_sample_s'][0] * 1e3:.0f}",
+                  f"{s['rss_above_start_mb']:.0f}"] for s in result["sampler"]]  # fmt: skip
+        head = ["size", "samples", "ids", "batches", "construction ms", "epoch ms", "before (per-sample inference) ms",
+                "RSS above start MB"]  # fmt: skip
+        parts.append("**Sampler** (CachedModalAwarePKSampler, batch 32 = 8 x 4) at k x SYSU-MM01:\n\n"
+                     + md_table(head, srows))  # fmt: skip
+    return "\n\n".join(parts + [f"- {n}" for n in result["notes"]]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    ap.add_argument("--years", default=None, help="comma list of file lengths (default: 5,10,20,40)")
-    ap.add_argument("--layouts", default="legacy,cds2024", help="comma list (default: legacy,cds2024)")
-    ap.add_argument("--peers", default=None, help=f"comma list from {','.join(PEERS)} (default: those installed)")
-    ap.add_argument(
-        "--eager-max-gb",
-        type=float,
-        default=1.5,
-        help="largest decoded field (GB, float64) the eager xarray peer is given (default: 1.5)",
-    )
-    ap.add_argument("--epochs", type=int, default=4, help="training epochs, the first one cold (default: 4)")
-    ap.add_argument("--batch", type=int, default=16, help="training batch (default: 16: 5 years have 47 samples)")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads in training, 0 = default (default: 0)")
-    ap.add_argument("--no-train", action="store_true", help="skip the training epochs")
-    ap.add_argument("--sampler-scales", default=None, help="comma list of SYSU multiples (default: 1,4,16)")
-    ap.add_argument("--sampler-reps", type=int, default=5, help="sampler repetitions (default: 5)")
-    ap.add_argument("--parts", default="era5,sampler", help="what to run: era5, sampler (default: both)")
-    ap.add_argument(
-        "--cache-dir",
-        default=None,
-        help="where the generated files go (default: $PLAINLOOP_CACHE or ~/.cache/plainloop)",
-    )
-    ap.add_argument("--keep-caches", action="store_true", help="keep the built caches (default: deleted after use)")
-    ap.add_argument("--quick", action="store_true", help="tiny files, in-process, 2 sizes (a test)")
-    ap.add_argument(
-        "--wait-load",
-        type=float,
-        default=0.0,
-        help="before each size, wait for a 1-minute load average below this, at most an hour in all "
-        "(default: 0 = do not wait)",
-    )
-    ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/scaling_cpu.json)")
-    ap.add_argument("--child", nargs=2, metavar=("KIND", "SPEC"), help=argparse.SUPPRESS)
+    # argparse here, not common.base_parser: a --child process must not import torch before it measures memory
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add = ap.add_argument
+    add("--years", default=None, help="comma list of file lengths (default: 5,10,20,40)")
+    add("--layouts", default="legacy,cds2024", help="comma list (default: legacy,cds2024)")
+    add("--peers", default=None, help=f"comma list from {','.join(PEERS)} (default: those installed)")
+    add("--eager-max-gb", type=float, default=1.5, help="largest decoded field (GB, float64) the eager xarray peer "
+        "is given (default: 1.5)")  # fmt: skip
+    add("--epochs", type=int, default=4, help="training epochs, the first one cold (default: 4)")
+    add("--batch", type=int, default=16, help="training batch (default: 16: 5 years have 47 samples)")
+    add("--threads", type=int, default=0, help="torch threads in training, 0 = default (default: 0)")
+    add("--no-train", action="store_true", help="skip the training epochs")
+    add("--sampler-scales", default=None, help="comma list of SYSU multiples (default: 1,4,16)")
+    add("--sampler-reps", type=int, default=5, help="sampler repetitions (default: 5)")
+    add("--parts", default="era5,sampler", help="what to run: era5, sampler (default: both)")
+    add("--cache-dir", default=None, help="where the generated files go (default: ~/.cache/plainloop)")
+    add("--keep-caches", action="store_true", help="keep the built caches (default: deleted after use)")
+    add("--quick", action="store_true", help="tiny files, in-process, 2 sizes (a test)")
+    add("--wait-load", type=float, default=0.0, help="before each size, wait for a 1-minute load average below "
+        "this, at most an hour in all (default: 0 = do not wait)")  # fmt: skip
+    add("--out", default=None, help="JSON path (default: benchmarks/results/scaling_cpu.json)")
+    add("--child", nargs=2, metavar=("KIND", "SPEC"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
         child(*a.child)

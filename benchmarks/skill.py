@@ -98,18 +98,9 @@ def resolve_data(source: str, cache_dir: str | os.PathLike | None = None) -> str
     return source
 
 
-def run_one(
-    data_path: str | None,
-    lon: tuple[float, float],
-    lat: tuple[float, float],
-    resolution: float,
-    lead: int,
-    context: int,
-    seed: int,
-    out_dir: Path,
-    task_overrides: dict[str, Any] | None = None,
-    train_overrides: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+def run_one(data_path: str | None, lon: tuple[float, float], lat: tuple[float, float], resolution: float, lead: int,
+            context: int, seed: int, out_dir: Path, task_overrides: dict[str, Any] | None = None,
+            train_overrides: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Train one configuration as the CLI would and score the best-validation epoch on the test split."""
     from tasks.era5 import CPU_PRESET, build_era5_task, era5_train_defaults
     from trainer import TrainConfig
@@ -120,13 +111,14 @@ def run_one(
     kw.update(resolution=resolution, lon=lon, lat=lat, seq_len=context + 1, offset=lead - 1, seed=seed)
     kw.update(data_path=data_path, **(task_overrides or {}))
     t0 = time.perf_counter()
-    task = build_era5_task(**kw)
+    task: Any = build_era5_task(**kw)
     cfg_kw = era5_train_defaults(False, data_path is None, len(task.train_set))
     cfg_kw.update(seed=seed, output_dir=str(out_dir), run_name=f"lead{lead}_ctx{context}_seed{seed}")
     cfg_kw.update(progress_bar=False, device="cpu", save_best=True, **(train_overrides or {}))
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     trainer = Trainer(TrainConfig(**{k: v for k, v in cfg_kw.items() if k in known}), task, log=lambda m: None)
     summary = trainer.fit()
+    assert trainer.run_dir is not None
     best = trainer.run_dir / "checkpoints" / "best.pt"
     if best.is_file():  # the epoch with the lowest validation loss, whatever the engine tested
         task.model.load_state_dict(load_checkpoint(best)["model"])
@@ -134,19 +126,10 @@ def run_one(
     with torch.no_grad():
         task.evaluate_fn(task.model, "test", torch.device("cpu"))
     scores = task.artifacts["scores"]
-    return {
-        "lead": lead,
-        "context": context,
-        "seed": seed,
-        "scores": scores,
-        "steps": summary["steps"],
-        "best_val_loss": getattr(trainer.best, "best", trainer.best),
-        "train_samples": len(task.train_set),
-        "test_samples": len(task.test_set),
-        "prior": task.info["prior"],
-        "lim_modes": task.info["lim"]["modes"],
-        "seconds": time.perf_counter() - t0,
-    }
+    return {"lead": lead, "context": context, "seed": seed, "scores": scores, "steps": summary["steps"],
+            "best_val_loss": getattr(trainer.best, "best", trainer.best), "train_samples": len(task.train_set),
+            "test_samples": len(task.test_set), "prior": task.info["prior"], "lim_modes": task.info["lim"]["modes"],
+            "seconds": time.perf_counter() - t0}  # fmt: skip
 
 
 def aggregate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -160,12 +143,8 @@ def aggregate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for name in rs[0]["scores"]:
             for metric in ("rmse", "acc"):
                 v = [r["scores"][name][metric] for r in rs]
-                row[f"{name}_{metric}"] = {
-                    "mean": statistics.fmean(v),
-                    "std": statistics.stdev(v) if len(v) > 1 else 0.0,
-                    "min": min(v),
-                    "max": max(v),
-                }
+                sd = statistics.stdev(v) if len(v) > 1 else 0.0
+                row[f"{name}_{metric}"] = {"mean": statistics.fmean(v), "std": sd, "min": min(v), "max": max(v)}
         base = [n for n in rs[0]["scores"] if n != "model"]
         best = min(base, key=lambda n: row[f"{n}_rmse"]["mean"])
         row["best_baseline"] = best
@@ -207,30 +186,12 @@ def render(result: dict[str, Any]) -> str:
         "anomaly persistence, damped persistence, linear inverse model.\n\n" + render_compact(result)
     ]
     for ds, block in result["datasets"].items():
-        header = [
-            "lead",
-            "context",
-            "seeds",
-            "model RMSE (± std)",
-            *BASELINE_NAMES,
-            "model vs best",
-            "model ACC",
-            "LIM ACC",
-        ]
-        rows = []
-        for r in block["summary"]:
-            rows.append(
-                [
-                    r["lead"],
-                    r["context"],
-                    r["seeds"],
-                    f"{r['model_rmse']['mean']:.4f} ± {r['model_rmse']['std']:.4f}",
-                    *(f"{r[f'{n}_rmse']['mean']:.4f}" for n in BASELINE_NAMES),
-                    f"{100 * r['model_vs_best_rmse']:+.1f}% ({r['best_baseline']})",
-                    f"{r['model_acc']['mean']:.3f}",
-                    f"{r['lim_acc']['mean']:.3f}",
-                ]
-            )
+        header = ["lead", "context", "seeds", "model RMSE (± std)", *BASELINE_NAMES, "model vs best", "model ACC",
+                  "LIM ACC"]  # fmt: skip
+        rows = [[r["lead"], r["context"], r["seeds"], f"{r['model_rmse']['mean']:.4f} ± {r['model_rmse']['std']:.4f}",
+                 *(f"{r[f'{n}_rmse']['mean']:.4f}" for n in BASELINE_NAMES),
+                 f"{100 * r['model_vs_best_rmse']:+.1f}% ({r['best_baseline']})", f"{r['model_acc']['mean']:.3f}",
+                 f"{r['lim_acc']['mean']:.3f}"] for r in block["summary"]]  # fmt: skip
         parts.append(
             f"### {ds}\n{block['description']}\n\nTest RMSE (°C, lat-weighted over ocean cells), mean over "
             f"seeds; baselines do not depend on the seed.\n\n{md_table(header, rows)}\n"
@@ -250,13 +211,8 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
         return None
     names = list(result["datasets"])
     fig, axes = plt.subplots(2, len(names), figsize=(5 * len(names), 7), squeeze=False)
-    styles = {
-        "persistence": "k:",
-        "climatology": "k--",
-        "anomaly_persistence": "C7-.",
-        "damped_persistence": "C1-",
-        "lim": "C3-",
-    }
+    styles = {"persistence": "k:", "climatology": "k--", "anomaly_persistence": "C7-.", "damped_persistence": "C1-",
+              "lim": "C3-"}  # fmt: skip
     for j, ds in enumerate(names):
         rows = result["datasets"][ds]["summary"]
         ctxs = sorted({r["context"] for r in rows})
@@ -270,17 +226,9 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
                 ax.plot([r["lead"] for r in rr], [r[f"{n}_{metric}"]["mean"] for r in rr], st, label=n, lw=1.2)
             for k, c in enumerate(ctxs):
                 rr = sorted((r for r in rows if r["context"] == c), key=lambda r: r["lead"])
-                ax.errorbar(
-                    [r["lead"] + 0.08 * k for r in rr],
-                    [r[f"model_{metric}"]["mean"] for r in rr],
-                    yerr=[r[f"model_{metric}"]["std"] for r in rr],
-                    fmt="o-",
-                    color=f"C{k}" if k != 1 else "C9",
-                    lw=1.8,
-                    ms=4,
-                    capsize=3,
-                    label=f"model, context {c}",
-                )
+                ax.errorbar([r["lead"] + 0.08 * k for r in rr], [r[f"model_{metric}"]["mean"] for r in rr],
+                            yerr=[r[f"model_{metric}"]["std"] for r in rr], fmt="o-", color=f"C{k}" if k != 1 else "C9",
+                            lw=1.8, ms=4, capsize=3, label=f"model, context {c}")  # fmt: skip
             ax.set_xlabel("lead (months)")
             ax.set_ylabel("RMSE (°C)" if metric == "rmse" else "ACC")
             ax.set_title(f"{ds}: {metric.upper()}")
@@ -324,7 +272,7 @@ class _Stage:
     fitted: dict[str, Any]  # the baselines
     basis: Any  # LinearInverseModel: EOFs of the area's ridge predictors
     wide: WideRegion | None = None
-    wide_anom: np.ndarray | None = None  # the same for the wide region
+    wide_anom: Any = None  # (T, H, W) the same for the wide region
     wide_basis: Any = None
     wide_hybrid: Any = None  # HybridLIM fitted on the wide region (its defaults), read on the area
     errors: dict[tuple[str, int], np.ndarray] = dataclasses.field(default_factory=dict)  # (base, stop) -> misses
@@ -372,7 +320,7 @@ def _inputs(anom: np.ndarray, targets: np.ndarray, lead: int, months: int) -> np
     return np.stack([anom[targets - lead - k] for k in range(months - 1, -1, -1)], axis=1)
 
 
-def _fit_ridge(st: _Stage, cal: np.ndarray, lead: int, stop: int, base: str, settings: tuple):
+def _fit_ridge(st: _Stage, cal: np.ndarray, lead: int, stop: int, base: str, settings: tuple[Any, ...]) -> Any:
     """One ridge correction of the forecast `base` with `settings` (modes, months, seasonal, alpha, wide modes),
     fitted on the targets before `stop`."""
     from utils.baselines import RidgeCorrection
@@ -389,7 +337,7 @@ def _fit_ridge(st: _Stage, cal: np.ndarray, lead: int, stop: int, base: str, set
     )  # fmt: skip
 
 
-def _ridge_predict(rc, st: _Stage, cal: np.ndarray, lead: int, targets: np.ndarray) -> np.ndarray:
+def _ridge_predict(rc: Any, st: _Stage, cal: np.ndarray, lead: int, targets: np.ndarray) -> np.ndarray:
     wide_in = _inputs(st.wide_anom, targets, lead, rc.months) if rc.wide_modes else None
     return rc.predict(_inputs(st.anom, targets, lead, rc.months), cal[targets], wide_in)
 
@@ -441,7 +389,9 @@ def rolling_statistical(
     cal = months % 12
     w = lat_weights(lats)
     per_year: dict[int, dict[str, tuple[float, float]]] = {}
-    chosen, stages, kept = {}, {}, {}
+    chosen: dict[int, dict[str, Any]] = {}
+    stages: dict[Any, Any] = {}
+    kept: dict[Any, Any] = {}
     for year in years:
         first = int(np.searchsorted(months, year * 12))
         if first >= len(months) or months[first] != year * 12:
@@ -542,7 +492,7 @@ def rolling_network_year(
     kw: dict[str, Any] = dict(CPU_PRESET)
     kw.update(resolution=5.0, lon=lon, lat=lat, seq_len=context + 1, offset=lead - 1, seed=seed)
     kw.update(data_path=data_path, split_ratio=ratio)
-    task = build_era5_task(**kw)
+    task: Any = build_era5_task(**kw)
     assert task.val_set.target_abs_months[-1] == year * 12 - 1 and task.test_set.target_abs_months[0] == year * 12
     cfg_kw = era5_train_defaults(False, False, len(task.train_set))
     cfg_kw.update(seed=seed, output_dir=str(out_dir), run_name=f"y{year}_lead{lead}_seed{seed}")
@@ -550,6 +500,7 @@ def rolling_network_year(
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     trainer = Trainer(TrainConfig(**{k: v for k, v in cfg_kw.items() if k in known}), task, log=lambda m: None)
     trainer.fit()
+    assert trainer.run_dir is not None
     best = trainer.run_dir / "checkpoints" / "best.pt"
     if best.is_file():
         task.model.load_state_dict(load_checkpoint(best)["model"])
@@ -564,10 +515,10 @@ def rolling_network_year(
     truth = ref["truth_c"][: len(sel)]
     mask = ds.ocean_mask.numpy()
     w = lat_weights(ds.lats)
-    out = {}
+    out: dict[str, Any] = {}
     for name, z in (("network", pred), ("network_prior", base)):
         out[name] = _sse(ds.denormalize(z, sel).numpy(), truth, w, mask)
-    out["_info"] = {  # type: ignore[assignment]
+    out["_info"] = {
         "prior": task.info["prior"],
         "prior_choice": task.info["prior_choice"],
         "correction_scale": float(m.correction_scale),
@@ -594,7 +545,7 @@ def run_rolling(args: argparse.Namespace) -> int:
         source, lon, lat = ROLLING_BOXES[box]
         path = resolve_data(source)
         assert path is not None
-        kw = dict(lon=list(lon), lat=list(lat), seq_len=2, resolution=5.0, data_path=path)
+        kw: dict[str, Any] = dict(lon=list(lon), lat=list(lat), seq_len=2, resolution=5.0, data_path=path)
         ds = ERA5SSTMonthlyDataset(split=None, **kw)
         data, mask = np.asarray(ds._array()), ds.ocean_mask.numpy()
         wlon, wlat = wide_region(lat)
@@ -611,7 +562,7 @@ def run_rolling(args: argparse.Namespace) -> int:
             net_info = {}
             if args.network and (box, lead) in {(b, ld) for b in args.network for ld in args.network_leads}:
                 for year in list(per_year):
-                    sq: dict[str, list[tuple[float, float]]] = {}
+                    sq: dict[str, list[Any]] = {}
                     for seed in args.seeds:
                         res = rolling_network_year(
                             path, lon, lat, lead, year, args.network_context, seed, work / box, ds.months,
@@ -620,14 +571,14 @@ def run_rolling(args: argparse.Namespace) -> int:
                         net_info[f"{year}_{seed}"] = res.pop("_info")
                         for k, v in res.items():
                             sq.setdefault(k, []).append(v)
-                    for k, v in sq.items():  # mean over seeds of the squared errors
-                        per_year[year][k] = (float(np.mean([a for a, _ in v])), v[0][1])
+                    for k, errs in sq.items():  # mean over seeds of the squared errors
+                        per_year[year][k] = (float(np.mean([e for e, _ in errs])), errs[0][1])
                     print(f"[rolling] {box} lead {lead} {year}: network {per_year[year]['network'][0]:.3f} "
                           f"prior {per_year[year]['network_prior'][0]:.3f} hybrid {per_year[year]['hybrid'][0]:.3f}",
                           flush=True)  # fmt: skip
             names = list(per_year[next(iter(per_year))])
             rmse = {k: pooled_rmse(per_year, k) for k in names}
-            best = min(("anomaly_persistence", "damped_persistence", "lim"), key=rmse.get)
+            best = min(("anomaly_persistence", "damped_persistence", "lim"), key=rmse.__getitem__)
             ratios = {}
             for k in names:
                 ratios[f"{k}_vs_lim"] = bootstrap_ratio(per_year, k, "lim")

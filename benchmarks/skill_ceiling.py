@@ -172,7 +172,9 @@ def evaluate_area(
     from utils.metrics import acc, weighted_rmse
 
     def open_splits(lo: tuple[float, float], la: tuple[float, float]) -> dict[str, Any]:
-        kw = dict(lon=list(lo), lat=list(la), resolution=resolution, seq_len=CONTEXT + 1, offset=lead - 1)
+        kw: dict[str, Any] = dict(
+            lon=list(lo), lat=list(la), resolution=resolution, seq_len=CONTEXT + 1, offset=lead - 1
+        )
         return {s: ERA5SSTMonthlyDataset(split=s, data_path=data_path, cache_dir=cache_dir, **kw) for s in SPLITS}
 
     ds = open_splits(lon, lat)

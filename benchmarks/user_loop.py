@@ -27,7 +27,7 @@ from benchmarks.common import environment, stats, write_result
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-class Windows(Dataset):
+class Windows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """nanoGPT's get_batch as a Dataset: (tokens[i:i+T], tokens[i+1:i+T+1]); `cost_us` of extra work per sample."""
 
     def __init__(self, n_tokens: int = 200_000, block: int = 64, vocab: int = 64, cost_us: float = 0.0) -> None:
@@ -55,18 +55,20 @@ class TinyGPT(nn.Module):
         self.head = nn.Linear(d, vocab)
         self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(block), persistent=False)
 
-    def forward(self, idx, targets=None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> tuple[torch.Tensor, Any]:
         t = idx.shape[1]
-        h = self.blocks(self.emb(idx) + self.pos.weight[:t], mask=self.mask[:t, :t], is_causal=True)
+        mask: torch.Tensor = self.mask  # type: ignore[assignment]
+        h = self.blocks(self.emb(idx) + self.pos.weight[:t], mask=mask[:t, :t], is_causal=True)
         logits = self.head(h)
         loss = None if targets is None else nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
         return logits, loss
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+    def configure_optimizers(self, weight_decay: float, learning_rate: float, betas: tuple[float, float],
+                             device_type: str) -> torch.optim.Optimizer:  # fmt: skip
         return torch.optim.AdamW(self.parameters(), lr=learning_rate, betas=betas, weight_decay=weight_decay)
 
 
-def hand_loop(ds: Dataset, steps: int, batch: int, workers: int) -> float:
+def hand_loop(ds: Dataset[Any], steps: int, batch: int, workers: int) -> float:
     torch.manual_seed(0)
     model = TinyGPT()
     opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
@@ -83,7 +85,7 @@ def hand_loop(ds: Dataset, steps: int, batch: int, workers: int) -> float:
     return time.perf_counter() - t0
 
 
-def plainloop(ds: Dataset, steps: int, batch: int, workers: int | None) -> tuple[float, int]:
+def plainloop(ds: Dataset[Any], steps: int, batch: int, workers: int | None) -> tuple[float, int]:
     from trainer import Task, TrainConfig, Trainer
 
     torch.manual_seed(0)
@@ -132,15 +134,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         dsc = Windows(cost_us=c)
         cross[str(c)] = {"0": [], "1": []}
         for r in range(a.reps):
-            for w in ("0", "1") if r % 2 == 0 else ("1", "0"):
-                cross[str(c)][w].append(hand_loop(dsc, a.steps, a.batch, int(w)))
+            for wk in ("0", "1") if r % 2 == 0 else ("1", "0"):
+                cross[str(c)][wk].append(hand_loop(dsc, a.steps, a.batch, int(wk)))
         print(
             f"  +{c:g} us/sample: 0 workers {min(cross[str(c)]['0']):.2f} s, 1 worker {min(cross[str(c)]['1']):.2f} s"
         )
     hands = e2e["hand loop (0 workers)"]
     paired = {k: stats([x / h for x, h in zip(v, hands)]) for k, v in e2e.items()}  # same repetition, same load
     cross_ratio = {c: stats([b / a for a, b in zip(d["0"], d["1"])]) for c, d in cross.items()}
-    result = {
+    result: dict[str, Any] = {
         "benchmark": "user_loop",
         "env": environment(torch.device("cpu")),
         "config": {"reps": a.reps, "steps": a.steps, "batch": a.batch, "threads": 1, "costs_us": costs},

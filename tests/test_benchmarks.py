@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.common import all_figures_finite, stats
+from benchmarks.common import all_figures_finite, lightning_available, paired, stats, target_check
 
 pytest.importorskip("netCDF4")
 
@@ -132,16 +132,119 @@ def test_run_harness_tiny_cpu(tmp_path):
     assert h["gpu_util_mean"] is None and h["gpu_util_mean_note"]
     md = out.with_suffix(".md").read_text()
     assert "| user model, BaseTrainer |" in md and "the data path alone, in plainloop" in md
+    # which targets are met depends on the machine's speed: only their shape is checked here
     assert [t["target"] for t in res["targets"]] == ["defaults vs before", "defaults vs lightning"]
-    for t in res["targets"]:
-        assert t["met"] == (t["value"] is not None and t["value"] >= t["goal"])
-        assert t["met"] or t["explanation"] or t["value"] is None
+    assert all(isinstance(t["met"], bool) and (t["met"] or t["explanation"]) for t in res["targets"])
 
 
 def _has_lightning() -> bool:
-    from benchmarks.lightning_peer import lightning_available
-
     return lightning_available() is not None
+
+
+def test_target_check_needs_the_ratio_and_the_paired_ratio():
+    assert target_check("x", 1.6, 1.55, 1.5)["met"]
+    assert not target_check("x", 1.6, 1.4, 1.5)["met"]  # the paired ratio misses: not met
+    assert not target_check("x", 1.4, 1.6, 1.5)["met"]
+    assert target_check("x", 1.6, None, 1.5)["met"]  # a figure with no paired ratio (MFU, GPU utilisation)
+    assert not target_check("x", None, None, 1.5)["met"]  # not measured is never met
+    assert (
+        target_check("t", 50.0, None, 60.0, higher=False)["met"]
+        and not target_check("t", 61.0, None, 60.0, False)["met"]
+    )
+    assert not target_check("r", 1.1, 1.2, 1.15, higher=False)["met"]
+
+
+def test_check_targets_from_a_fixed_summary():
+    """run.check_targets on fixed figures: met only when the ratio of the medians and the paired ratio both reach
+    the goal; a missed target says where the time went."""
+    from benchmarks.run import check_targets
+
+    def row(vs_before: float, vs_before_paired: float, vs_l: float, vs_l_paired: float) -> dict:
+        return {"vs_before": vs_before, "vs_before_paired": vs_before_paired, "vs_lightning": vs_l,
+                "vs_lightning_paired": vs_l_paired, "step_time_s": 0.5, "batch_size": 150, "data_wait_frac": 0.1,
+                "compute_frac": 0.9, "outside_steps_frac": 0.2}  # fmt: skip
+
+    cpu = torch.device("cpu")
+    met = check_targets({"defaults": row(6.0, 5.5, 1.4, 1.35)}, cpu)
+    assert [t["met"] for t in met] == [True, True] and all(t["explanation"] is None for t in met)
+    missed = check_targets({"defaults": row(6.0, 4.9, 1.4, 1.2), "before": row(1, 1, 0.2, 0.2)}, cpu)
+    assert [t["met"] for t in missed] == [False, False]
+    assert missed[0]["explanation"].startswith("defaults: 500.0 ms/step") and "before:" in missed[0]["explanation"]
+    gpu = check_targets({"tuned": {**row(30, 25, 2.0, 1.9), "mfu": 0.6, "gpu_util_mean": 96.0,
+                                   "data_wait_frac": 0.005, "job_s": 50.0}}, torch.device("cuda"))  # fmt: skip
+    assert [t["target"] for t in gpu][:2] == ["tuned vs before", "tuned vs lightning"] and all(t["met"] for t in gpu)
+    assert check_targets({}, cpu)[0]["met"] is False  # a row that did not run
+
+
+def test_paired_is_the_median_of_per_repetition_ratios():
+    assert paired([2.0, 3.0, 8.0], [1.0, 1.0, 2.0]) == pytest.approx(3.0)
+    assert paired([1.0], [0.0]) is None
+
+
+def test_epoch_boundaries_harness_writes_every_row(tmp_path):
+    """The epoch-boundaries harness at its smallest: every row, the ratios the documented arithmetic of the raw
+    timings, and the target's verdict from common.target_check (no timing outcome is asserted)."""
+    from benchmarks import epoch_boundaries
+
+    out = tmp_path / "eb.json"
+    res = epoch_boundaries.main(
+        ["--reps", "2", "--short", "5x2", "--seed-job", "3x2", "--warmup", "2", "--out", str(out)]
+    )
+    saved = json.loads(out.read_text())
+    assert all_figures_finite(saved) == [] and saved["schema"] == "plainloop-bench-epoch-boundaries-1"
+    assert set(saved["repetitions"]) == {
+        f"{lp}_{r}" for lp in ("hand", "plainloop") for r in ("short", "long", "seed_job")
+    }
+    for name, reps in saved["repetitions"].items():
+        assert [r["rep"] for r in reps] == [0, 1]
+        for r in reps:
+            _positive_finite(r["timed_s"], f"{name}.timed_s")
+            assert r["steps"] == (6 if "seed" in name else 10)
+    for lp in ("hand", "plainloop"):
+        us = saved["us_per_step"]
+        assert saved["short_vs_long"][lp]["ratio"] == pytest.approx(
+            us[f"{lp}_short"]["median"] / us[f"{lp}_long"]["median"]
+        )
+    r = saved["short_vs_long"]["plainloop"]
+    assert saved["targets"][0]["met"] == target_check("t", r["ratio"], r["paired"], 1.15, higher=False)["met"]
+    assert res["seed_job_wall_s"]["plainloop"]["n"] == 2 and "| plainloop |" in out.with_suffix(".md").read_text()
+    with pytest.raises(SystemExit):
+        epoch_boundaries.main(["--short", "4by150"])
+
+
+def test_profile_gap_summary_names_each_gap_from_a_fixed_trace():
+    """profile_gap.summarise_trace on a hand-made trace: GPU busy time per step and each idle gap's cause."""
+    from benchmarks.profile_gap import CKPT, EPOCH, STEP, VAL, summarise_trace
+
+    def x(name: str, cat: str, ts: float, dur: float, tid: int = 1, **args: object) -> dict:
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "args": args}
+
+    ev = [x(STEP, "user_annotation", t, 1) for t in (0, 1000, 2000, 3000)]
+    ev += [x("k", "kernel", 10, 900, tid=7, correlation=1), x("cudaLaunchKernel", "cuda_runtime", 5, 3, correlation=1)]
+    ev += [
+        x("k", "kernel", 1010, 500, tid=7, correlation=2),
+        x("cudaLaunchKernel", "cuda_runtime", 1002, 3, correlation=2),
+    ]
+    ev += [x("cudaStreamSynchronize", "cuda_runtime", 1000, 505)]  # the host waits, then the queue is empty
+    ev += [
+        x("k", "kernel", 1700, 200, tid=7, correlation=3),
+        x("cudaLaunchKernel", "cuda_runtime", 1690, 3, correlation=3),
+    ]
+    ev += [x(EPOCH, "user_annotation", 1950, 1), x(VAL, "user_annotation", 1960, 300)]
+    ev += [
+        x("k", "kernel", 2300, 100, tid=7, correlation=4),
+        x("cudaLaunchKernel", "cuda_runtime", 2290, 3, correlation=4),
+    ]
+    ev += [x(CKPT, "user_annotation", 2450, 400), x("k", "kernel", 2950, 40, tid=7, correlation=5),
+           x("cudaLaunchKernel", "cuda_runtime", 2940, 3, correlation=5)]  # fmt: skip
+    s = summarise_trace({"traceEvents": ev}, min_gap_us=20)
+    assert s["device"] == "cuda" and s["steps"] == 3 and s["epoch_ends"] == 1
+    assert s["busy_ms_per_step"]["median"] == pytest.approx(0.7)  # 0.9, 0.7 and 0.14 ms launched per step
+    causes = [g["cause"] for g in s["gaps"]]
+    assert causes == ["host launches", "sync", "validation", "checkpoint"]  # validation outranks the epoch end
+    assert s["by_cause"]["sync"]["gaps"] == 1 and s["by_cause"]["sync"]["ms"] == pytest.approx(0.19)
+    with pytest.raises(ValueError, match="fewer than two step marks"):
+        summarise_trace({"traceEvents": ev[4:]})
 
 
 def test_before_dataset_matches_cached_path(tmp_path):
@@ -182,10 +285,10 @@ def test_loop_overhead_harness(tmp_path, capfd):
             _positive_finite(v, f"{name} samples/s")
         _positive_finite(saved["vs_hand"][name], f"vs_hand.{name}")
     assert saved["vs_hand"]["hand"] == pytest.approx(1.0)
-    # met only when every engine loop reaches the target on both ratios (which loops pass depends on the machine)
+    # which loops reach the target depends on the machine: the verdict is target_check's on the saved ratios
     assert set(saved["target_met_by"]) == {"plainloop", "basetrainer"}
     for name, ok in saved["target_met_by"].items():
-        assert ok == (min(saved["vs_hand"][name], saved["vs_hand_paired"][name]) >= saved["target_vs_hand"])
+        assert ok == target_check(name, saved["vs_hand"][name], saved["vs_hand_paired"][name], 0.97)["met"]
     assert saved["target_met"] == all(saved["target_met_by"].values())
 
 
@@ -228,14 +331,14 @@ def test_speedup_split_is_a_product_of_paired_ratios():
 
 
 def test_run_gpu_sh_tiny_mode_writes_every_quoted_figure(tmp_path):
-    """`TINY=1 bash benchmarks/run_gpu.sh` runs the GPU script's steps on the CPU and writes the headline."""
+    """`TINY=1 bash benchmarks/run_gpu.sh` runs the GPU script's two steps on the CPU and prints the headline."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    configs = "before,defaults,tuned" + (",lightning_data" if _has_lightning() else "")
+    configs = "defaults,tuned" + (",lightning_data" if _has_lightning() else "")
     env = dict(
         os.environ,
         TINY="1",
@@ -255,22 +358,34 @@ def test_run_gpu_sh_tiny_mode_writes_every_quoted_figure(tmp_path):
         cwd=root,
     )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "failed" not in p.stdout, p.stdout[-3000:]
-    res = json.loads((tmp_path / "out" / "run_tiny.json").read_text())
+    assert "FAILED" not in p.stdout, p.stdout[-3000:]
+    res = json.loads((tmp_path / "out" / "run_gpu_tiny.json").read_text())
     h = res["headline"]
-    assert h["config"] == "tuned"
-    for k in ("vs_before", "mfu", "data_wait_frac", "job_s", "samples_per_s"):
-        _positive_finite(h[k] if k != "data_wait_frac" else h[k] + 1.0, f"headline.{k}")
-    assert h["vs_lightning_data"] is not None or not _has_lightning()
-    assert "x before" in p.stdout and "x Lightning seed" in p.stdout and "MFU" in p.stdout
-    # host cost: the seed loop reads the loss every step; plainloop's GPU path reads nothing inside an epoch
-    hc = json.loads((tmp_path / "out" / "host_cost_tiny.json").read_text())["summary"]["tiny"]
+    assert h["config"] == "tuned" and sorted(res["repetitions"]) == sorted(configs.split(","))
+    _positive_finite(h["samples_per_s"], "headline.samples_per_s")
+    assert (h["vs_lightning_data"] is not None) == _has_lightning()
+    assert "x Lightning same data" in p.stdout
+    gap = json.loads((tmp_path / "out" / "profile_gap_tiny.json").read_text())
+    assert set(gap["loops"]) == {"plainloop"} | ({"lightning_data"} if _has_lightning() else set())
+    for loop in gap["loops"].values():
+        assert loop["steps"] >= 4 and loop["epoch_ends"] >= 1 and loop["device"] == "cpu"
+        assert set(loop["by_cause"]) <= {"checkpoint", "validation", "data", "sync", "allocator", "epoch end",
+                                         "host launches"}  # fmt: skip
+    assert "idle ms/step by cause" in p.stdout
+
+
+def test_host_cost_quick_counts_reads_per_step(tmp_path):
+    """The seed loop reads the loss every step; plainloop's GPU path reads nothing inside an epoch."""
+    from benchmarks import host_cost
+
+    res = host_cost.main(["--quick", "--loops", "before,plainloop,plainloop_gpu_path", "--cache-dir",
+                          str(tmp_path / "cache"), "--out", str(tmp_path / "hc.json")])  # fmt: skip
+    hc = res["summary"]["tiny"]
     assert hc["before"]["syncs_per_step"]["median"] == 1
     assert hc["plainloop_gpu_path"]["syncs_per_step"]["median"] == 0
     assert hc["plainloop"]["syncs_per_step"]["median"] == 1  # on a CPU the guard's flag is read: free there
     for loop in hc.values():
         _positive_finite(loop["outside_ops_us_median"]["median"], "outside_ops_us")
-    assert json.loads((tmp_path / "out" / "loop_overhead_tiny.json").read_text())["vs_hand"]["plainloop"] > 0
 
 
 def test_run_gpu_sh_installs_nothing():
@@ -338,8 +453,9 @@ def test_user_loop_benchmark_quick(tmp_path):
     from benchmarks.user_loop import main
 
     result = main(["--quick", "--out", str(tmp_path / "ul.json")])
-    assert result["auto_num_workers"] == 0
-    assert result["index_cost_s_per_sample"] < result["cheap_threshold_s_per_sample"]
+    # the indexing cost is measured, so under load it may exceed the threshold: check auto's rule, not the outcome
+    cheap = result["index_cost_s_per_sample"] < result["cheap_threshold_s_per_sample"]
+    assert result["auto_num_workers"] == 0 or not cheap
     assert set(result["crossover_s"]) == {"0.0", "30.0"}
 
 

@@ -1,0 +1,172 @@
+"""What an epoch boundary costs: the same optimizer steps as many short epochs and as one long one.
+
+    .venv/bin/python -m benchmarks.epoch_boundaries --reps 5 --threads 1     # ~2 min on 2 CPU cores
+
+Rows (the MLP, batch and AdamW of benchmarks/loop_overhead.py, data in memory):
+  short / long   --short EPOCHSxSTEPS (150x4) against 1 x the same steps (600), for plainloop's Trainer and for
+                 the hand-written loop (a new permutation and one loss.item() per epoch); timed from step
+                 --warmup to the last step. short/long per loop, of the medians and paired; target for
+                 plainloop: at most 1.15x.
+  seed job       the seed guides' job shape: 500 epochs x 2 steps (200 samples, batch 100), the whole fit's
+                 wall time (set-up included), plainloop's Trainer and the hand loop.
+Repetitions are interleaved. The seed guides' model is too slow on a CPU for 500 epochs; the MLP keeps the
+epoch boundaries, not the arithmetic, in the figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.common import (
+    RESULTS_DIR,
+    base_parser,
+    environment,
+    md_table,
+    paired,
+    quiet,
+    stats,
+    target_check,
+    write_result,
+)
+from benchmarks.loop_overhead import TensorPairs, make_data, make_model, make_optimizer, mse_loss
+
+TARGET_SHORT_VS_LONG = 1.15
+
+
+def hand(x: torch.Tensor, y: torch.Tensor, epochs: int, a: argparse.Namespace) -> dict[str, float]:
+    """A hand-written epoch loop; seconds from step `warmup` to the last step, and the whole run's."""
+    t_start = time.perf_counter()
+    model = make_model(a.dim, a.hidden, a.seed)
+    opt, bs, g = make_optimizer(model, a.lr), a.batch_size, torch.Generator().manual_seed(a.seed)
+    steps_per_epoch, step, t0 = x.shape[0] // bs, 0, t_start
+    for _ in range(epochs):
+        order = torch.randperm(x.shape[0], generator=g)
+        for i in range(steps_per_epoch):
+            if step == a.warmup:
+                t0 = time.perf_counter()
+            idx = order[i * bs : (i + 1) * bs]
+            loss = F.mse_loss(model(x[idx]), y[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step += 1
+        loss.item()  # the epoch's loss, printed by most hand loops
+    t = time.perf_counter()
+    return {"timed_s": t - t0, "wall_s": t - t_start, "steps": step}
+
+
+def plainloop(x: torch.Tensor, y: torch.Tensor, epochs: int, a: argparse.Namespace) -> dict[str, float]:
+    """plainloop's Trainer with its defaults; the timed window from its metrics rows (one at every epoch end)."""
+    from trainer import Task, TrainConfig, Trainer
+
+    t_start = time.perf_counter()
+    task = Task("epochs", make_model(a.dim, a.hidden, a.seed), TensorPairs(x, y), loss_fn=mse_loss)
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = TrainConfig(epochs=epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, output_dir=tmp,
+                          run_name="epochs", device="cpu", log_every=math.gcd(TrainConfig.log_every, a.warmup))  # fmt: skip
+        with quiet():
+            summary = Trainer(cfg, task, log=lambda _s: None).fit()
+        wall = time.perf_counter() - t_start
+        rows = [json.loads(r) for r in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    times = {r["step"]: r["time"] for r in rows if r["kind"] == "train"}
+    last = max(times)
+    return {"timed_s": times[last] - times.get(a.warmup, times[min(times)]), "wall_s": wall, "steps": last}
+
+
+LOOPS = {"hand": hand, "plainloop": plainloop}
+
+
+def parse_shape(text: str, flag: str) -> tuple[int, int]:
+    try:
+        e, s = (int(v) for v in text.lower().split("x"))
+        if e < 1 or s < 1:
+            raise ValueError
+    except ValueError:
+        raise SystemExit(f"{flag} {text!r}: give EPOCHSxSTEPS, both whole numbers >= 1, e.g. 150x4") from None
+    return e, s
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = base_parser(__doc__, RESULTS_DIR / "epoch_boundaries_cpu.json", reps=5)
+    ap.add_argument("--short", default="150x4", help="EPOCHSxSTEPS of the short-epoch run (default: 150x4)")
+    ap.add_argument("--seed-job", default="500x2", help="EPOCHSxSTEPS of the seed job row (default: 500x2)")
+    ap.add_argument("--seed-batch", type=int, default=100, help="batch of the seed job row (default: 100)")
+    ap.add_argument("--warmup", type=int, default=100, help="untimed leading steps (default: 100)")
+    ap.add_argument("--batch-size", type=int, default=64, help="batch size of short/long (default: 64)")
+    ap.add_argument("--dim", type=int, default=32, help="input features (default: 32)")
+    ap.add_argument("--hidden", type=int, default=64, help="hidden units (default: 64)")
+    ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default: 1e-3)")
+    ap.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
+    a = ap.parse_args(argv)
+    epochs, per_epoch = parse_shape(a.short, "--short")
+    job_epochs, job_steps = parse_shape(a.seed_job, "--seed-job")
+    steps = epochs * per_epoch
+    if not 1 <= a.warmup < steps or a.warmup % per_epoch:
+        ap.error(f"--warmup {a.warmup}: must be below {steps} steps and a multiple of {per_epoch} (an epoch end)")
+    env = environment(torch.device("cpu"))
+    runs = {  # name: (loop, epochs, x, y)
+        "short": (epochs, *make_data(per_epoch * a.batch_size, a.dim, a.seed)),
+        "long": (1, *make_data(steps * a.batch_size, a.dim, a.seed)),
+    }
+    job_a = argparse.Namespace(**{**vars(a), "batch_size": a.seed_batch, "warmup": job_steps})
+    job_x, job_y = make_data(job_steps * a.seed_batch, a.dim, a.seed)
+    reps: dict[str, list[dict[str, Any]]] = {f"{lp}_{r}": [] for lp in LOOPS for r in (*runs, "seed_job")}
+    for rep in range(a.reps):
+        waited = a.wait(rep)
+        for lp, fn in LOOPS.items():
+            for r, (ep, x, y) in runs.items():
+                reps[f"{lp}_{r}"].append({**fn(x, y, ep, a), "rep": rep, "loadavg": waited})
+            reps[f"{lp}_seed_job"].append({**fn(job_x, job_y, job_epochs, job_a), "rep": rep, "loadavg": waited})
+        print(
+            f"[epochs] rep {rep + 1}/{a.reps}: " + ", ".join(f"{k} {v[-1]['timed_s']:.3f} s" for k, v in reps.items())
+        )
+    per_step = {k: [r["timed_s"] / (r["steps"] - (a.warmup if "seed" not in k else job_steps)) for r in v]
+                for k, v in reps.items()}  # fmt: skip
+    ratio = {lp: {"ratio": stats(per_step[f"{lp}_short"])["median"] / stats(per_step[f"{lp}_long"])["median"],
+                  "paired": paired(per_step[f"{lp}_short"], per_step[f"{lp}_long"])} for lp in LOOPS}  # fmt: skip
+    target = target_check("plainloop short/long", ratio["plainloop"]["ratio"], ratio["plainloop"]["paired"],
+                          TARGET_SHORT_VS_LONG, higher=False)  # fmt: skip
+    job = {lp: stats([r["wall_s"] for r in reps[f"{lp}_seed_job"]]) for lp in LOOPS}
+    result: dict[str, Any] = {
+        "schema": "plainloop-bench-epoch-boundaries-1",
+        "command": "python -m benchmarks.epoch_boundaries " + " ".join(argv if argv is not None else a.argv),
+        "environment": env,
+        "config": ap.config(a),
+        "torch_threads": torch.get_num_threads(),
+        "repetitions": reps,
+        "us_per_step": {k: stats([1e6 * v for v in vs]) for k, vs in per_step.items()},
+        "short_vs_long": ratio,
+        "seed_job_wall_s": job,
+        "targets": [target],
+    }
+    us = result["us_per_step"]
+    loads = [r["loadavg"][0] for r in reps["hand_short"] if r["loadavg"]] or [math.nan]
+    rows = [[lp, f"{us[f'{lp}_short']['median']:.0f}", f"{us[f'{lp}_long']['median']:.0f}",
+             f"{ratio[lp]['ratio']:.2f}× ({ratio[lp]['paired']:.2f}×)",
+             f"{job[lp]['median']:.2f} ({job[lp]['min']:.2f}–{job[lp]['max']:.2f})"] for lp in LOOPS]  # fmt: skip
+    head = ["loop", f"µs/step, {epochs} epochs × {per_epoch}", f"µs/step, 1 epoch × {steps}",
+            "short / long (paired)", f"seed job s, {job_epochs} × {job_steps} steps of {a.seed_batch}"]  # fmt: skip
+    md = (
+        f"Epoch boundaries on {env['device_name']}, torch {env['torch']}, commit `{env['commit'][:12]}`, "
+        f"{a.reps} interleaved repetitions, {torch.get_num_threads()} torch thread(s), 1-minute load average "
+        f"{min(loads):.1f}–{max(loads):.1f} at their starts; steps {a.warmup}..{steps} timed; seed job: whole fit, "
+        f"set-up included.\n\n{md_table(head, rows)}\n\n"
+        f"Target: plainloop short/long ≤ {TARGET_SHORT_VS_LONG}×: **{'met' if target['met'] else 'missed'}** "
+        "(of the medians and paired; both must reach it).\n"
+    )
+    out = write_result(a.out, result, md)
+    print(f"[epochs] wrote {out} and {out.with_suffix('.md')}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
