@@ -186,6 +186,8 @@ elif [ "$PLAINLOOP_DRY_RUN" = "1" ]; then
   PY=python
   note "dry run: would set up .venv with scripts/ensure_venv.sh"
 else
+  # the runtime only (torch, requirements.txt, plainloop itself); ./run_tests.sh adds the development tools
+  PLAINLOOP_NEEDS="${PLAINLOOP_NEEDS:-runtime}"
   source scripts/ensure_venv.sh
   PY=python
 fi

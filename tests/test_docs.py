@@ -6,11 +6,14 @@ The example markers are described in CONTRIBUTING.md ("Every example is run, che
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -60,8 +63,16 @@ def examples(kind: str) -> list:
     return found
 
 
+@functools.cache
+def plainloop_dir() -> str:
+    """A folder where `plainloop` is the repository's trainer/, as `pip install -e .` makes it (examples import it)."""
+    folder = Path(tempfile.mkdtemp(prefix="plainloop-import-"))
+    (folder / "plainloop").symlink_to(ROOT / "trainer", target_is_directory=True)
+    return str(folder)
+
+
 def env_with_repo() -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), NO_MKDOCS_2_WARNING="1")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), plainloop_dir()]), NO_MKDOCS_2_WARNING="1")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python` = this interpreter
     return env
 
@@ -186,7 +197,7 @@ def test_the_site_builds_strict(site):
 def test_the_flag_reference_lists_every_flag(site):
     import train_optimized as cli
 
-    html = (site / "reference" / "flags" / "index.html").read_text(encoding="utf-8")
+    html = (site / "reference" / "flags.html").read_text(encoding="utf-8")
     missing = [
         o
         for a in cli.build_parser()._actions
@@ -197,17 +208,70 @@ def test_the_flag_reference_lists_every_flag(site):
     assert not missing, f"the generated flag reference misses {missing}"
 
 
+def html_text(html: str) -> str:
+    return " ".join(re.sub(r"<[^>]+>", " ", html).replace("&para;", " ").split())
+
+
 def test_the_api_reference_is_generated_from_docstrings(site):
-    html = (site / "reference" / "api" / "index.html").read_text(encoding="utf-8")
-    for name in (
-        "trainer.Trainer",
-        "trainer.Task",
-        "trainer.TrainConfig",
-        "trainer.hooks.Callback",
-        "trainer.BaseTrainer",
-    ):
-        assert f'id="{name}"' in html, f"{name} is not rendered on the API page"
+    """Every public name of the engine with its constructor's signature, and every TrainConfig field."""
+    import dataclasses
+
+    import trainer
+    from trainer.config import TrainConfig
+
+    html = (site / "reference" / "api.html").read_text(encoding="utf-8")
+    text = re.sub(r"\s", "", html_text(html))
+    for name in trainer.__all__:
+        assert f'id="trainer.{name}"' in html, f"trainer.{name} (in trainer.__all__) is not rendered on the API page"
     assert 'id="trainer.Trainer.fit"' in html
+    for cls, first in (("Trainer", "cfg"), ("Task", "name"), ("TrainConfig", "seed"), ("BaseTrainer", "title")):
+        assert f"{cls}({first}:" in text, f"the API page does not show {cls}'s constructor ({cls}({first}: ...)"
+    fields = html.split('id="trainconfig-fields"', 1)[1]
+    missing = [f.name for f in dataclasses.fields(TrainConfig) if f"<code>{f.name}</code>" not in fields]
+    assert not missing, f"the API page's TrainConfig table misses {missing}"
+
+
+PICTURES = ("assets/plots/curves.png", "assets/plots/throughput.png", "assets/plots/test_month_maps.png")
+
+
+def test_the_pictures_are_drawn_and_shown(site):
+    """The demo run's plots are drawn from docs/assets/demo-run/ at build time, and pages show them and the skill
+    figure."""
+    shown = set()
+    for page in site.rglob("*.html"):
+        for src in re.findall(r'<img[^>]* src="([^"]+)"', page.read_text(encoding="utf-8")):
+            target = (page.parent / src).resolve()
+            assert target.is_file(), f"{page.relative_to(site)} shows {src}, which is not in the site"
+            shown.add(target.relative_to(site.resolve()).as_posix())
+    for picture in (*PICTURES, "benchmarks/results/skill_cpu.png"):
+        assert (site / picture).stat().st_size > 10_000, f"{picture} is missing or empty"
+        assert picture in shown, f"no page shows {picture}"
+
+
+def test_links_work_from_disk(site):
+    """Opened as files (file://), a link to a folder shows a directory listing: every link names a file."""
+    broken = []
+    for page in site.rglob("*.html"):
+        if page.name == "404.html":  # served by a web server only, with absolute links
+            continue
+        for url in re.findall(r'(?:href|src)="([^"#?]+)', page.read_text(encoding="utf-8")):
+            if re.match(r"[a-z][a-z0-9+.-]*:|//", url):
+                continue
+            if not (page.parent / url).is_file():
+                broken.append(f"{page.relative_to(site)}: {url}")
+    assert not broken, f"links that name no file in the built site: {broken[:20]}"
+
+
+def test_build_output_is_ignored_by_git_and_ruff():
+    """site/ (mkdocs build), build/ and dist/ (wheels) are never committed, and ruff does not lint them."""
+    import tomllib
+
+    ruff = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["ruff"]
+    assert {"site", "build", "dist"} <= set(ruff["extend-exclude"])
+    if shutil.which("git") and (ROOT / ".git").exists():
+        for path in ("site/index.html", "build/lib/x.py", "dist/x.whl", "plainloop.egg-info/PKG-INFO"):
+            proc = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT)
+            assert proc.returncode == 0, f"{path} is not ignored by .gitignore"
 
 
 def nav_pages() -> list[str]:

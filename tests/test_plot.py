@@ -172,12 +172,36 @@ def test_era5_curves_have_units_baselines_and_lr(tmp_path: Path) -> None:
     assert _legend(loss) == ["train", "validation"]
     assert "°C" in rmse.get_ylabel()
     legend = _legend(rmse)
-    assert legend[0].startswith("model: ") and "persistence: 0.5394" in legend
+    assert legend[0].startswith("model: ") and "persistence: 0.5394 (off the axis)" in legend
     assert "climatology (calendar month): 0.1973" in legend and "anomaly persistence: 0.0873" in legend
-    assert rmse.get_ylim()[0] == 0  # an honest axis, not zoomed onto the points
+    assert rmse.get_ylim()[0] == 0  # values that come near 0: the axis starts there
     assert "anomaly persistence: 0.8950" in _legend(acc)
     assert np.allclose(lr.get_lines()[0].get_ydata(), [r["lr"] for r in train])
     assert all(a.get_xlabel() == "optimizer step" for a in axes)
+    plt.close(fig)
+
+
+def test_scores_far_from_0_get_an_axis_that_tells_them_apart() -> None:
+    """RMSEs of 0.3320 and 0.3340 (the model and its best baseline) on an axis from 0 would read as one line; the
+    legend sits beside the panel, off the lines."""
+    import matplotlib.pyplot as plt
+
+    train = [{"kind": "train", "step": s, "epoch": s, "loss": 0.36} for s in range(1, 6)]
+    val = [
+        {"kind": "val", "step": s, "epoch": s, "val_loss": 0.38, "val_rmse_c": 0.3330 - 0.0002 * s,
+         "val_damped_persistence_rmse_c": 0.3340, "val_persistence_rmse_c": 0.6336}
+        for s in range(1, 6)
+    ]  # fmt: skip
+    fig = curves_figure(train, val, "t")
+    rmse = _panels(fig)[1]
+    lo, hi = rmse.get_ylim()
+    assert 0.30 < lo < 0.3320 and 0.3340 < hi < 0.35, (lo, hi)
+    assert (0.3340 - 0.3320) / (hi - lo) > 0.3  # apart by a third of the panel
+    assert "damped persistence: 0.3340" in _legend(rmse) and "persistence: 0.6336 (off the axis)" in _legend(rmse)
+    fig.canvas.draw()
+    for ax in _panels(fig)[:2]:
+        legend_box = ax.get_legend().get_window_extent()
+        assert legend_box.x0 >= ax.get_window_extent().x1  # beside the plot, never over its lines
     plt.close(fig)
 
 
@@ -196,7 +220,7 @@ def test_reid_curves_show_the_selection_metric_and_both_directions(n_val: int) -
         assert line.get_marker() == "o" and len(line.get_xdata()) == n_val
     assert m_ap.get_lines()[0].get_linewidth() > m_ap.get_lines()[1].get_linewidth()
     w, h = fig.get_size_inches() * 110
-    assert w < 1500 and h > 600  # a 2 x 2 grid, not one 2860-px row
+    assert w < 1800 and h > 600  # a 2 x 2 grid (legends beside the panels), not one 2860-px row
     plt.close(fig)
 
 

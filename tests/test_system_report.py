@@ -215,6 +215,25 @@ def test_before_after_table_names_each_setting_once() -> None:
     assert "| num_workers=4 | failed: RuntimeError: boom |" in md
 
 
+def test_the_before_after_heading_counts_the_rows_and_timings_of_its_table() -> None:
+    """A heading that said "median of 3 interleaved runs" above a table of 2 rows read as a count of rows."""
+    hw = {"cpu_model": "Test CPU", "cpu_logical_cores": 2, "ram_total_gb": 8, "gpus": []}
+    verdict = {"verdict": "compute bound", "evidence": [], "advice": ""}
+    trials = [
+        {"name": "your settings", "overrides": {}, "samples_per_s": 100.0, "samples_per_s_reps": [100.0, 99.0, 101.0]},
+        {"name": "batch_size=64", "overrides": {"batch_size": 64}, "samples_per_s": 90.0,
+         "samples_per_s_reps": [90.0, 89.0, 91.0]},
+    ]  # fmt: skip
+    config = {"repeats": 3, "steps_per_trial": 20}
+    md = render_report(hw, config, {}, verdict, trials)
+    heading = next(line for line in md.splitlines() if line.startswith("## Before / after"))
+    table = md.split(heading, 1)[1].strip().split("\n\n", 1)[0].splitlines()  # up to the first blank line
+    assert len(table) - 2 == 2 and "the 2 settings below" in heading, (heading, table)
+    assert "each timed 3 times" in heading and "runs" not in heading
+    trials[0]["samples_per_s_reps"].append(100.5)  # yours timed once more beside a combined candidate
+    assert "each timed 3 to 4 times" in render_report(hw, config, {}, verdict, trials)
+
+
 def test_judge_and_project_job() -> None:
     assert judge([100, 104, 98], [150, 149, 155]) == "faster"
     assert judge([100, 104, 98], [90, 95, 97]) == "slower"

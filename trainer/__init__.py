@@ -18,5 +18,5 @@ from .task import Task
 layers.TASK_ADAPTERS.append(adapt_lightning_task)
 layers.CONFIG_CALLBACKS.append(EMA.for_config)
 
-__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
+__version__ = "0.2.0"  # the one place the version is written (pyproject.toml reads it)
 __all__ = ["BaseTrainer", "Callback", "TrainConfig", "Task", "Trainer", "accuracy", "top_k_accuracy"]

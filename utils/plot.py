@@ -9,8 +9,8 @@ RUN_DIR/summary.json (optional: the title, and which metric selects best.pt) and
 without it this module exits with status 2 and says so.
 
 - `curves.png`: loss (train and validation), then one panel per kind of validation metric: RMSE in °C with the
-  persistence / climatology / anomaly-persistence baselines as dashed lines (keys `val_<baseline>_rmse_c`),
-  ACC likewise, re-ID mAP and rank-1 in both directions with the metric that selects best.pt drawn bold,
+  statistical baselines as dashed lines (keys `val_<baseline>_rmse_c`; the axis spans the model and the best
+  baseline, not 0, so close scores stay apart; legends sit beside the panels), ACC likewise, re-ID mAP and rank-1 in both directions with the metric that selects best.pt drawn bold,
   and the learning rate. Validation points carry markers, so one validation is as readable as many.
 - `throughput.png`: samples/s and the share of step time spent waiting for data.
 - `test_month_maps.png`: truth, prediction and climatology in °C, and under them the anomalies (truth −
@@ -83,13 +83,20 @@ def _series(rows: list[dict], key: str, x: str = "step") -> tuple[np.ndarray, np
 
 # --------------------------------------------------------------------------- which metric goes where
 _NOT_METRICS = {"kind", "step", "epoch", "time", "val_loss", "lr"}
+# the statistical forecasts a model is scored beside (fitted on training months; flat lines over training)
 _BASELINES = {
     "persistence": "persistence",
     "climatology": "climatology (calendar month)",
     "anomaly_persistence": "anomaly persistence",
+    "damped_persistence": "damped persistence",
+    "lim": "LIM",
+    "hybrid": "hybrid (LIM + damped persistence)",
+    "prior": "prior (the forecast the model corrects)",
 }
 _BASELINE_COLORS = {"persistence": "dimgray", "climatology (calendar month)": "tab:olive",
-                    "anomaly persistence": "tab:cyan"}  # fmt: skip
+                    "anomaly persistence": "tab:cyan", "damped persistence": "tab:pink", "LIM": "tab:brown",
+                    "hybrid (LIM + damped persistence)": "tab:purple",
+                    "prior (the forecast the model corrects)": "black"}  # fmt: skip
 _DIRECTIONS = {"rgb2ir": "RGB→IR", "ir2rgb": "IR→RGB"}
 # (pattern on the key, panel title, y label); the first match wins; keys that match none get their own panel
 _PANELS = (
@@ -151,6 +158,28 @@ def _val_markers(n: int) -> dict[str, Any]:
     return {"marker": "o", "ms": 6 if n <= 30 else 3}
 
 
+def _metric_ylim(model: list[float], baselines: list[float], higher_better: bool) -> tuple[float, float] | None:
+    """The y range of a validation-metric panel: the model's values and the best baseline (the one it has to beat),
+    padded. It starts at 0 only when the values come near 0: RMSEs of 0.336 and 0.337 on a 0..0.4 axis would read
+    as one line. Baselines outside the range stay off the axis (the legend gives their values)."""
+    if not model and not baselines:
+        return None
+    pts = list(model)
+    if baselines:
+        pts.append(max(baselines) if higher_better else min(baselines))
+    # baselines inside the model's own range are shown too
+    pts += [b for b in baselines if model and min(model) <= b <= max(model)]
+    lo, hi = min(pts), max(pts)
+    span = hi - lo
+    pad = 0.12 * span if span > 0 else 0.05 * max(abs(hi), 1e-3)
+    lo, hi = lo - pad, hi + pad
+    if lo <= 0 or lo < 0.3 * hi:  # near 0 anyway: the natural axis from 0
+        lo = 0.0 if min(pts) >= 0 else lo
+    if min(pts) >= 0 and max(pts) <= 1.0 and hi > 1.0:  # scores that end at 1 (ACC, mAP, rank-1)
+        hi = min(hi, 1.02)
+    return lo, hi
+
+
 def curves_figure(train: list[dict], val: list[dict], title: str = "", selection: str | None = None) -> Any:
     """The learning-curve figure (a matplotlib Figure), or None when there is nothing to plot.
 
@@ -164,9 +193,10 @@ def curves_figure(train: list[dict], val: list[dict], title: str = "", selection
         return None
     panels = [("loss", "loss")] + [(t, y) for t, y, _ in groups] + ([("learning rate", "lr")] if xl.size else [])
     n = len(panels)
-    ncols = 1 if n == 1 else (2 if n <= 4 else 3)
+    ncols = 1 if n == 1 else 2
     nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 3.7 * nrows), squeeze=False)
+    # 7.8 wide a panel: the plot, and its legend beside it
+    fig, axes = plt.subplots(nrows, ncols, figsize=(7.8 * ncols, 3.7 * nrows), squeeze=False)
     flat = list(axes.ravel())
     for ax in flat[n:]:
         ax.set_visible(False)
@@ -195,24 +225,26 @@ def curves_figure(train: list[dict], val: list[dict], title: str = "", selection
     if not all_y.size:
         ax.text(0.5, 0.5, "no loss logged", ha="center", va="center", transform=ax.transAxes, color="gray")
     else:
-        ax.legend(frameon=False, fontsize=8)
+        ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
     for ax, (ptitle, ylabel, keys) in zip(flat[1:], groups):
         styles = iter(("tab:green", "tab:purple", "tab:red", "tab:brown"))
         seen: list[float] = []
+        baselines: list[tuple[Any, str, float]] = []  # (line, label, final value)
         for key in keys:
             xm, ym = _series(val, key)
             if not xm.size:
                 continue
-            seen += list(ym)
             label, baseline = _series_label(key)
             if baseline:
                 color = _BASELINE_COLORS.get(label, "gray")
                 if np.ptp(ym) <= 1e-9 * max(1.0, abs(ym[-1])):  # a baseline does not change with training
-                    ax.axhline(ym[-1], ls="--", lw=1.2, color=color, label=f"{label}: {ym[-1]:.4f}")
+                    line = ax.axhline(ym[-1], ls="--", lw=1.2, color=color)
                 else:
-                    ax.plot(xm, ym, ls="--", lw=1.2, color=color, label=f"{label}: {ym[-1]:.4f}")
+                    (line,) = ax.plot(xm, ym, ls="--", lw=1.2, color=color)
+                baselines.append((line, label, float(ym[-1])))
                 continue
+            seen += list(ym)
             chosen = key == selection
             line_color = next(styles, None)
             ax.plot(xm, ym, lw=2.4 if chosen else 1.4, color=line_color, **_val_markers(xm.size),
@@ -220,17 +252,17 @@ def curves_figure(train: list[dict], val: list[dict], title: str = "", selection
             xsd, sd = _series(val, f"{key}_std")  # mean ± std over trials (SYSU-MM01's gallery draws)
             if xsd.size and xsd.size == xm.size and np.array_equal(xsd, xm):
                 ax.fill_between(xm, ym - sd, ym + sd, color=line_color, alpha=0.15, lw=0)
-                seen += list(ym + sd)
+                seen += list(ym - sd) + list(ym + sd)
+        lim = _metric_ylim(seen, [b for _, _, b in baselines], "higher is better" in ylabel)
+        for line, label, final in baselines:
+            off = lim is not None and not lim[0] <= final <= lim[1]
+            line.set_label(f"{label}: {final:.4f}{' (off the axis)' if off else ''}")
+        if lim is not None:
+            ax.set_ylim(*lim)
         ax.set_title(ptitle)
         ax.set_ylabel(ylabel)
-        ax.legend(frameon=False, fontsize=8)
-        # Scores start at 0 (and ACC, mAP, rank-1 end at 1): a zoomed axis would turn 0.12 vs 0.13 into a cliff.
-        if seen and min(seen) >= 0:
-            top = max(seen)
-            if not ylabel.startswith("RMSE") and top <= 1.0:
-                ax.set_ylim(0, min(1.02, 1.3 * top + 0.02))
-            else:
-                ax.set_ylim(0, 1.15 * top if top > 0 else 1.0)
+        # beside the panel, never over the lines it names
+        ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
     if xl.size:
         ax = flat[n - 1]

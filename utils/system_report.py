@@ -333,7 +333,7 @@ class _NvmlUtilSampler:
             self.backend.close()
 
         def mean(j: int) -> float | None:
-            vals = [r[j] for r in self.rows if r[j] is not None]
+            vals = [v for v in (r[j] for r in self.rows) if v is not None]
             return sum(vals) / len(vals) if vals else None
 
         return {"gpu_busy_pct": mean(0), "mem_ctrl_pct": mean(1), "process_sm_pct": mean(2),
@@ -503,10 +503,10 @@ def render_report(
     if trials:
         rows = _judged(trials)
         base = rows[0]
-        steps, reps = config.get("steps_per_trial"), config.get("repeats") or 1
+        steps = config.get("steps_per_trial")
         b_reps = [v for v in (base.get("samples_per_s_reps") or []) if v is not None]
         noise = (
-            f"yours ranged {min(b_reps):.1f}–{max(b_reps):.1f} samples/s over {len(b_reps)} runs "
+            f"yours ranged {min(b_reps):.1f}–{max(b_reps):.1f} samples/s over {len(b_reps)} timings "
             f"(±{50 * (max(b_reps) - min(b_reps)) / max(_median(b_reps), 1e-9):.0f}%)"
             if len(b_reps) > 1
             else "one run each: no noise estimate"
@@ -570,8 +570,15 @@ def render_report(
                 f"{_f(config.get('price_per_gpu_hour'), '.3g')}{cur} per {unit} hour."
             )
 
+        # the counts a reader checks against the table: its rows, and how often each was timed
+        counts = sorted({len([v for v in t.get("samples_per_s_reps") or [] if v is not None]) or 1
+                         for t in rows if not t.get("error")})  # fmt: skip
+        timed = (str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}") if counts else "1"
+        what = f"the {len(rows)} settings below" if len(rows) > 1 else "your settings"
         how = (
-            f" ({steps} steps each" + (f", median of {reps} interleaved runs" if reps > 1 else "") + ")"
+            f" ({what}, {steps} steps a run"
+            + (f"; each timed {timed} times, interleaved: the median and its range" if timed != "1" else "")
+            + ")"
             if steps
             else ""
         )
@@ -798,8 +805,23 @@ def run_system_report(
         remove_trial_dir(trial_dir)
 
 
-def _run_report(run_trial, base_settings, candidates, steps, out_path, config, max_trials, repeats,  # noqa: ANN001
-                job_samples, price_per_kwh, price_per_gpu_hour, currency, power_w, gpus, trial_dir) -> Path:  # fmt: skip
+def _run_report(
+    run_trial: Callable[[dict, int], dict],
+    base_settings: dict,
+    candidates: list[dict],
+    steps: int,
+    out_path: Path,
+    config: dict,
+    max_trials: int,
+    repeats: int,
+    job_samples: float | None,
+    price_per_kwh: float | None,
+    price_per_gpu_hour: float | None,
+    currency: str,
+    power_w: float | None,
+    gpus: int,
+    trial_dir: str | os.PathLike | None,
+) -> Path:
     trial = lambda ov: _measured_trial(run_trial, ov, steps)  # noqa: E731
     first = trial({})
     if job_samples is None and first.get("job_samples"):  # run_trial may know the job's size once it is built
