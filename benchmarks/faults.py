@@ -797,7 +797,9 @@ class Campaign:
                 case.lost = True
             if res.rc not in (0, EXIT_BAD_INPUT) or "Traceback" in res.text:
                 problems.append(f"exit {res.rc}")
-            if not re.search(r"nothing left to train|already finished", res.text):
+            if not re.search(
+                r"nothing (is )?left to (train|do)|already finished|the run (finished|stopped early) at", res.text
+            ):
                 problems.append("no line saying the run had finished")
             case.ok, case.seconds = not problems, time.monotonic() - t0
             case.detail = "recognised as finished from its checkpoint; summary untouched" if case.ok else "; ".join(
