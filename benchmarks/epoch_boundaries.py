@@ -43,8 +43,8 @@ TARGET_SHORT_VS_LONG = 1.15
 
 
 def hand(x: torch.Tensor, y: torch.Tensor, epochs: int, a: argparse.Namespace) -> dict[str, float]:
-    """A hand-written epoch loop; seconds from step `warmup` to the last step, and the whole run's."""
-    t_start = time.perf_counter()
+    """A hand-written epoch loop; seconds (wall and CPU) from step `warmup` to the last step, and the whole run's."""
+    t_start, c0 = time.perf_counter(), time.process_time()
     model = make_model(a.dim, a.hidden, a.seed)
     opt, bs, g = make_optimizer(model, a.lr), a.batch_size, torch.Generator().manual_seed(a.seed)
     steps_per_epoch, step, t0 = x.shape[0] // bs, 0, t_start
@@ -52,7 +52,7 @@ def hand(x: torch.Tensor, y: torch.Tensor, epochs: int, a: argparse.Namespace) -
         order = torch.randperm(x.shape[0], generator=g)
         for i in range(steps_per_epoch):
             if step == a.warmup:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
             idx = order[i * bs : (i + 1) * bs]
             loss = F.mse_loss(model(x[idx]), y[idx])
             opt.zero_grad(set_to_none=True)
@@ -61,12 +61,19 @@ def hand(x: torch.Tensor, y: torch.Tensor, epochs: int, a: argparse.Namespace) -
             step += 1
         loss.item()  # the epoch's loss, printed by most hand loops
     t = time.perf_counter()
-    return {"timed_s": t - t0, "wall_s": t - t_start, "steps": step}
+    return {"timed_s": t - t0, "cpu_s": time.process_time() - c0, "wall_s": t - t_start, "steps": step}
 
 
 def plainloop(x: torch.Tensor, y: torch.Tensor, epochs: int, a: argparse.Namespace) -> dict[str, float]:
-    """plainloop's Trainer with its defaults; the timed window from its metrics rows (one at every epoch end)."""
-    from trainer import Task, TrainConfig, Trainer
+    """plainloop's Trainer with its defaults; the timed window from its metrics rows (one at every epoch end), and
+    the CPU seconds between the same steps' ends."""
+    from trainer import Callback, Task, TrainConfig, Trainer
+
+    cpu: dict[int, float] = {}
+
+    class CPUClock(Callback):
+        def on_train_batch_end(self, trainer: Any, outputs: torch.Tensor, batch: Any, batch_idx: int) -> None:
+            cpu[trainer.progress.step] = time.process_time()
 
     t_start = time.perf_counter()
     task = Task("epochs", make_model(a.dim, a.hidden, a.seed), TensorPairs(x, y), loss_fn=mse_loss)
@@ -74,12 +81,13 @@ def plainloop(x: torch.Tensor, y: torch.Tensor, epochs: int, a: argparse.Namespa
         cfg = TrainConfig(epochs=epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, output_dir=tmp,
                           run_name="epochs", device="cpu", log_every=math.gcd(TrainConfig.log_every, a.warmup))  # fmt: skip
         with quiet():
-            summary = Trainer(cfg, task, log=lambda _s: None).fit()
+            summary = Trainer(cfg, task, log=lambda _s: None, callbacks=[CPUClock()]).fit()
         wall = time.perf_counter() - t_start
         rows = [json.loads(r) for r in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     times = {r["step"]: r["time"] for r in rows if r["kind"] == "train"}
     last = max(times)
-    return {"timed_s": times[last] - times.get(a.warmup, times[min(times)]), "wall_s": wall, "steps": last}
+    first = a.warmup if a.warmup in times else min(times)
+    return {"timed_s": times[last] - times[first], "cpu_s": cpu[last] - cpu[first], "wall_s": wall, "steps": last}
 
 
 LOOPS = {"hand": hand, "plainloop": plainloop}
@@ -131,8 +139,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     per_step = {k: [r["timed_s"] / (r["steps"] - (a.warmup if "seed" not in k else job_steps)) for r in v]
                 for k, v in reps.items()}  # fmt: skip
+    cpu_step = {k: [r["cpu_s"] / (r["steps"] - (a.warmup if "seed" not in k else job_steps)) for r in v]
+                for k, v in reps.items()}  # fmt: skip
     ratio = {lp: {"ratio": stats(per_step[f"{lp}_short"])["median"] / stats(per_step[f"{lp}_long"])["median"],
-                  "paired": paired(per_step[f"{lp}_short"], per_step[f"{lp}_long"])} for lp in LOOPS}  # fmt: skip
+                  "paired": paired(per_step[f"{lp}_short"], per_step[f"{lp}_long"]),
+                  # CPU time: what a loaded machine's descheduling does not inflate (I/O waits are not in it)
+                  "cpu_ratio": stats(cpu_step[f"{lp}_short"])["median"] / stats(cpu_step[f"{lp}_long"])["median"],
+                  "cpu_paired": paired(cpu_step[f"{lp}_short"], cpu_step[f"{lp}_long"])} for lp in LOOPS}  # fmt: skip
     target = target_check("plainloop short/long", ratio["plainloop"]["ratio"], ratio["plainloop"]["paired"],
                           TARGET_SHORT_VS_LONG, higher=False)  # fmt: skip
     job = {lp: stats([r["wall_s"] for r in reps[f"{lp}_seed_job"]]) for lp in LOOPS}
@@ -144,6 +157,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "repetitions": reps,
         "us_per_step": {k: stats([1e6 * v for v in vs]) for k, vs in per_step.items()},
+        "cpu_us_per_step": {k: stats([1e6 * v for v in vs]) for k, vs in cpu_step.items()},
         "short_vs_long": ratio,
         "seed_job_wall_s": job,
         "targets": [target],
@@ -152,9 +166,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     loads = [r["loadavg"][0] for r in reps["hand_short"] if r["loadavg"]] or [math.nan]
     rows = [[lp, f"{us[f'{lp}_short']['median']:.0f}", f"{us[f'{lp}_long']['median']:.0f}",
              f"{ratio[lp]['ratio']:.2f}× ({ratio[lp]['paired']:.2f}×)",
+             f"{ratio[lp]['cpu_ratio']:.2f}× ({ratio[lp]['cpu_paired']:.2f}×)",
              f"{job[lp]['median']:.2f} ({job[lp]['min']:.2f}–{job[lp]['max']:.2f})"] for lp in LOOPS]  # fmt: skip
     head = ["loop", f"µs/step, {epochs} epochs × {per_epoch}", f"µs/step, 1 epoch × {steps}",
-            "short / long (paired)", f"seed job s, {job_epochs} × {job_steps} steps of {a.seed_batch}"]  # fmt: skip
+            "short / long (paired)", "the same in CPU time (paired)", f"seed job s, {job_epochs} × {job_steps} steps of {a.seed_batch}"]  # fmt: skip
     md = (
         f"Epoch boundaries on {env['device_name']}, torch {env['torch']}, commit `{env['commit'][:12]}`, "
         f"{a.reps} interleaved repetitions, {torch.get_num_threads()} torch thread(s), 1-minute load average "

@@ -199,6 +199,7 @@ def test_epoch_boundaries_harness_writes_every_row(tmp_path):
         assert [r["rep"] for r in reps] == [0, 1]
         for r in reps:
             _positive_finite(r["timed_s"], f"{name}.timed_s")
+            _positive_finite(r["cpu_s"], f"{name}.cpu_s")
             assert r["steps"] == (6 if "seed" in name else 10)
     for lp in ("hand", "plainloop"):
         us = saved["us_per_step"]
