@@ -217,28 +217,23 @@ def test_seed000_6_comparison_has_two_runs_and_a_real_before(in_tmp, capsys):
 def test_seed000_7_performance_callback(quickstart, capsys):
     """§7 方法2: the seed's per-epoch throughput callback, on plainloop's hooks (BaseTrainer(callbacks=[...]))."""
 
-    class PerformanceCallback:  # the seed's Lightning callback, on on_fit_start / on_log / on_fit_end
+    class PerformanceCallback:  # the seed's Lightning callback, on the same epoch hooks
         def __init__(self):
             self.epoch_start_time = None
             self.epochs = []
 
-        def on_fit_start(self, trainer):
+        def on_train_epoch_start(self, trainer, epoch):
             self.epoch_start_time = time.time()
 
-        def on_log(self, trainer, row):
-            if row["kind"] == "checkpoint" and row["name"] == "last.pt":  # written at every epoch end
-                epoch_time = time.time() - self.epoch_start_time
-                samples_per_epoch = trainer.batches_per_epoch * trainer.cfg.batch_size
-                throughput = samples_per_epoch / epoch_time
-                print(f"\n📊 Epoch {trainer.epoch} Performance:")
-                print(f"  • Time: {epoch_time:.2f}s")
-                print(f"  • Throughput: {throughput:.2f} samples/s")
-                print(f"  • Samples: {samples_per_epoch}")
-                self.epochs.append(throughput)
-                self.epoch_start_time = time.time()
-
-        def on_fit_end(self, trainer, summary):
-            pass
+        def on_train_epoch_end(self, trainer, epoch):
+            epoch_time = time.time() - self.epoch_start_time
+            samples_per_epoch = trainer.batches_per_epoch * trainer.cfg.batch_size
+            throughput = samples_per_epoch / epoch_time
+            print(f"\n📊 Epoch {trainer.epoch} Performance:")
+            print(f"  • Time: {epoch_time:.2f}s")
+            print(f"  • Throughput: {throughput:.2f} samples/s")
+            print(f"  • Samples: {samples_per_epoch}")
+            self.epochs.append(throughput)
 
     cb = PerformanceCallback()
     tr = BaseTrainer(
