@@ -63,8 +63,10 @@ def test_sleep_loop_without_data_time_is_not_called_host_bound() -> None:
     assert s["data_wait_frac"] is None
     assert s["process_cpu_percent_mean"] is not None and s["process_cpu_percent_mean"] < 50  # measured: ≥0.25 s
     v = diagnose(s, device_type="cpu", step_stats={"num_workers": 0, "torch_threads": 1})
-    assert v["verdict"] == "undetermined", v
-    assert any("waiting" in e and "not computing" in e for e in v["evidence"])
+    # never host bound; "contended" when other processes load the machine while the test runs (a CI neighbour)
+    assert v["verdict"] in ("undetermined", "contended"), v
+    if v["verdict"] == "undetermined":
+        assert any("waiting" in e and "not computing" in e for e in v["evidence"])
 
 
 def test_partly_measured_data_wait_and_short_busy_run_cpu() -> None:
