@@ -480,3 +480,18 @@ def test_format_summary_names_each_figure_that_was_not_measured() -> None:
     assert (
         "CPU: whole machine 77% busy, training process + workers 101% of a core, other processes 0.5 of 2 cores" in text
     )
+
+
+def test_epoch_boundaries_are_named_when_they_take_the_time() -> None:
+    """500 epochs of 2 steps: 40% of the training time between steps (not validation) is the verdict; the same
+    time over 5 epoch ends, or a small share, is not."""
+    summary = _cpu_summary(cpu_percent_mean=50.0)
+    st = {"num_workers": 0, "train_s": 10.0, "steps_s": 5.0, "val_s": 1.0, "epochs": 500}
+    v = diagnose(summary, device_type="cpu", step_stats=st)
+    assert v["verdict"] == "epoch-boundary bound" and v["headline"] == "epoch-boundary bound: 40% between steps"
+    assert any("over 500 epoch ends: 8.0 ms each" in e for e in v["evidence"]) and "longer epochs" in v["advice"]
+    assert diagnose(summary, device_type="cpu", step_stats={**st, "epochs": 5})["verdict"] != "epoch-boundary bound"
+    assert diagnose(summary, device_type="cpu", step_stats={**st, "steps_s": 8.0})["verdict"] != (
+        "epoch-boundary bound"
+    )
+    assert diagnose(summary, device_type="cuda", step_stats=st)["verdict"] == "epoch-boundary bound"

@@ -130,7 +130,7 @@ class Trainer:
         self._finite: tuple[int, bool] | None = None  # (step, weights finite) read at that step's log point
         self._t_val_end, self._warned_slow_val = None, False
         self._row_extra: tuple[str, ...] = ()  # the names log_metrics_fn added to the train rows (epoch lines)
-        self.stats = {"samples": 0, "data_s": 0.0, "iters": 0, "iter_s": 0.0}
+        self.stats = {"samples": 0, "data_s": 0.0, "iters": 0, "iter_s": 0.0, "val_s": 0.0}
         self._start_batches = self._start_step = 0
         self._loss_checked = False  # the loss's type and shape are checked on the first step
         cfg = self.cfg
@@ -635,7 +635,9 @@ class Trainer:
         self.hooks("on_validation_start")
         t_start = time.perf_counter()
         metrics = self._from_rank0(self.evaluate("val") if self.rt.is_main else {})  # also the barrier
-        self._warn_slow_validation(t_start, time.perf_counter())
+        t_end = time.perf_counter()
+        self.stats["val_s"] += t_end - t_start
+        self._warn_slow_validation(t_start, t_end)
         self.hooks("on_validation_end", metrics)  # may replace or add scores: what follows reads the dict after it
         metrics = self._from_rank0(metrics)
         if metrics and self.task.evaluate_fn is not None and self.best.metric not in metrics:

@@ -28,6 +28,7 @@ __all__ = ["diagnose", "contention", "VERDICTS", "THRESHOLDS"]
 
 VERDICTS = (
     "data-loading bound",
+    "epoch-boundary bound",
     "host/launch bound",
     "compute bound",
     "memory bound",
@@ -51,6 +52,9 @@ THRESHOLDS = {
     "contention_wait_threads": 0.25,  # on average ≥0.25 of this run's threads were ready but had no free core
     "steal_pct": 10.0,  # hypervisor steal: other virtual machines on the same host took the CPU
     "gpu_other_process_frac": 0.25,  # another process on our GPU in ≥25% of the samples
+    # ≥25% of the training time between steps, at ≥10 epoch ends: short epochs, not the steps, set the pace
+    "between_steps_frac": 0.25,
+    "epoch_ends_min": 10,
 }
 
 
@@ -194,9 +198,35 @@ def diagnose(summary: dict[str, Any], *, device_type: str, step_stats: dict[str,
         conf = "high" if dw >= 2 * T["data_wait_frac"] else "medium"
         return _out("data-loading bound", evidence, advice, conf, notes)
 
+    boundary = _epoch_boundaries(st, evidence, notes)
+    if boundary is not None:
+        return boundary
     if device_type == "cuda":
         return _diagnose_gpu(summary, st, evidence, notes, cont, dw is not None)
     return _diagnose_cpu(summary, st, evidence, notes, p50_ms, cont, dw is not None)
+
+
+def _epoch_boundaries(st: dict[str, Any], evidence: list[str], notes: list[str]) -> dict | None:
+    """The run's training time outside its steps and validations (`train_s`, `steps_s`, `val_s`), spread over many
+    epoch ends (`epochs`): the epoch boundaries themselves are the bottleneck."""
+    train_s, steps_s, val_s, epochs = (st.get(k) for k in ("train_s", "steps_s", "val_s", "epochs"))
+    if not train_s or steps_s is None or not epochs or epochs < THRESHOLDS["epoch_ends_min"]:
+        return None
+    between = max(0.0, train_s - steps_s - (val_s or 0.0))
+    frac = between / train_s
+    if frac < THRESHOLDS["between_steps_frac"]:
+        return None
+    evidence.append(
+        f"{_pct(frac)} of the training time ({between:.1f} s of {train_s:.1f} s) passed between steps, outside "
+        f"validation, over {epochs} epoch ends: {1000 * between / epochs:.1f} ms each"
+    )
+    advice = (
+        "Each epoch end starts a new pass over the data (new loader workers unless persistent_workers, a new "
+        "order, a log line, a checkpoint when one is due): run the same steps as fewer, longer epochs (more "
+        "samples per epoch, or --max_steps), keep persistent_workers on, and leave checkpoint_interval at a "
+        "minute or more."
+    )
+    return _out("epoch-boundary bound", evidence, advice, "medium", notes, detail=f"{_pct(frac)} between steps")
 
 
 def _contended(evidence: list[str], notes: list[str], cont: tuple[str, list[str]]) -> dict:

@@ -22,6 +22,11 @@ class VerdictCallback:
                     "num_workers": workers,
                     "torch_threads": torch.get_num_threads(),
                     "world_size": trainer.rt.world_size,  # the monitor's samples/s are this rank's
+                    # the time between steps, for the epoch-boundary verdict
+                    "train_s": summary.get("train_time_s"),
+                    "steps_s": trainer.stats.get("iter_s"),
+                    "val_s": trainer.stats.get("val_s"),
+                    "epochs": summary.get("epochs"),
                 },
             )
         except (KeyError, TypeError, ValueError) as e:  # advice only: a finished run is never lost over it
