@@ -76,7 +76,7 @@ from trainer.runfiles import RunDirError, find_resumable  # noqa: E402
 from trainer.runtime import launch_prefix  # noqa: E402
 from trainer.signals import handled_signals  # noqa: E402
 from trainer.state import ResumeError, RunFinished, resume_changes  # noqa: E402
-from trainer.usercode import cli_script, cli_session, set_task_flag  # noqa: E402
+from trainer.usercode import cli_command, cli_session, set_task_flag  # noqa: E402
 
 RUN = "task and run"
 TOOLS = "measurement tools"
@@ -785,7 +785,7 @@ def rerun_command(config: Path, env: Any = os.environ, task: str | None = None) 
     shell-quoted, so a directory with a space or a `$(...)` in its name pastes as itself. A task file is named with
     --task: a config file's task file is not run unless the command line names it too."""
     launch = launch_prefix(env)
-    cmd = f"{launch} {cli_script()} --config {shlex.quote(str(config))}"
+    cmd = f"{cli_command(launch)} --config {shlex.quote(str(config))}"
     if task and task.rpartition(":")[0].endswith(".py"):
         cmd += f" --task {shlex.quote(task)}"
     return cmd + (" (on each node)" if "--nnodes" in launch else "")

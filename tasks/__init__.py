@@ -460,7 +460,7 @@ def find_resumable_user_task(output_dir: str | Path, spec: str) -> Path | None:
     """--resume auto for a user task: the newest unfinished run under output_dir whose config.toml names `spec`
     and that no live process is training (the built-in tasks' rule, trainer/runfiles.py find_resumable)."""
     from trainer.cli.options import load_config_file
-    from trainer.runfiles import finished, held_by_live_process
+    from trainer.runfiles import finished, held_by_live_process, newest_readable
 
     root = Path(output_dir)
     if not root.is_dir():
@@ -476,7 +476,7 @@ def find_resumable_user_task(output_dir: str | Path, spec: str) -> Path | None:
                 runs.append(p)
         except (ValueError, OSError):
             continue
-    return max(runs, key=lambda p: (p / "checkpoints" / "last.pt").stat().st_mtime, default=None)
+    return newest_readable(runs)  # a run whose last.pt cannot be read is passed over
 
 
 def register_user_task(spec: str, taken: dict[str, str] | None = None) -> list[FlagSpec]:

@@ -478,3 +478,14 @@ def test_printed_commands_name_the_script_as_it_was_started(tmp_path, monkeypatc
     )
     monkeypatch.setattr(sys, "argv", ["pytest"])
     assert cli.rerun_command(Path("r/config.toml"), {}) == "python train_optimized.py --config r/config.toml"
+
+
+def test_printed_commands_under_the_installed_command_say_plainloop(monkeypatch):
+    """Started as the `plainloop` console command, the resume and re-run lines are `plainloop ...`."""
+    from trainer.usercode import cli_command, cli_session, resume_hint
+
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/plainloop", "--epochs", "1"])
+    assert cli_command() == "plainloop" and cli_command("torchrun --nproc_per_node 2").startswith("torchrun")
+    with cli_session():
+        assert resume_hint("runs/a") == "plainloop --resume runs/a"
+    assert cli.rerun_command(Path("r/config.toml"), {}) == "plainloop --config r/config.toml"

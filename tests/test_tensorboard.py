@@ -105,12 +105,14 @@ def test_reid_rows_and_custom_scalars_layout(tmp_path: Path) -> None:
     tb.on_fit_start(trainer)
     tb.on_log(trainer, {"kind": "train", "step": 50, "loss": 2.3, "lr": 8e-4, "time": 12.5})  # perf-counter time
     tb.on_log(trainer, {"kind": "val", "step": 96, "epoch": 3, "rgb2ir_mAP": 0.17, "rgb2ir_rank1": 0.13,
-                        "ir2rgb_mAP": 0.14, "ir2rgb_rank1": 0.12})  # fmt: skip
+                        "ir2rgb_mAP": 0.14, "ir2rgb_rank1": 0.12, "val_loss": 1.5, "raw_val_loss": 1.6})  # fmt: skip
     summary: dict = {"steps": 96}
     tb.on_fit_end(trainer, summary)
     assert "figure" not in summary["tensorboard"]  # no test_month.npz: no figure, no error
     acc = _read(tmp_path / "tb")
-    assert {"val/rgb2ir_mAP", "val/ir2rgb_mAP", "val/rgb2ir_rank1", "val/ir2rgb_rank1"} <= set(acc.Tags()["scalars"])
+    tags = set(acc.Tags()["scalars"])
+    assert {"val/rgb2ir_mAP", "val/ir2rgb_mAP", "val/rgb2ir_rank1", "val/ir2rgb_rank1"} <= tags
+    assert {"val/loss", "val/raw_loss"} <= tags and "val/raw_val_loss" not in tags  # the EMA's raw scores
     assert acc.Scalars("train/loss")[0].wall_time > 1e9  # a non-Unix "time" is replaced by the write time
     layout = acc.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0]
     assert b"val/rgb2ir_mAP" in layout and b"val/ir2rgb_mAP" in layout

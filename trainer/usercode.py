@@ -37,7 +37,7 @@ def set_task_flag(spec: str | None) -> None:
 
 def uses_cli() -> bool:
     """This process runs plainloop's own CLI script (train_optimized.py), so its flags mean something."""
-    return _CLI[0] or Path(sys.argv[0] if sys.argv else "").name == "train_optimized.py"
+    return _CLI[0] or Path(sys.argv[0] if sys.argv else "").name in ("train_optimized.py", "plainloop")
 
 
 def cli_script() -> str:
@@ -47,11 +47,19 @@ def cli_script() -> str:
     return shlex.quote(arg) if Path(arg).name == "train_optimized.py" else "train_optimized.py"
 
 
+def cli_command(prefix: str = "python") -> str:
+    """The start of a printed command: `plainloop` when this process is the installed command, else the prefix
+    (python, or a torchrun line) and the script."""
+    if prefix == "python" and sys.argv and Path(sys.argv[0]).name == "plainloop":
+        return "plainloop"
+    return f"{prefix} {cli_script()}"
+
+
 def resume_hint(target: Any, prefix: str = "python") -> str:
     """How to continue a run: the CLI line when the CLI runs, else the Python call (a repo with `trainer/` only)."""
     if uses_cli():
         task = "".join(f" --task {shlex.quote(t)}" for t in _TASK_FLAG)
-        return f"{prefix} {cli_script()} --resume {shlex.quote(str(target))}{task}"  # pastes as itself
+        return f"{cli_command(prefix)} --resume {shlex.quote(str(target))}{task}"  # pastes as itself
     script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] not in ("", "-c") else ""
     # a plain script of the user's names itself; `python -m pkg` and tools (pytest) run a __main__.py
     again = f", then run {prefix} {script} again" if script.endswith(".py") and script != "__main__.py" else ""
@@ -63,7 +71,7 @@ def rerun_hint(config_toml: Any) -> str:
     if uses_cli() or Path("train_optimized.py").is_file():
         return (
             "Resolved configuration of this run: re-run it with\n"
-            f"python {cli_script()} --config {shlex.quote(str(config_toml))}"
+            f"{cli_command()} --config {shlex.quote(str(config_toml))}"
         )
     return (
         "Resolved configuration of this run: the TrainConfig fields it ran with (TrainConfig(**values) rebuilds "

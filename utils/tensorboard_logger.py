@@ -102,7 +102,8 @@ class TensorBoardLogger:
             for k, v in row.items():
                 x = _number(v)
                 if k not in _SKIP and x is not None:
-                    name = k[4:] if k.startswith("val_") else k
+                    # val_loss -> val/loss; the EMA's raw scores raw_val_loss -> val/raw_loss
+                    name = k[4:] if k.startswith("val_") else k.replace("raw_val_", "raw_", 1)
                     keys.append(name)
                     self.writer.add_scalar(f"val/{name}", x, step, walltime=walltime)
             self._add_layout(keys)
