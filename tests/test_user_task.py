@@ -156,7 +156,7 @@ def test_find_resumable_user_task_matches_the_recorded_builder(user_pkg):
         run = Path("runs") / name
         (run / "checkpoints").mkdir(parents=True)
         (run / "config.toml").write_text(f'[run]\ntask = "{spec}"\n')
-        torch.save({"step": 5}, run / "checkpoints" / "last.pt")
+        torch.save({"model": {}, "step": 5}, run / "checkpoints" / "last.pt")
         t = time.time() - age
         os.utime(run / "checkpoints" / "last.pt", (t, t))
         if finished:  # trained to its end: the summary's steps reach the checkpoint's step
@@ -168,6 +168,8 @@ def test_find_resumable_user_task_matches_the_recorded_builder(user_pkg):
     make("regress-done", "userpkg.regress:build", finished=True)
     make("other-1", "userpkg.other:build")
     assert tasks.find_resumable_user_task("runs", "userpkg.regress:build") == newer
+    (newer / "checkpoints" / "last.pt").write_bytes(b"damaged")  # unreadable: passed over for the older run
+    assert tasks.find_resumable_user_task("runs", "userpkg.regress:build") == Path("runs") / "regress-old"
     assert tasks.find_resumable_user_task("runs", "userpkg.none:build") is None
 
 
