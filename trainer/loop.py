@@ -765,10 +765,7 @@ class Trainer:
             f"{self.run_dir / 'checkpoints' / 'last.pt'} holds the trained weights. To score the test split and "
             f"write the summary (nothing is trained again): {resume_hint(self.run_dir, launch_prefix())}"
         )
-        self.log_row({"kind": "event", "step": self.progress.step, "event": "stopped", "signal": name})
-        self.log(f"[plainloop] {msg}")
-        if self.files is not None:
-            self.files.close()
+        self._event_and_close({"event": "stopped", "signal": name}, msg)
         raise TrainingStopped(128 + signum)
 
     def _diverged(self, run: int, what: str | None = None) -> None:
@@ -780,13 +777,17 @@ class Trainer:
             f"saved; {self.run_dir / 'checkpoints'} holds the last finite weights. Try a lower --lr, "
             f"--gradient_clip_val 1.0, precision 32, or check the data for NaN/inf values."
         )
-        self.log_row({"kind": "event", "step": self.progress.step, "event": "diverged", "message": msg})
-        self.log(f"[plainloop] {msg}")
-        if self.files is not None:
-            self.files.close()
+        self._event_and_close({"event": "diverged", "message": msg}, msg)
         if self.rt.distributed:
             dist.barrier()  # every rank diverges at the same step (averaged gradients); none exits before rank 0
         raise TrainingDiverged(3)
+
+    def _event_and_close(self, event: dict[str, Any], msg: str) -> None:
+        """A run that ends early: its event row, its console line, and the run's files closed."""
+        self.log_row({"kind": "event", "step": self.progress.step, **event})
+        self.log(f"[plainloop] {msg}")
+        if self.files is not None:
+            self.files.close()
 
     def _stopped_by_signal(self, signum: int, train_time: float) -> None:
         assert self.run_dir is not None
