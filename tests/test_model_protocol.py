@@ -353,6 +353,26 @@ def test_forward_returning_a_dict_or_a_scalar_is_the_loss(tmp_path, shape):
     assert rows[-1]["loss"] < 0.5 * rows[0]["loss"]
 
 
+def test_a_plain_module_whose_forward_takes_targets_trains_on_the_loss_it_returns(tmp_path):
+    """No configure_optimizers: plainloop's AdamW, and the loss forward(x, targets) returns (the nanoGPT adapter)."""
+
+    class Plain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gpt = TinyGPT()
+
+        def forward(self, idx, targets):
+            return self.gpt(idx, targets)
+
+    lines: list[str] = []
+    cfg = TrainConfig(epochs=3, batch_size=32, lr=3e-2, num_workers=0, output_dir=str(tmp_path), run_name="run",
+                      progress_bar=False, log_every=2)  # fmt: skip
+    Trainer(cfg, Task("gpt", Plain(), tokens()), log=lines.append).fit()
+    assert any("Plain.forward(x, targets) computes it" in s for s in lines)
+    rows = [r for r in metric_rows(tmp_path / "run") if r["kind"] == "train"]
+    assert rows[-1]["loss"] < 0.5 * rows[0]["loss"]
+
+
 def test_a_model_without_a_loss_and_integer_targets_is_told_to_give_loss_fn(tmp_path):
     ds = TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
     cfg = TrainConfig(epochs=1, batch_size=16, num_workers=0, output_dir=str(tmp_path), progress_bar=False)

@@ -7,6 +7,7 @@ SPDX-License-Identifier: MIT. Copyright (c) 2026 The plainloop authors; keep thi
 from . import layers
 from .compat.base_trainer import BaseTrainer
 from .compat.lightning import adapt_lightning_task
+from .compat.nanogpt import adapt_targets_task
 from .config import TrainConfig
 from .evaluation import accuracy, top_k_accuracy
 from .extras.ema import EMA
@@ -15,7 +16,7 @@ from .loop import Trainer
 from .task import Task
 
 # the layers plug into the core here; the core never imports them (trainer/layers.py)
-layers.TASK_ADAPTERS.append(adapt_lightning_task)
+layers.TASK_ADAPTERS += [adapt_lightning_task, adapt_targets_task]
 layers.CONFIG_CALLBACKS.append(EMA.for_config)
 
 __version__ = "0.2.0"  # the one place the version is written (pyproject.toml reads it)

@@ -1,9 +1,9 @@
 """Where the layers plug into the core, so that the core never imports them.
 
 `trainer/__init__.py` fills these lists when the package is imported (as it always is before any of its modules):
-- TASK_ADAPTERS: each takes the Task given to `Trainer` and returns a Task the core trains as it is (a
-  LightningModule or nanoGPT-style model becomes a loss, an evaluation, an optimizer and callbacks), or None to
-  leave it to the next one.
+- TASK_ADAPTERS: each in turn takes the Task given to `Trainer` (or the one the adapter before it made) and returns a
+  Task the core trains as it is (a LightningModule or nanoGPT-style model becomes a loss, an evaluation, an optimizer
+  and callbacks), or None to leave it as it is.
 - CONFIG_CALLBACKS: each takes the TrainConfig and the callbacks given so far and returns a callback the config
   asks for with its one-line note (EMA for `ema_decay`), or None.
 A copy of `trainer/` used without its `__init__.py` trains plain models only.
@@ -25,11 +25,9 @@ CONFIG_CALLBACKS: list[ConfigCallback] = []
 
 
 def adapt_task(task: Task) -> Task:
-    """The first adapter's answer, or the task unchanged."""
+    """The task as every adapter in turn leaves it."""
     for adapter in TASK_ADAPTERS:
-        adapted = adapter(task)
-        if adapted is not None:
-            return adapted
+        task = adapter(task) or task
     return task
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -53,8 +52,8 @@ class Task:
     train_set: Dataset
     val_set: Dataset | None = None
     test_set: Dataset | None = None
-    # None: the model's training_step, or forward(x, targets) returning the loss, or model.loss(model(x), y),
-    # else MSE (masked if y has NaN)
+    # None: the model's training_step, or forward(x, targets) returning the loss (trainer/compat/), or
+    # model.loss(model(x), y), else MSE (masked if y has NaN)
     loss_fn: LossFn | None = None
     evaluate_fn: EvaluateFn | None = None  # None: batch_evaluate_fn, else the mean loss over val_set
     batch_sampler_fn: BatchSamplerFn | None = None  # None: plainloop's shuffling (distributed) sampler
@@ -76,7 +75,8 @@ class Task:
     metrics: dict[str, MetricFn] | None = None
 
 
-def _inner(model: nn.Module) -> nn.Module:
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's module inside DDP and torch.compile wrappers."""
     inner = getattr(model, "module", model)  # DDP
     return getattr(inner, "_orig_mod", inner)  # torch.compile
 
@@ -84,7 +84,7 @@ def _inner(model: nn.Module) -> nn.Module:
 def mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     """(x, y) batches: the model's own loss(pred, y) if it has one, else plain MSE."""
     pred = model(batch[0])
-    inner = _inner(model)
+    inner = unwrap_model(model)
     return cast(Any, inner).loss(pred, batch[1]) if hasattr(inner, "loss") else F.mse_loss(pred, batch[1])
 
 
@@ -97,7 +97,7 @@ def masked_mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     """MSE over the finite targets only (land cells, missing labels); no host sync to learn how many."""
     x, y = batch[0], batch[1]
     pred = model(x)
-    inner = _inner(model)
+    inner = unwrap_model(model)
     if hasattr(inner, "loss"):
         return cast(Any, inner).loss(pred, y)
     finite = torch.isfinite(y)
@@ -105,52 +105,11 @@ def masked_mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     return (diff**2).sum() / finite.sum().clamp_min(1)
 
 
-_TARGET_NAMES = ("targets", "target", "y", "labels", "label", "tgt")
-
-
-def forward_takes_targets(model: nn.Module) -> bool:
-    """forward(x, targets) as nanoGPT's GPT: the second parameter is named like a target."""
-    try:
-        params = [p for p in inspect.signature(model.forward).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]  # fmt: skip
-    except (TypeError, ValueError):
-        return False
-    return len(params) >= 2 and params[1].name in _TARGET_NAMES
-
-
-def forward_output_loss(out: Any, pred_target: Any = None) -> torch.Tensor:
-    """The loss a forward(x, targets) returned: (logits, loss), a dict with "loss", or a 0-dim tensor."""
-    if isinstance(out, tuple | list):
-        for v in [*out[1:], *out[:1]]:  # nanoGPT: (logits, loss)
-            if isinstance(v, torch.Tensor) and v.dim() == 0:
-                return v
-        raise ModelProtocolError(
-            f"forward(x, targets) returned a {type(out).__name__} of {len(out)} without a scalar loss; return "
-            f"(logits, loss), a dict with 'loss', or give Task(loss_fn=...)"
-        )
-    if isinstance(out, dict) and "loss" in out:
-        return out["loss"]
-    if isinstance(out, torch.Tensor) and out.dim() == 0:
-        return out
-    raise ModelProtocolError(
-        f"forward(x, targets) returned {type(out).__name__}"
-        f"{' of shape ' + str(tuple(out.shape)) if isinstance(out, torch.Tensor) else ''}, not a loss; return "
-        f"(logits, loss), a dict with 'loss' or a 0-dim tensor, or give Task(loss_fn=...)"
-    )
-
-
-def targets_loss(model: nn.Module, batch: Any) -> torch.Tensor:
-    """nanoGPT-style: forward(x, targets) computes the loss and returns (logits, loss), {"loss": ...} or it."""
-    return forward_output_loss(model(batch[0], batch[1]))
-
-
 def pick_default_loss(model: nn.Module, first_batch: Any) -> tuple[LossFn, str | None]:
-    """The loss when the task gives no loss_fn, decided once at start-up from the model and the first sample:
-    forward(x, targets) computing it (nanoGPT); the model's `loss(pred, y)`; else MSE, over finite targets only
-    when the first sample's target holds NaN. A non-float target without either is an error naming loss_fn."""
-    inner = _inner(model)
-    if forward_takes_targets(inner):
-        return targets_loss, f"loss: {type(inner).__name__}.forward(x, targets) computes it (the loss it returns)"
+    """The loss when the task gives none (a nanoGPT-style forward(x, targets) is trainer/compat/nanogpt.py's),
+    decided once at start-up from the model and the first sample: the model's `loss(pred, y)`; else MSE, over finite
+    targets only when the first sample's target holds NaN. A non-float target without either is an error naming loss_fn."""
+    inner = unwrap_model(model)
     if hasattr(inner, "loss"):
         return mse_loss, None
     y = first_batch[1] if isinstance(first_batch, list | tuple) and len(first_batch) > 1 else None
@@ -161,10 +120,7 @@ def pick_default_loss(model: nn.Module, first_batch: Any) -> tuple[LossFn, str |
             f"lambda m, b: F.cross_entropy(m(b[0]), b[1])), or a forward(x, targets) that returns (logits, loss)"
         )
     if isinstance(y, torch.Tensor) and not bool(torch.isfinite(y).all()):
-        return (
-            masked_mse_loss,
-            "loss: targets hold NaN/inf, so the default MSE is taken over finite targets only",
-        )
+        return masked_mse_loss, "loss: targets hold NaN/inf, so the default MSE is taken over finite targets only"
     return plain_mse_loss, None
 
 
