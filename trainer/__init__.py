@@ -11,13 +11,14 @@ from .compat.nanogpt import adapt_targets_task
 from .config import TrainConfig
 from .evaluation import accuracy, top_k_accuracy
 from .extras.ema import EMA
+from .extras.summary import ModelSummary
 from .hooks import Callback
 from .loop import Trainer
 from .task import Task
 
 # the layers plug into the core here; the core never imports them (trainer/layers.py)
 layers.TASK_ADAPTERS += [adapt_lightning_task, adapt_targets_task]
-layers.CONFIG_CALLBACKS.append(EMA.for_config)
+layers.CONFIG_CALLBACKS += [EMA.for_config, ModelSummary.for_config]
 
 __version__ = "0.2.0"  # the one place the version is written (pyproject.toml reads it)
 __all__ = ["BaseTrainer", "Callback", "TrainConfig", "Task", "Trainer", "accuracy", "top_k_accuracy"]

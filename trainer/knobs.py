@@ -1,4 +1,5 @@
-"""Small model knobs decided once at start-up: channels_last, deterministic mode, SyncBatchNorm, parameter count.
+"""Small model knobs decided once at start-up: channels_last, deterministic mode, SyncBatchNorm, parameter count
+(the layer-by-layer summary, `summary=True`, is the callback in trainer/extras/summary.py).
 
 Each returns the line the start-up report prints (None when it changed nothing), so no knob acts silently.
 """
@@ -102,60 +103,12 @@ def parameter_count(model: nn.Module) -> dict[str, Any]:
 
 def describe_parameters(counts: dict[str, Any]) -> str:
     """'1.23M parameters (1.23M trainable), 4.7 MB' for the start-up line."""
-    return f"{_human(counts['total'])} parameters ({_human(counts['trainable'])} trainable), {counts['size_mb']:.1f} MB"
+    return f"{human_count(counts['total'])} parameters ({human_count(counts['trainable'])} trainable), {counts['size_mb']:.1f} MB"
 
 
-def _human(n: int) -> str:
+def human_count(n: int) -> str:
+    """1234567 -> '1.23M'."""
     for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
         if n >= div:
             return f"{n / div:.2f}{unit}"
     return str(n)
-
-
-def model_summary(model: nn.Module, sample: Any = None) -> list[str]:
-    """Lightning's ModelSummary as text lines: each top-level layer's name, type, parameters and, when a forward of
-    `sample` (one batch of inputs, on the model's device) works, its output shape; then the totals. The forward runs
-    in eval mode without gradients and with the RNG state restored, so the run trains as it would without it."""
-    layers = list(model.named_children()) or [(type(model).__name__, model)]
-    shapes: dict[str, str] = {}
-    failed = ""
-    if sample is not None:
-        handles = [m.register_forward_hook(_shape_hook(shapes, name)) for name, m in layers]
-        was_training = model.training
-        devices = [sample.device] if isinstance(sample, torch.Tensor) and sample.device.type == "cuda" else []
-        try:
-            with torch.random.fork_rng(devices=devices), torch.no_grad():
-                model.eval()
-                model(sample)
-        except Exception as e:  # a model that needs more than its input: the summary goes without shapes
-            failed = f"output shapes: a forward of one training sample failed ({type(e).__name__}: {e})"[:200]
-        finally:
-            model.train(was_training)
-            for h in handles:
-                h.remove()
-    rows: list[tuple[str, ...]] = [("", "Name", "Type", "Params", "Out shape")]
-    for i, (name, m) in enumerate(layers):
-        n = sum(p.numel() for p in m.parameters())
-        rows.append((str(i), name, type(m).__name__, _human(n), shapes.get(name, "?" if sample is not None else "")))
-    if sample is None or all(not r[4] or r[4] == "?" for r in rows[1:]):
-        rows = [r[:4] for r in rows]  # no shapes known: no empty column
-    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    lines = [" | ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "-" * len(lines[0]))
-    counts = parameter_count(model)
-    lines.append(
-        f"{_human(counts['trainable'])} trainable, {_human(counts['total'] - counts['trainable'])} non-trainable "
-        f"parameters; {counts['size_mb']:.1f} MB of parameters and buffers"
-    )
-    return lines + ([failed] if failed else [])
-
-
-def _shape_hook(shapes: dict[str, str], name: str) -> Any:
-    def hook(module: nn.Module, inputs: Any, output: Any) -> None:
-        out = output[0] if isinstance(output, tuple | list) and output else output
-        if isinstance(out, torch.Tensor):
-            shapes[name] = str(list(out.shape))
-        else:
-            shapes[name] = type(output).__name__
-
-    return hook

@@ -5,7 +5,7 @@
   Task the core trains as it is (a LightningModule or nanoGPT-style model becomes a loss, an evaluation, an optimizer
   and callbacks), or None to leave it as it is.
 - CONFIG_CALLBACKS: each takes the TrainConfig and the callbacks given so far and returns a callback the config
-  asks for with its one-line note (EMA for `ema_decay`), or None.
+  asks for with its one-line note or None (EMA for `ema_decay`, the model summary for `summary`), or None.
 A copy of `trainer/` used without its `__init__.py` trains plain models only.
 """
 
@@ -18,7 +18,7 @@ from .config import TrainConfig
 from .task import Task
 
 TaskAdapter = Callable[[Task], "Task | None"]
-ConfigCallback = Callable[[TrainConfig, list[Any]], "tuple[Any, str] | None"]
+ConfigCallback = Callable[[TrainConfig, list[Any]], "tuple[Any, str | None] | None"]
 
 TASK_ADAPTERS: list[TaskAdapter] = []
 CONFIG_CALLBACKS: list[ConfigCallback] = []
@@ -39,5 +39,5 @@ def config_callbacks(cfg: TrainConfig, given: list[Any]) -> tuple[list[Any], lis
         out = factory(cfg, given + made)
         if out is not None:
             made.append(out[0])
-            notes.append(out[1])
+            notes += [out[1]] if out[1] else []
     return made, notes

@@ -840,15 +840,6 @@ class Trainer:
             f"{self.batches_per_epoch} batches/epoch, {self.total_steps} optimizer steps, device {rt.device}, "
             f"precision {rt.precision}, model {knobs.describe_parameters(self.model_size)}, run dir {self.run_dir}"
         )
-        if cfg.summary and rt.is_main:
-            for line in knobs.model_summary(self.raw_model, self._summary_input()):
-                self.log(f"[plainloop] {line}")
-
-    def _summary_input(self) -> torch.Tensor | None:
-        """One training sample's input as a batch of one on the device, for the summary's output shapes."""
-        sample = _first_sample(self.task.train_set)
-        x = sample[0] if sample is not None else None
-        return x.unsqueeze(0).to(self.rt.device) if isinstance(x, torch.Tensor) else None
 
     def _settings(self) -> dict[str, dict[str, Any]]:
         """The run's full resolved settings ({table: {key: value}}), as config.toml and every checkpoint hold them."""
