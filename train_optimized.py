@@ -70,7 +70,15 @@ from trainer.cli.options import (  # noqa: E402
     function_parameters,  # fmt: skip
     load_config_file,
 )
-from trainer.config import ConfigError, TrainConfig, check_output_dirs, check_settings, field_rules, knob  # noqa: E402
+from trainer.config import (  # noqa: E402
+    ConfigError,
+    Rules,
+    TrainConfig,
+    check_output_dirs,
+    check_settings,
+    field_rules,
+    knob,
+)
 from trainer.extras.loggers import CSVLogger, WandbLogger, parse_logger_names  # noqa: E402
 from trainer.runfiles import RunDirError, find_resumable  # noqa: E402
 from trainer.runtime import launch_prefix  # noqa: E402
@@ -240,7 +248,7 @@ def names() -> dict[str, dict[str, Any]]:
     return {group: {k: tp for k, (tp, _) in r.items()} for group, r in rules().items()}
 
 
-def rules() -> dict[str, dict[str, tuple[Any, dict[str, Any]]]]:
+def rules() -> dict[str, Rules]:
     """{"run" | "train" | task: {flag name: (type, rule)}}: every setting's type and rule, from its definition."""
     out = {"run": field_rules(RunOptions), "train": field_rules(TrainConfig)}
     for name, builder in TASK_BUILDERS.items():
@@ -249,9 +257,9 @@ def rules() -> dict[str, dict[str, tuple[Any, dict[str, Any]]]]:
     return out
 
 
-def all_rules() -> dict[str, tuple[Any, dict[str, Any]]]:
+def all_rules() -> Rules:
     """One {flag name: (type, rule)} over every group (a name two groups share has one rule)."""
-    out: dict[str, tuple[Any, dict[str, Any]]] = {}
+    out: Rules = {}
     for group in rules().values():
         for k, v in group.items():
             out.setdefault(k, v)
@@ -687,9 +695,8 @@ def train(opts: RunOptions, task_kw: dict[str, Any], train_kw: dict[str, Any], n
     callbacks, monitor = plugins(opts, cfg)
     try:
         trainer = Trainer(cfg, task, callbacks=callbacks, monitor=monitor, config_sections=sections)
-        for line in (
-            [task.info["sampler"]] if isinstance(task.info.get("sampler"), str) else task.info.get("sampler") or []
-        ):
+        lines = task.info.get("sampler") or []
+        for line in [lines] if isinstance(lines, str) else lines if isinstance(lines, list) else []:
             say(f"[plainloop] sampler: {line}")  # the P x K sampler's cache summary, once (rank 0)
         summary = trainer.fit()
         _TRAINED.append(True)  # a signal in the closing report no longer says "set-up"

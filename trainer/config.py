@@ -30,7 +30,7 @@ import os
 import shutil
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,19 +40,19 @@ class ConfigError(ValueError):
     """A bad config file, key or value: the message names it and what to do."""
 
 
-def did_you_mean(key: Any, known: Iterable[str]) -> str:
+def did_you_mean(key: object, known: Iterable[str]) -> str:
     """ " (did you mean a, b?)" with the nearest known names, or "" — for every unknown-key message."""
     near = difflib.get_close_matches(str(key), list(known), n=3, cutoff=0.6)
     return f" (did you mean {', '.join(near)}?)" if near else ""
 
 
-def unknown_keys(d: Iterable[Any], known: Iterable[str]) -> list[str]:
+def unknown_keys(d: Iterable[object], known: Iterable[str]) -> list[str]:
     """'key (did you mean ...?)' for each key of `d` not in `known`."""
     known = list(known)
     return [f"{k!r}{did_you_mean(k, known)}" for k in d if k not in known]
 
 
-def check_keys(d: dict[str, Any], known: Iterable[str], where: str, valid: str | None = None) -> None:
+def check_keys(d: Mapping[str, object], known: Iterable[str], where: str, valid: str | None = None) -> None:
     """Unknown keys are one error that names each one and the nearest valid names; `valid` says where the
     valid ones are listed (default: the CLI's --help-all)."""
     hints = unknown_keys(d, known)
@@ -74,6 +74,11 @@ RULE_KEYS = ("choices", "min", "max", "gt", "allow_inf", "allow_empty", "check",
 NAME_MAX = 120  # run names: well under NAME_MAX 255, leaving room for "-N" suffixes and temp names
 
 
+TypeForm = Any  # a field's annotation (int, str | None, tuple[float, float], Literal[...]): typing's own forms
+Rule = Mapping[str, Any]  # a knob's metadata: help, group and the rule keywords (values of many types)
+Rules = dict[str, tuple[TypeForm, Rule]]  # {field name: (type, metadata)}
+
+
 def knob(default: Any, help: str, group: str, **rule: Any) -> Any:  # noqa: A002 (argparse's word)
     """A dataclass field with its help text, flag group and rule (keywords: see the module docstring)."""
     unknown = set(rule) - set(RULE_KEYS) - {"metavar"}
@@ -83,7 +88,7 @@ def knob(default: Any, help: str, group: str, **rule: Any) -> Any:  # noqa: A002
 
 
 # ------------------------------------------------------------------------------------------- the validator
-def unwrap(tp: Any) -> tuple[Any, bool]:
+def unwrap(tp: TypeForm) -> tuple[TypeForm, bool]:
     """(the type without None, whether None is allowed)."""
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -91,7 +96,7 @@ def unwrap(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def _show(v: Any) -> str:
+def _show(v: object) -> str:
     if isinstance(v, str):
         if len(v) > 80:  # the message stays one readable line
             return f"{_show(v[:60])}... ({len(v)} characters)"
@@ -105,7 +110,7 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
 
 
-def _at(label: str, v: Any) -> str:
+def _at(label: str, v: object) -> str:
     """'--lr nan' for a flag; "where: key=value" (Python's repr for text) for a file or dict key."""
     if label.endswith("="):
         shown = _show(v) if not isinstance(v, str) or len(v) > 80 else repr(v)
@@ -113,7 +118,7 @@ def _at(label: str, v: Any) -> str:
     return f"{label} {_show(v)}"
 
 
-def describe(tp: Any, rule: dict[str, Any], implicit: bool = False) -> str:
+def describe(tp: TypeForm, rule: Rule, implicit: bool = False) -> str:
     """What a value of this type and rule may be, in words: 'a finite number > 0', 'a whole number >= 1'."""
     base, optional = unwrap(tp)
     if typing.get_origin(base) is typing.Literal:
@@ -149,7 +154,7 @@ def describe(tp: Any, rule: dict[str, Any], implicit: bool = False) -> str:
     return text
 
 
-def _convert(v: Any, base: Any) -> Any:
+def _convert(v: object, base: TypeForm) -> object:
     """One value to `base` (bool, int, float, str); TypeError/ValueError when it is not one."""
     if base is bool:
         if isinstance(v, bool):
@@ -188,7 +193,7 @@ def _convert(v: Any, base: Any) -> Any:
     raise TypeError(v)
 
 
-def _problem(v: Any, base: Any, rule: dict[str, Any]) -> str | None:
+def _problem(v: object, base: TypeForm, rule: Rule) -> str | None:
     """Why a converted value breaks the rule (None: it does not)."""
     if "choices" in rule and v not in rule["choices"]:
         return "not allowed"
@@ -216,7 +221,7 @@ def _problem(v: Any, base: Any, rule: dict[str, Any]) -> str | None:
     return None
 
 
-def check_value(label: str, value: Any, tp: Any, rule: dict[str, Any] | None = None) -> Any:
+def check_value(label: str, value: object, tp: TypeForm, rule: Rule | None = None) -> Any:
     """Convert `value` to the type `tp` and check `rule` (a knob's metadata); returns the converted value.
 
     A bad value raises ConfigError("<label> <value>: <why>; use <what is allowed>"), e.g.
@@ -279,10 +284,10 @@ def check_value(label: str, value: Any, tp: Any, rule: dict[str, Any] | None = N
     return converted
 
 
-_RULES: dict[type, dict[str, tuple[Any, dict[str, Any]]]] = {}
+_RULES: dict[type, Rules] = {}
 
 
-def field_rules(cls: type) -> dict[str, tuple[Any, dict[str, Any]]]:
+def field_rules(cls: type) -> Rules:
     """{field name: (type, metadata)} of a dataclass whose fields are knobs (computed once per class)."""
     if cls not in _RULES:
         hints = typing.get_type_hints(cls)
@@ -290,14 +295,14 @@ def field_rules(cls: type) -> dict[str, tuple[Any, dict[str, Any]]]:
     return _RULES[cls]
 
 
-def aliases(rules: dict[str, tuple[Any, dict[str, Any]]]) -> dict[str, str]:
+def aliases(rules: Rules) -> dict[str, str]:
     """{old name: current name} from the rules' `aliases`."""
     return {old: name for name, (_, rule) in rules.items() for old in rule.get("aliases", ())}
 
 
 def check_settings(
-    values: dict[str, Any],
-    rules: dict[str, tuple[Any, dict[str, Any]]],
+    values: Mapping[str, object],
+    rules: Rules,
     where: str,
     notes: list[str] | None = None,
     style: str = "key",

@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import torch
 from torch import nn
 
 from .signals import ignore_stop_signals
+
+class ParameterCount(TypedDict):
+    total: int  # parameters, a tied weight counted once
+    trainable: int
+    size_mb: float  # parameters and buffers
+
 
 _CONV_LIKE = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.InstanceNorm2d, nn.GroupNorm)
 
@@ -32,7 +38,7 @@ def channels_last(model: nn.Module, device: torch.device) -> str:
     return f"channels_last: 4-D weights and 4-D batch tensors in NHWC layout ({where})"
 
 
-def to_channels_last(batch: Any) -> Any:
+def to_channels_last(batch: object) -> object:
     """4-D tensors of a (nested) batch in channels_last; a device-side copy, no host sync."""
     if isinstance(batch, torch.Tensor):
         return batch.contiguous(memory_format=torch.channels_last) if batch.dim() == 4 else batch
@@ -91,7 +97,7 @@ def sync_batchnorm(model: nn.Module, world_size: int, device: torch.device) -> t
     return model, f"sync_batchnorm: {n} BatchNorm layer(s) -> SyncBatchNorm over {world_size} processes"
 
 
-def parameter_count(model: nn.Module) -> dict[str, Any]:
+def parameter_count(model: nn.Module) -> ParameterCount:
     """Parameters (total, trainable; a tied weight counted once) and the size of parameters + buffers in MB."""
     params = {id(p): p for p in model.parameters()}.values()
     total = sum(p.numel() for p in params)
@@ -101,7 +107,7 @@ def parameter_count(model: nn.Module) -> dict[str, Any]:
     return {"total": total, "trainable": trainable, "size_mb": size / 2**20}
 
 
-def describe_parameters(counts: dict[str, Any]) -> str:
+def describe_parameters(counts: ParameterCount) -> str:
     """'1.23M parameters (1.23M trainable), 4.7 MB' for the start-up line."""
     return f"{human_count(counts['total'])} parameters ({human_count(counts['trainable'])} trainable), {counts['size_mb']:.1f} MB"
 

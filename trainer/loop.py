@@ -85,7 +85,7 @@ class Trainer:
     optimizer_hparams: dict[str, Any]  # the optimizer's real hyper-parameters (build_optimizer)
     opt: OptimizerStep  # backward and the guarded optimizer step
     chunks: int  # micro-batches each batch is cut into after a CUDA out-of-memory error
-    model_size: dict[str, Any]  # parameters (total, trainable) and MB of parameters + buffers (knobs.parameter_count)
+    model_size: knobs.ParameterCount  # parameters (total, trainable) and MB of parameters + buffers
     # the parts
     progress: Progress  # epoch, step, position in the epoch, validation bookkeeping
     best: BestTracker

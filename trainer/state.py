@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -28,6 +28,9 @@ from .hooks import Hooks
 from .runfiles import RunFiles, finished
 from .runtime import Runtime, launch_prefix, rng_state, set_rng_state
 from .usercode import resume_hint
+
+StateDict = dict[str, Any]  # what state_dict() returns and load_state_dict() takes (torch's own alias)
+Settings = dict[str, dict[str, Any]]  # {table: {key: value}}, as config.toml and every checkpoint hold them
 
 FORMAT = "plainloop-2"  # plainloop-1 (the scaler at the top level, no opt_step) still loads
 
@@ -52,7 +55,7 @@ TABLE_MAY_CHANGE = frozenset(
 )
 
 
-def resume_changes(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> list[tuple[str, Any, Any]]:
+def resume_changes(old: Settings, new: Settings) -> list[tuple[str, object, object]]:
     """(key, saved value, value now) for each fixed setting that differs between a checkpoint's settings and this
     run's ({table: {key: value}}; a key either side lacks, or holds None, is not compared)."""
     out = []
@@ -69,7 +72,7 @@ def resume_changes(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]
     return out
 
 
-def _plain(v: Any) -> Any:
+def _plain(v: object) -> object:
     """TOML and checkpoints bring tuples back as lists and may turn 1.0 into 1: compare the plain forms."""
     if isinstance(v, list | tuple):
         return [_plain(x) for x in v]
@@ -88,9 +91,9 @@ class RunFinished(ResumeError):
 
 # ------------------------------------------------------------------------------------------- the parts
 class Stateful(Protocol):
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> StateDict: ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> Any: ...
+    def load_state_dict(self, state: StateDict) -> object: ...
 
 
 @dataclass
@@ -111,7 +114,7 @@ class Progress:
             return f"epoch {self.epoch + 1}, batch {self.batches_done} of {batches_per_epoch}"
         return f"end of epoch {self.epoch}"
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> StateDict:
         return {
             "epoch": self.epoch,
             "step": self.step,
@@ -122,7 +125,7 @@ class Progress:
             "last_val": dict(self.last_val),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: StateDict) -> None:
         self.epoch, self.step, self.batches_done = int(state["epoch"]), int(state["step"]), int(state["batches_done"])
         self.val_pending = self.step if state.get("val_pending") == self.step else None
         self.last_val_step = int(state.get("last_val_step", -1))
@@ -135,26 +138,27 @@ class SamplerState:
     draws that epoch's order again and skips what was trained); at an epoch's end, its state now. A sampler
     without state_dict saves its position only (the resume replays its epoch)."""
 
-    def __init__(self, sampler: Any, progress: Progress) -> None:
-        self.sampler, self.progress = sampler, progress
-        self.stateful = callable(getattr(sampler, "state_dict", None))
-        self._epoch_start: dict[str, Any] | None = None
+    def __init__(self, sampler: object, progress: Progress) -> None:
+        self.progress = progress
+        has = callable(getattr(sampler, "state_dict", None)) and callable(getattr(sampler, "load_state_dict", None))
+        self.own = cast(Stateful, sampler) if has else None  # a sampler with a state of its own
+        self._epoch_start: StateDict | None = None
 
     def epoch_started(self) -> None:
         """Called before an epoch's order is drawn from the sampler."""
-        self._epoch_start = self.sampler.state_dict() if self.stateful else {}
+        self._epoch_start = self.own.state_dict() if self.own is not None else {}
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> StateDict:
         p = self.progress
         if p.batches_done and self._epoch_start is not None:
             own = dict(self._epoch_start)
         else:
-            own = self.sampler.state_dict() if self.stateful else {}
+            own = self.own.state_dict() if self.own is not None else {}
         return {**own, "epoch": p.epoch, "batches_done": p.batches_done}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if callable(getattr(self.sampler, "load_state_dict", None)):
-            self.sampler.load_state_dict(state)  # its own state (an RNG, a stream's position) too
+    def load_state_dict(self, state: StateDict) -> None:
+        if self.own is not None:
+            self.own.load_state_dict(state)  # its own state (an RNG, a stream's position) too
 
 
 class ModelWeights:
@@ -163,14 +167,14 @@ class ModelWeights:
     def __init__(self, model: nn.Module, state: RunState) -> None:
         self.model, self.run_state = model, state
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> StateDict:
         return self.model.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: StateDict) -> None:
         load_model_state(self.model, state, self.run_state.source)
 
 
-def load_model_state(model: nn.Module, state: dict[str, Any], source: Path | str | None) -> None:
+def load_model_state(model: nn.Module, state: StateDict, source: Path | str | None) -> None:
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
@@ -189,10 +193,10 @@ def load_model_state(model: nn.Module, state: dict[str, Any], source: Path | str
 class RngState:
     """Python's, NumPy's and torch's generators."""
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> StateDict:
         return rng_state()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: StateDict) -> None:
         set_rng_state(state)
 
 
@@ -202,10 +206,10 @@ class CallbackStates:
     def __init__(self, hooks: Hooks, notes: list[str]) -> None:
         self.hooks, self.notes = hooks, notes
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> StateDict:
         return self.hooks.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: StateDict) -> None:
         unused = self.hooks.load_state_dict(state or {})
         if unused:
             self.notes.append(f"resume: no callback of this run takes the saved state of {', '.join(unused)}")
@@ -228,8 +232,8 @@ class RunState:
             raise ValueError(f"two parts of the run's state under {key!r}")
         self._parts.append((key, part, optional))
 
-    def state_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def state_dict(self) -> StateDict:
+        out: StateDict = {}
         for key, part, optional in self._parts:
             state = part.state_dict()
             if not key:
@@ -238,7 +242,7 @@ class RunState:
                 out[key] = state
         return out
 
-    def load_state_dict(self, ckpt: dict[str, Any]) -> None:
+    def load_state_dict(self, ckpt: StateDict) -> None:
         for key, part, optional in self._parts:
             if not key:
                 part.load_state_dict(ckpt)
@@ -248,7 +252,7 @@ class RunState:
                 raise ResumeError(f"the checkpoint has no {key!r} state")
 
 
-def upgrade(ckpt: dict[str, Any]) -> dict[str, Any]:
+def upgrade(ckpt: StateDict) -> StateDict:
     """Older checkpoints in today's layout: plainloop-1 kept the scaler at the top level and best as a number."""
     if "opt_step" not in ckpt and "scaler" in ckpt:
         ckpt["opt_step"] = {"scaler": ckpt["scaler"]}
@@ -290,7 +294,7 @@ class Checkpointer:
         best: BestTracker,
         hooks: Hooks,
         cfg: TrainConfig,
-        settings: dict[str, dict[str, Any]],
+        settings: Settings,
         task_name: str,
         rt: Runtime,
         background: bool,
@@ -301,11 +305,11 @@ class Checkpointer:
         self.clock = SaveClock(cfg.checkpoint_interval)
         # save(background=True): the one write in flight, its on_log row, and what it failed with
         self._writer: threading.Thread | None = None
-        self._written: dict[str, Any] | None = None
+        self._written: StateDict | None = None
         self._write_error: BaseException | None = None
 
     # ------------------------------------------------------------------ out
-    def checkpoint(self) -> dict[str, Any]:
+    def checkpoint(self) -> StateDict:
         """The registry's state plus the header: what a file holds."""
         return {
             **self.state.state_dict(),
@@ -370,13 +374,13 @@ class Checkpointer:
         return path
 
     @staticmethod
-    def _write(state: dict[str, Any], path: Path, best: dict[str, Any] | None, files: RunFiles | None) -> None:
+    def _write(state: StateDict, path: Path, best: StateDict | None, files: RunFiles | None) -> None:
         atomic_save(state, path)
         if best is not None and files is not None:
             files.write_json("best.json", best)
 
     def _write_in_background(
-        self, state: dict[str, Any], path: Path, best: dict[str, Any] | None, files: RunFiles | None
+        self, state: StateDict, path: Path, best: StateDict | None, files: RunFiles | None
     ) -> None:
         try:
             self._write(state, path, best, files)
@@ -407,7 +411,7 @@ class Checkpointer:
         return self._writer is not None and self._writer.is_alive()
 
     # ------------------------------------------------------------------ in
-    def load_weights(self, path: Path) -> dict[str, Any]:
+    def load_weights(self, path: Path) -> StateDict:
         """Load only the model's weights (test_with_best); returns the checkpoint."""
         ckpt = load_checkpoint(path, map_location=self.rt.device)
         load_model_state(self.model, ckpt["model"], path)
@@ -444,7 +448,7 @@ class Checkpointer:
         self.hooks("on_load_checkpoint", ckpt)
         return run_dir if in_run_dir else None
 
-    def _check_same_run(self, path: Path, ckpt: dict[str, Any], total_steps: int) -> None:
+    def _check_same_run(self, path: Path, ckpt: StateDict, total_steps: int) -> None:
         """The task, the number of processes, the fixed settings and the length must let this run go on exactly."""
         if ckpt.get("task") not in (None, self.task_name):
             raise ResumeError(f"{path} is a checkpoint of task {ckpt['task']!r}, not {self.task_name!r}")

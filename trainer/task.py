@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -36,9 +36,15 @@ StepMetricsFn = Callable[[], dict[str, torch.Tensor]]
 # metric(output, target) -> a value per sample (or per element; a 0-dim tensor: the batch's mean), averaged over
 # the split on the device: `output` is what the model's forward returned in the loss, `target` the batch's y.
 MetricFn = Callable[[Any, torch.Tensor], torch.Tensor]
-# batch_sampler_fn(dataset, batch_size, seed, rank, world_size, drop_last) -> a batch sampler
-# with set_epoch / state_dict / load_state_dict (see trainer/data.py for the default one).
-BatchSamplerFn = Callable[..., Any]
+# batch_sampler_fn(dataset, batch_size, seed, rank, world_size, drop_last) -> a batch sampler (an iterable of
+# index lists with a length) with set_epoch / state_dict / load_state_dict (see trainer/data.py for the default one).
+BatchSamplerFn = Callable[[Dataset, int, int, int, int, bool], Iterable[Sequence[int]]]
+
+
+class HasLoss(Protocol):
+    """A model with its own loss(pred, y)."""
+
+    def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor: ...
 
 
 class ModelProtocolError(ValueError):
@@ -63,13 +69,13 @@ class Task:
     monitor_mode: str = "min"  # "min" or "max"
     step_metrics: StepMetricsFn | None = None  # extra device scalars read at NORM_EVERY (e.g. feature norm)
     flops_per_sample: float | None = None  # forward+backward FLOPs, for MFU in benchmarks
-    info: dict[str, Any] = field(default_factory=dict)  # printed once and written to summary.json
+    info: dict[str, object] = field(default_factory=dict)  # printed once and written to summary.json
     artifacts: dict[str, Any] = field(default_factory=dict)  # filled by evaluate_fn; dicts of arrays -> run_dir/*.npz
     # what an adapter (trainer/layers.py: a LightningModule's methods) or a user plugs in; any task may set them
     batch_evaluate_fn: BatchEvaluateFn | None = None  # evaluation over the loop's batches (when no evaluate_fn)
     optimizer_fn: OptimizerFn | None = None  # None: plainloop's AdamW with warm-up + cosine and lr scaling
     log_metrics_fn: LogMetricsFn | None = None  # extra train-row values, also shown on the epoch lines
-    callbacks: list[Any] = field(default_factory=list)  # run after Trainer(callbacks=...), before the config's
+    callbacks: list[object] = field(default_factory=list)  # run after Trainer(callbacks=...), before the config's
     notes: list[str] = field(default_factory=list)  # one line each, printed at start-up with the run's notes
     # scores beside the mean loss when the loop evaluates (no evaluate_fn): {"acc": accuracy} -> val_acc, test_acc
     metrics: dict[str, MetricFn] | None = None
@@ -85,7 +91,7 @@ def mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     """(x, y) batches: the model's own loss(pred, y) if it has one, else plain MSE."""
     pred = model(batch[0])
     inner = unwrap_model(model)
-    return cast(Any, inner).loss(pred, batch[1]) if hasattr(inner, "loss") else F.mse_loss(pred, batch[1])
+    return cast(HasLoss, inner).loss(pred, batch[1]) if hasattr(inner, "loss") else F.mse_loss(pred, batch[1])
 
 
 def plain_mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
@@ -99,7 +105,7 @@ def masked_mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     pred = model(x)
     inner = unwrap_model(model)
     if hasattr(inner, "loss"):
-        return cast(Any, inner).loss(pred, y)
+        return cast(HasLoss, inner).loss(pred, y)
     finite = torch.isfinite(y)
     diff = torch.where(finite, pred.float() - torch.nan_to_num(y.float()), torch.zeros((), device=y.device))
     return (diff**2).sum() / finite.sum().clamp_min(1)

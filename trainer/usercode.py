@@ -8,12 +8,15 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sized
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+LoaderKw = dict[str, Any]  # DataLoader keyword arguments (num_workers, pin_memory, ...), values of many types
+Collate = Callable[[list[Any]], object]  # a DataLoader's collate_fn: a list of samples -> a batch
 
 _CLI = [False]  # set while train_optimized.main runs (also when a test calls it in-process)
 _TASK_FLAG: list[str] = []  # a task file the CLI runs: its resume line names it (code from a run dir is not run)
@@ -55,7 +58,7 @@ def cli_command(prefix: str = "python") -> str:
     return f"{prefix} {cli_script()}"
 
 
-def resume_hint(target: Any, prefix: str = "python") -> str:
+def resume_hint(target: str | os.PathLike[str], prefix: str = "python") -> str:
     """How to continue a run: the CLI line when the CLI runs, else the Python call (a repo with `trainer/` only)."""
     if uses_cli():
         task = "".join(f" --task {shlex.quote(t)}" for t in _TASK_FLAG)
@@ -66,7 +69,7 @@ def resume_hint(target: Any, prefix: str = "python") -> str:
     return f"TrainConfig(..., resume={str(target)!r}) (BaseTrainer: checkpoint_path={str(target)!r}){again}"
 
 
-def rerun_hint(config_toml: Any) -> str:
+def rerun_hint(config_toml: str | os.PathLike[str]) -> str:
     """The header line of a run's config.toml."""
     if uses_cli() or Path("train_optimized.py").is_file():
         return (
@@ -80,7 +83,7 @@ def rerun_hint(config_toml: Any) -> str:
 
 
 # ------------------------------------------------------------------ IterableDataset
-def is_stream(dataset: Any) -> bool:
+def is_stream(dataset: object) -> bool:
     return isinstance(dataset, IterableDataset)
 
 
@@ -92,8 +95,8 @@ class StreamBatches:
     replayed from its start and the batches already trained are skipped (exact for a deterministic stream).
     """
 
-    def __init__(self, dataset: IterableDataset, batch_size: int, num_batches: int, loader_kw: dict[str, Any],
-                 collate_fn: Any = None, drop_last: bool = True, seed: int = 0) -> None:  # fmt: skip
+    def __init__(self, dataset: IterableDataset, batch_size: int, num_batches: int, loader_kw: LoaderKw,
+                 collate_fn: Collate | None = None, drop_last: bool = True, seed: int = 0) -> None:  # fmt: skip
         self.dataset, self.num_batches = dataset, num_batches
         kw = {k: v for k, v in loader_kw.items() if k not in ("generator",)}
         # a private generator: starting the loader must not draw from the global RNG (dropout after a resume)
@@ -110,7 +113,7 @@ class StreamBatches:
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[object]:
         skip, self._skip = self._skip, 0
         it = iter(self.loader)
         for _ in range(skip):  # replay: the batches trained before the stop
@@ -138,8 +141,8 @@ def stream_steps_error(name: str) -> str:
     )
 
 
-def eval_batches(dataset: Any, batch_size: int, loader_kw: dict[str, Any], collate_fn: Any,
-                 cap: int | None) -> Iterator[Any]:  # fmt: skip
+def eval_batches(dataset: IterableDataset, batch_size: int, loader_kw: LoaderKw, collate_fn: Collate | None,
+                 cap: int | None) -> Iterator[object]:  # fmt: skip
     """Batches of an evaluation split that is a stream, at most `cap` of them."""
     kw = {k: v for k, v in loader_kw.items() if k not in ("persistent_workers", "generator")}
     loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, generator=torch.Generator(), **kw)
@@ -150,15 +153,17 @@ def eval_batches(dataset: Any, batch_size: int, loader_kw: dict[str, Any], colla
 
 
 # ------------------------------------------------------------------ in-memory datasets
-def in_memory_cost(dataset: Any, probes: int = 64, budget_s: float = 0.05) -> float | None:
+def in_memory_cost(dataset: Dataset, probes: int = 64, budget_s: float = 0.05) -> float | None:
     """Seconds per sample to index `dataset` in this process, measured on up to `probes` spread-out samples.
 
     None when it cannot be measured cheaply (no length, an error, or slower than the budget: that data is read
     from files and wants worker processes).
     """
+    if not isinstance(dataset, Sized):
+        return None
     try:
         n = len(dataset)
-    except TypeError:
+    except TypeError:  # a __len__ that says it has none
         return None
     if n == 0:
         return None
@@ -179,7 +184,7 @@ def in_memory_cost(dataset: Any, probes: int = 64, budget_s: float = 0.05) -> fl
 CHEAP_S_PER_SAMPLE = 2e-5
 
 
-def holds_arrays(dataset: Any) -> bool:
+def holds_arrays(dataset: object) -> bool:
     """The dataset (or the one a Subset cuts) keeps its data as tensors or arrays in memory (not memory-mapped
     files): indexing it in the main process opens no file a forked worker would inherit."""
     import numpy as np
@@ -192,7 +197,7 @@ def holds_arrays(dataset: Any) -> bool:
     )
 
 
-def auto_workers_for(dataset: Any) -> tuple[int | None, str | None]:
+def auto_workers_for(dataset: Dataset) -> tuple[int | None, str | None]:
     """0 workers for a dataset held in memory (its tensors/arrays) that indexes cheaply (measured once at start-up),
     else None (no view: the usual worker count)."""
     if os.environ.get("PLAINLOOP_NO_WORKER_PROBE") or not holds_arrays(dataset):
@@ -206,7 +211,7 @@ def auto_workers_for(dataset: Any) -> tuple[int | None, str | None]:
     )
 
 
-def batch_sampler_state_note(sampler: Any) -> str | None:
+def batch_sampler_state_note(sampler: object) -> str | None:
     if hasattr(sampler, "state_dict") and hasattr(sampler, "load_state_dict"):
         return None
     return (
