@@ -12,13 +12,12 @@ A copy of `trainer/` used without its `__init__.py` trains plain models only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from .config import TrainConfig
 from .task import Task
 
 TaskAdapter = Callable[[Task], "Task | None"]
-ConfigCallback = Callable[[TrainConfig, list[Any]], "tuple[Any, str | None] | None"]
+ConfigCallback = Callable[[TrainConfig, list[object]], "tuple[object, str | None] | None"]
 
 TASK_ADAPTERS: list[TaskAdapter] = []
 CONFIG_CALLBACKS: list[ConfigCallback] = []
@@ -31,9 +30,9 @@ def adapt_task(task: Task) -> Task:
     return task
 
 
-def config_callbacks(cfg: TrainConfig, given: list[Any]) -> tuple[list[Any], list[str]]:
+def config_callbacks(cfg: TrainConfig, given: list[object]) -> tuple[list[object], list[str]]:
     """The callbacks `cfg` asks for that `given` does not already hold, and a note for each."""
-    made: list[Any] = []
+    made: list[object] = []
     notes: list[str] = []
     for factory in CONFIG_CALLBACKS:
         out = factory(cfg, given + made)
