@@ -423,6 +423,9 @@ class TrainConfig:
         "step, validation every epoch",
         RUN,
     )
+    deterministic: bool = knob(
+        False, "torch.use_deterministic_algorithms and seeded loader workers: repeatable runs, often slower", RUN
+    )
     # schedule
     epochs: int = knob(10, "epochs to train (ignored when max_steps or max_batches is set)", SCHED, min=1)
     max_steps: int | None = knob(None, "iteration-based run: stop after N optimizer steps", SCHED, min=1)
@@ -440,7 +443,7 @@ class TrainConfig:
     early_stopping_patience: int | None = knob(
         None, "stop after N validations (not epochs) without improvement of the task's monitor metric", SCHED, min=1
     )
-    # optimiser
+    # optimizer
     lr: float = knob(1e-3, "learning rate at ref_batch_size (a model's own learning_rate wins)", OPTIM, gt=0)
     ref_batch_size: int | None = knob(None, "batch size lr was tuned for; enables lr_scaling", OPTIM, min=1)
     lr_scaling: str = knob(
@@ -457,6 +460,19 @@ class TrainConfig:
     gradient_clip_val: float | None = knob(None, "clip threshold (default: no clipping)", OPTIM, gt=0)
     gradient_clip_algorithm: str = knob(
         "norm", "clip by total norm or by value; after unscaling", OPTIM, choices=CLIP_ALGORITHMS
+    )
+    adam_betas: tuple[float, float] = knob(
+        (0.9, 0.999), "AdamW betas of the built-in optimizer (nanoGPT: 0.9 0.95)", OPTIM, min=0,
+        check=lambda b: None if all(x < 1 for x in b) else "each beta must be below 1; give two numbers in [0, 1)",
+    )  # fmt: skip
+    adam_eps: float = knob(1e-8, "AdamW eps of the built-in optimizer", OPTIM, gt=0)
+    fused: bool | None = knob(None, "fused AdamW kernel of the built-in optimizer: auto (on), on or off", OPTIM)
+    lr_decay_steps: int | None = knob(
+        None,
+        "optimizer steps the cosine decay spans, counted from step 0 (nanoGPT's lr_decay_iters); later steps stay "
+        "at lr x min_lr_ratio (default: the whole run)",
+        OPTIM,
+        min=1,
     )
     # precision and device
     precision: str = knob(
@@ -478,6 +494,10 @@ class TrainConfig:
     device: str | None = knob(
         None, "e.g. cuda:0 or cpu (default: cuda:LOCAL_RANK when available, else cpu)", PREC, check=_device_problem
     )
+    channels_last: bool = knob(
+        False, "NHWC memory format for 4-D weights and batches (speeds convolutions on tensor-core GPUs)", PREC
+    )
+    sync_batchnorm: bool = knob(False, "DDP: BatchNorm statistics over all processes (SyncBatchNorm)", PREC)
     # data loading
     num_workers: int | None = knob(
         None,
@@ -493,7 +513,8 @@ class TrainConfig:
         None, "worker start method (default: the platform's; spawn on Windows)", DATA, choices=MP_CONTEXTS
     )
     device_cache: bool | None = knob(None, "hold the whole dataset on the device when it fits (default: auto)", DATA)
-    # logging, validation, checkpoints
+    shuffle: bool = knob(True, "shuffle the training samples each epoch; off trains in time order", DATA)
+    # logging, validation and checkpoints
     log_every: int = knob(
         100, "LOG_EVERY: optimizer steps between loss read-backs (the hot path's only sync)", LOG, min=1
     )
@@ -544,6 +565,9 @@ class TrainConfig:
         False, "print the model's layers at start: name, type, output shape, parameters (Lightning's ModelSummary)", LOG
     )
     test_with_best: bool = knob(False, "score the test split with best.pt's weights instead of the last ones", LOG)
+    limit_val_batches: int | None = knob(
+        None, "score at most N batches per validation (Lightning's limit_val_batches as a count)", LOG, min=1
+    )
     # robustness
     max_consecutive_skips: int = knob(
         20,
@@ -551,25 +575,7 @@ class TrainConfig:
         SAFE,
         min=1,
     )
-    # your model as it is: training order, AdamW knobs, decay horizon, validation cap
-    shuffle: bool = knob(True, "shuffle the training samples each epoch; off trains in time order", DATA)
-    adam_betas: tuple[float, float] = knob(
-        (0.9, 0.999), "AdamW betas of the built-in optimizer (nanoGPT: 0.9 0.95)", OPTIM, min=0,
-        check=lambda b: None if all(x < 1 for x in b) else "each beta must be below 1; give two numbers in [0, 1)",
-    )  # fmt: skip
-    adam_eps: float = knob(1e-8, "AdamW eps of the built-in optimizer", OPTIM, gt=0)
-    fused: bool | None = knob(None, "fused AdamW kernel of the built-in optimizer: auto (on), on or off", OPTIM)
-    lr_decay_steps: int | None = knob(
-        None,
-        "optimizer steps the cosine decay spans, counted from step 0 (nanoGPT's lr_decay_iters); later steps stay "
-        "at lr x min_lr_ratio (default: the whole run)",
-        OPTIM,
-        min=1,
-    )
-    limit_val_batches: int | None = knob(
-        None, "score at most N batches per validation (Lightning's limit_val_batches as a count)", LOG, min=1
-    )
-    # weight averaging and model knobs (issue 20; one block)
+    # weight averaging
     ema_decay: float | None = knob(
         None,
         "keep an exponential moving average (EMA) of the weights with this decay, e.g. 0.999, in [0, 1); "
@@ -587,13 +593,6 @@ class TrainConfig:
     ema_warmup_power: float = knob(
         0.75, "EMA warm-up power: 3/4 reaches 0.999 at ~10k steps, 2/3 at ~31.6k (timm)", "weight averaging", gt=0
     )
-    channels_last: bool = knob(
-        False, "NHWC memory format for 4-D weights and batches (speeds convolutions on tensor-core GPUs)", PREC
-    )
-    deterministic: bool = knob(
-        False, "torch.use_deterministic_algorithms and seeded loader workers: repeatable runs, often slower", RUN
-    )
-    sync_batchnorm: bool = knob(False, "DDP: BatchNorm statistics over all processes (SyncBatchNorm)", PREC)
 
     def __post_init__(self) -> None:
         self.validate()
