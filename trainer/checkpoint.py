@@ -24,10 +24,10 @@ import tempfile
 import time
 import warnings
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from copy import deepcopy
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 import torch
@@ -35,6 +35,9 @@ import torch
 DIGEST_KEY = "digest"  # entry of a saved plainloop checkpoint: "sha256:<hex>" over every other entry
 INTEGRITY_KEY = "integrity"  # set by load_checkpoint on what it returns: "verified" or "unverified: ..."
 UNVERIFIED = "unverified: written without a digest (an older checkpoint); damage inside it would go unnoticed"
+
+# a state read back from a checkpoint file, as load_state_dict() takes it: torch.load gives its values no types
+StateDict = dict[str, Any]
 
 
 class CheckpointError(RuntimeError):
@@ -68,7 +71,7 @@ def storage_error(path: str | os.PathLike, e: OSError, what: str = "writing") ->
     return StorageError(f"{what} {path} failed: {why}", e.errno, path)
 
 
-def _tensor_bytes(obj: Any, limit: int = 100_000) -> int:
+def _tensor_bytes(obj: object, limit: int = 100_000) -> int:
     """About how many bytes torch.save writes for `obj`: its tensors' storage (a lower bound; walks <= limit items)."""
     total, stack, seen = 0, [obj], 0
     while stack and seen < limit:
@@ -103,7 +106,7 @@ def check_free_space(path: str | os.PathLike, needed: int) -> None:
 # ---------------------------------------------------------------------------------------------- digest
 
 
-def state_digest(obj: Any) -> str:
+def state_digest(obj: object) -> str:
     """sha256 over a canonical serialisation: every tensor's dtype, shape and bytes, and every other entry.
 
     Dict order is part of it (pickle and torch.load keep insertion order), lists and tuples hash alike.
@@ -114,7 +117,11 @@ def state_digest(obj: Any) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def _put(h: Any, tag: bytes, payload: bytes | memoryview) -> None:
+class _Hash(Protocol):
+    def update(self, data: bytes | memoryview, /) -> None: ...
+
+
+def _put(h: _Hash, tag: bytes, payload: bytes | memoryview) -> None:
     # a tag and a length prefix keep the stream unambiguous ("ab","c" never hashes like "a","bc")
     h.update(tag + len(payload).to_bytes(8, "little"))
     h.update(payload)
@@ -126,10 +133,10 @@ def _raw_bytes(t: torch.Tensor) -> memoryview:
         return memoryview(b"")
     if t.is_quantized or not t.is_contiguous():
         raise TypeError("not plain contiguous memory")
-    return memoryview(cast(Any, t.reshape(-1).view(torch.uint8).numpy()))
+    return t.reshape(-1).view(torch.uint8).numpy().data
 
 
-def _feed(h: Any, obj: Any) -> None:
+def _feed(h: _Hash, obj: object) -> None:
     if isinstance(obj, torch.Tensor):
         t = obj.detach()
         _put(h, b"T", f"{t.dtype}|{tuple(t.shape)}".encode())
@@ -160,7 +167,7 @@ def _feed(h: Any, obj: Any) -> None:
     elif isinstance(obj, np.ndarray) and obj.dtype != object:
         a = np.ascontiguousarray(obj)
         _put(h, b"A", f"{a.dtype.str}|{a.shape}".encode())
-        _put(h, b"B", memoryview(cast(Any, a.reshape(-1).view(np.uint8))))
+        _put(h, b"B", a.reshape(-1).view(np.uint8).data)
     elif isinstance(obj, str):
         _put(h, b"S", obj.encode("utf-8", "surrogatepass"))
     elif isinstance(obj, bytes | bytearray):
@@ -178,7 +185,7 @@ def _owner_tag() -> str:
     return f"{host}~{os.getpid()}"
 
 
-def atomic_save(obj: Any, path: str | os.PathLike, *, digest: bool | None = None) -> Path:
+def atomic_save(obj: object, path: str | os.PathLike, *, digest: bool | None = None) -> Path:
     """torch.save to a temp file in the same folder, fsync, then rename: a crash never leaves half a file.
 
     digest: add a DIGEST_KEY entry to a dict; None (default) = only for a plainloop checkpoint (a dict with a
@@ -211,7 +218,7 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> Path:
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
     """`write(file)` into a temp file beside `path`, fsync, rename, fsync the folder: the file is whole or not there.
     Temps are named .NAME.host~pid.*.tmp, so `remove_orphan_temps` can tell a dead writer's from a live one's."""
     path = Path(path)
@@ -251,13 +258,13 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> P
     return path
 
 
-def snapshot_to_host(obj: Any) -> Any:
+def snapshot_to_host(state: Mapping[str, object]) -> dict[str, object]:
     """A copy of a checkpoint's state that training can no longer change: every tensor copied to host memory
     (GPU tensors into pinned memory, all at once, then one wait), every dict/list/tuple rebuilt, other leaves
     deep-copied. A background writer then serialises it while the loop goes on."""
     cuda_devices: set[torch.device] = set()
 
-    def copy(o: Any) -> Any:
+    def copy(o: object) -> object:
         if isinstance(o, torch.Tensor):
             t = o.detach()
             if t.device.type == "cuda":
@@ -271,12 +278,15 @@ def snapshot_to_host(obj: Any) -> Any:
             return [copy(v) for v in o]
         if isinstance(o, tuple):
             items = [copy(v) for v in o]
-            return type(o)(*items) if hasattr(o, "_fields") else tuple(items)
+            if hasattr(o, "_fields"):  # a namedtuple: its class takes the fields one by one
+                namedtuple_class: Callable[..., object] = type(o)
+                return namedtuple_class(*items)
+            return tuple(items)
         if o is None or isinstance(o, str | bytes | int | float | bool | complex | torch.dtype | torch.device):
             return o
         return deepcopy(o)
 
-    out = copy(obj)
+    out = {k: copy(v) for k, v in state.items()}
     for dev in cuda_devices:  # note: sync point (checkpoint): the copies must land before training moves on
         torch.cuda.current_stream(dev).synchronize()
     return out
@@ -331,7 +341,7 @@ def _detail(e: BaseException) -> str:
 
 def load_checkpoint(
     path: str | os.PathLike, map_location: str | torch.device = "cpu", *, verify: bool = True
-) -> dict[str, Any]:
+) -> StateDict:
     """Load with weights_only=True and check the digest; anything that needs arbitrary unpickling is refused.
 
     Accepts a checkpoint file or a run directory (its checkpoints/last.pt). The returned dict has no digest

@@ -3,46 +3,19 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sized
+from typing import TypedDict, cast
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset, IterableDataset
 
+from .checkpoint import StateDict
 from .config import TrainConfig
 from .data import ShardedBatchSampler, batch_size_of, build_loader, to_device
 from .runtime import Runtime
 from .task import LossFn, Task
-from .usercode import eval_batches, is_stream
-
-
-def mean_loss(
-    ds: Any,
-    model: nn.Module,
-    rt: Runtime,
-    loss_fn: LossFn,
-    batch_size: int,
-    loader_kw: dict[str, Any],
-    resident: dict[int, Any],
-    seed: int,
-    collate_fn: Any = None,
-) -> float:
-    """The loss averaged over every sample of `ds` (rank 0's view; a private generator, the global RNG untouched)."""
-    gatherer = resident.get(id(ds))
-    sampler = ShardedBatchSampler(len(ds), min(batch_size, len(ds)), shuffle=False, drop_last=False)
-    # a private generator: evaluation must not advance the global RNG (exact resume)
-    kw = {k: v for k, v in loader_kw.items() if k != "persistent_workers"}
-    if kw:
-        kw["generator"] = torch.Generator().manual_seed(seed)
-    loader = build_loader(ds, sampler, rt.device, kw, collate_fn, gatherer)
-    total, count = torch.zeros((), device=rt.device), 0
-    for batch in loader:
-        if gatherer is None:
-            batch = to_device(batch, rt.device)
-        n = batch_size_of(batch)
-        total += loss_fn(model, batch).float() * n
-        count += n
-    return (total / max(count, 1)).item()  # note: sync point (validation)
+from .usercode import eval_batches
 
 
 def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -64,7 +37,7 @@ def top_k_accuracy(k: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tenso
     return top_k
 
 
-def _output_and_target(outputs: list[Any], batch: Any, split: str) -> tuple[Any, torch.Tensor]:
+def _output_and_target(outputs: list[object], batch: object, split: str) -> tuple[object, torch.Tensor]:
     """What the metrics score: the last forward's output (a (logits, loss) pair: the logits) and the batch's y."""
     if not outputs:
         raise ValueError(
@@ -84,6 +57,14 @@ def _output_and_target(outputs: list[Any], batch: Any, split: str) -> tuple[Any,
     return out, batch[1]
 
 
+class KeptCheckpoint(TypedDict):
+    """save_top_k: one of the kept checkpoints."""
+
+    name: str
+    value: float
+    step: int
+
+
 class BestTracker:
     """The best value of the task's monitor metric, and validations since it last improved."""
 
@@ -91,7 +72,7 @@ class BestTracker:
         self.metric, self.mode, self.keep = metric, mode, keep
         self.best: float | None = None
         self.stale = 0  # validations without improvement (early stopping)
-        self.top: list[dict[str, Any]] = []  # save_top_k: the kept checkpoints {"name", "value", "step"}, best first
+        self.top: list[KeptCheckpoint] = []  # save_top_k: the kept checkpoints, best first
 
     def key(self, metrics: dict[str, float]) -> str | None:
         return self.metric if self.metric in metrics else next(iter(metrics), None)
@@ -115,17 +96,18 @@ class BestTracker:
         key = self.key(metrics)
         if self.keep <= 1 or key is None or not math.isfinite(metrics[key]):
             return False, []
-        entries = [e for e in self.top if e["name"] != name] + [{"name": name, "value": metrics[key], "step": step}]
+        entry = KeptCheckpoint(name=name, value=metrics[key], step=step)
+        entries = [e for e in self.top if e["name"] != name] + [entry]
         entries.sort(key=lambda e: e["value"], reverse=self.mode == "max")  # stable: the earlier first on a tie
         self.top = entries[: self.keep]
         return any(e["name"] == name for e in self.top), [e["name"] for e in entries[self.keep :]]
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         return {"best": self.best, "stale": self.stale, **({"top": [dict(e) for e in self.top]} if self.top else {})}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: StateDict) -> None:
         self.best, self.stale = state.get("best"), int(state.get("stale", 0))
-        self.top = [dict(e) for e in state.get("top", [])]
+        self.top = [KeptCheckpoint(name=e["name"], value=e["value"], step=e["step"]) for e in state.get("top", [])]
 
     def newer_best(self, value: float) -> None:
         """best.pt was written after the checkpoint this run resumes from: its value is the best so far."""
@@ -147,8 +129,8 @@ class Evaluator:
         rt: Runtime,
         loss_fn: LossFn,
         cfg: TrainConfig,
-        loader_kw: dict[str, Any],
-        resident: dict[int, Any],
+        loader_kw: dict[str, object],
+        resident: Mapping[int, object],
     ) -> None:
         self.task, self.model, self.rt, self.loss_fn = task, model, rt, loss_fn
         self.cfg, self.loader_kw, self.resident = cfg, loader_kw, resident
@@ -184,11 +166,11 @@ class Evaluator:
             model.train(was_training)
         return {k: float(v) for k, v in out.items()}
 
-    def mean_loss(self, split: str, ds: Any) -> dict[str, float]:
+    def mean_loss(self, split: str, ds: Dataset) -> dict[str, float]:
         """The loss averaged over the split, and the task's `metrics` on the output of the same forward (a hook
         keeps it): every sum stays on the device until one read at the end."""
         model, device, metrics = self.model, self.rt.device, self.task.metrics or {}
-        outputs: list[Any] = []
+        outputs: list[object] = []
         hook = model.register_forward_hook(lambda m, i, o: outputs.append(o)) if metrics else None
         total, count = torch.zeros((), device=device), 0
         sums = {k: torch.zeros((), device=device) for k in metrics}
@@ -212,17 +194,18 @@ class Evaluator:
         values = means.tolist()  # note: sync point (validation)
         return {f"{split}_loss": values[0], **{f"{split}_{k}": v for k, v in zip(metrics, values[1:])}}
 
-    def batches(self, ds: Any) -> Iterator[tuple[int, Any]]:
+    def batches(self, ds: Dataset) -> Iterator[tuple[int, object]]:
         """(index, batch on the device) over a split in order, at most cfg.limit_val_batches of them; a private
         generator, so evaluating never draws from the global RNG (exact resume)."""
         cfg, rt = self.cfg, self.rt
-        if is_stream(ds):
+        if isinstance(ds, IterableDataset):  # a stream: no length, read in order
             for i, batch in enumerate(eval_batches(ds, cfg.batch_size, self.loader_kw, self.task.collate_fn,
                                                    cfg.limit_val_batches)):  # fmt: skip
                 yield i, to_device(batch, rt.device)
             return
         gatherer = self.resident.get(id(ds))
-        sampler = ShardedBatchSampler(len(ds), min(cfg.batch_size, len(ds)), shuffle=False, drop_last=False)
+        n = len(cast(Sized, ds))  # a map-style split has a length; torch's Dataset type declares none
+        sampler = ShardedBatchSampler(n, min(cfg.batch_size, n), shuffle=False, drop_last=False)
         kw = {k: v for k, v in self.loader_kw.items() if k != "persistent_workers"}
         kw["generator"] = torch.Generator().manual_seed(cfg.seed)
         loader = build_loader(ds, sampler, rt.device, kw, self.task.collate_fn, gatherer)

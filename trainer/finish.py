@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +33,7 @@ def summary_of(
     start_step: int,
     train_time: float,
     stats: dict[str, float],
-    monitor: dict[str, Any],
+    monitor: Mapping[str, object],
     skipped: int,
     best: BestTracker,
     notes: list[str],
@@ -41,12 +41,12 @@ def summary_of(
     test: dict[str, float],
     model: nn.Module,
     weight_diff: float | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The run's summary (summary.json); writes the task's array artifacts beside it on rank 0. Under DDP it holds
     a collective unless `weight_diff` (ddp_weight_diff of the trained weights) is given: every rank calls it."""
     st = stats
     peak = torch.cuda.max_memory_allocated(rt.device) / 2**20 if rt.device.type == "cuda" else None
-    summary: dict[str, Any] = {
+    summary: dict[str, object] = {
         "task": task.name, "run_dir": str(run_dir), "device": str(rt.device), "precision": rt.precision,
         "world_size": rt.world_size, "steps": progress.step, "epochs": progress.epoch, "skipped_steps": skipped,
         "steps_this_process": progress.step - start_step, "train_time_s": train_time,

@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from .checkpoint import StateDict
 from .config import TrainConfig
 from .runtime import Runtime
 
@@ -33,9 +34,9 @@ class Schedule(Protocol):
 
     def current_lr(self) -> float: ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, object]: ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: StateDict) -> None: ...
 
 
 def group_lr(optimizer: torch.optim.Optimizer) -> float:
@@ -58,10 +59,10 @@ class ConstantSchedule:
     def current_lr(self) -> float:
         return group_lr(self.optimizer)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: StateDict) -> None:
         pass
 
 
@@ -72,7 +73,7 @@ class OptimizerSetup:
 
     optimizer: torch.optim.Optimizer
     schedule: Schedule
-    callbacks: list[Any] = field(default_factory=list)
+    callbacks: list[object] = field(default_factory=list)  # objects with any of the hooks in hooks.py
     notes: list[str] = field(default_factory=list)
     hparams: dict[str, Any] = field(default_factory=dict)
 
@@ -125,11 +126,11 @@ def build_optimizer(
     return OptimizerSetup(optimizer, schedule, [], notes, hparams)
 
 
-def optimizer_hparams(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def optimizer_hparams(optimizer: torch.optim.Optimizer) -> dict[str, object]:
     """The optimizer's real hyper-parameters, per parameter group (for config.json and summary.json)."""
     groups = []
     for g in optimizer.param_groups:
-        d: dict[str, Any] = {}
+        d: dict[str, object] = {}
         for k, v in g.items():
             if k == "params":
                 d["num_params"] = sum(p.numel() for p in v)
@@ -209,17 +210,17 @@ class WarmupCosine:
         self.steps: torch.Tensor | int = torch.zeros((), device=device) if on_device else 0
         self._apply()
 
-    def factor(self, s: Any) -> Any:
+    def factor(self, s: torch.Tensor | int) -> torch.Tensor | float:
         """lr multiplier after s steps (works for a Python number and for a tensor)."""
-        if self.on_device:
+        if isinstance(s, torch.Tensor):  # on_device: the step count lives on the device
             warm = (s + 1) / max(1, self.warmup_steps)
             p = ((s - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps)).clamp(0.0, 1.0)
             cos = self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + torch.cos(math.pi * p))
             return torch.where(s < self.warmup_steps, warm, cos)
         if s < self.warmup_steps:
             return (s + 1) / self.warmup_steps
-        p = min(1.0, (s - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
-        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p))
+        frac = min(1.0, (s - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac))
 
     def _apply(self) -> None:
         f = self.factor(self.steps)
@@ -236,10 +237,10 @@ class WarmupCosine:
             self.steps += 1
         self._apply()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         return {"steps": self.steps, "base_lrs": self.base_lrs, "total_steps": self.total_steps}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: StateDict) -> None:
         self.base_lrs = list(state["base_lrs"])
         s = state["steps"]
         if isinstance(self.steps, torch.Tensor):

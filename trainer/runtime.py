@@ -11,12 +11,14 @@ import contextlib
 import importlib
 import os
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from .checkpoint import StateDict
 
 
 @dataclass
@@ -37,7 +39,7 @@ class Runtime:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
         if self.amp_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
@@ -64,7 +66,7 @@ def init_distributed(backend: str | None = None) -> tuple[int, int, int]:
     return rank, local_rank, world_size
 
 
-def launch_prefix(env: Any = os.environ) -> str:
+def launch_prefix(env: Mapping[str, str] = os.environ) -> str:
     """How this job was started, for the commands the run prints: "python", or under torchrun (WORLD_SIZE > 1) its
     torchrun prefix, since a plain "python" would continue the run with one process. A multi-node prefix names
     NODE_RANK, to be replaced on each node."""
@@ -132,16 +134,16 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, object]:
     """Every RNG the loop touches, as tensors/plain types so torch.load(weights_only=True) accepts it."""
-    np_state: Any = np.random.get_state()
-    state: dict[str, Any] = {
+    np_state = np.random.get_state(legacy=False)  # the global MT19937's key and position, as a dict
+    state: dict[str, object] = {
         "python": random.getstate(),
         "numpy": {
-            "key": torch.from_numpy(np_state[1].astype(np.int64)),
-            "pos": int(np_state[2]),
-            "has_gauss": int(np_state[3]),
-            "gauss": float(np_state[4]),
+            "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+            "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
         },
         "torch": torch.get_rng_state(),
     }
@@ -150,7 +152,7 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: StateDict) -> None:
     random.setstate(_to_tuple(state["python"]))
     n = state["numpy"]
     np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
@@ -159,9 +161,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _to_tuple(x: Any) -> Any:
+def _to_tuple(x: Sequence[object]) -> tuple[object, ...]:
     # python's random state round-trips through a checkpoint as lists; setstate wants tuples
-    return tuple(_to_tuple(v) for v in x) if isinstance(x, list | tuple) else x
+    return tuple(_to_tuple(v) if isinstance(v, list | tuple) else v for v in x)
 
 
 def cleanup_distributed() -> None:

@@ -12,12 +12,14 @@ import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from .runtime import Runtime
+
+# what signal.signal takes and gives back: a function, SIG_DFL/SIG_IGN, or None (set outside Python)
+Handler = Callable[[int, FrameType | None], object] | int | None
 
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP") if hasattr(signal, n))
 # the stop signals this process was started with ignored (nohup: SIGHUP; a background job of a script: SIGINT)
@@ -45,7 +47,7 @@ class StopRequest:
     def __init__(self, at_once: Callable[[], bool] | None = None) -> None:
         self.signum: int | None = None
         self.at_once = at_once
-        self._old: dict[int, Any] = {}
+        self._old: dict[int, Handler] = {}
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():  # handlers can only be set there
@@ -65,7 +67,7 @@ class StopRequest:
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum else ""
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         for s, old in self._old.items():
             signal.signal(s, old)
         self._old.clear()

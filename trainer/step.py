@@ -10,10 +10,10 @@ wait for). Skips are counted on the device and read back at log points.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
+from .checkpoint import StateDict
 from .optim import Schedule
 
 
@@ -21,7 +21,7 @@ class LossError(ValueError):
     """The loss function returned something backward() cannot use; the message says what to return instead."""
 
 
-def loss_problem(loss: Any) -> str | None:
+def loss_problem(loss: object) -> str | None:
     """Why `loss` cannot be trained on (checked on a run's first step only; attributes, no device sync), or None."""
     if not isinstance(loss, torch.Tensor):
         return (
@@ -176,10 +176,10 @@ class OptimizerStep:
         dev = device_values if device_values is not None else self.device_counts().tolist()  # note: sync point
         return self.skips + int(dev[0]), self.skip_run + int(dev[1])
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         total, run = self.skip_counts()
         return {"scaler": self.scaler.state_dict(), "skips": total, "skip_run": run}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: StateDict) -> None:
         self.scaler.load_state_dict(state["scaler"])
         self.skips, self.skip_run = int(state.get("skips", 0)), int(state.get("skip_run", 0))
