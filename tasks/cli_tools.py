@@ -66,7 +66,7 @@ def system_report(cfg: TrainConfig, opts: Any, task_kw: dict[str, Any]) -> int:
         build_task(opts.task, cfg, **task_kw),
         log=lambda m: None,
     )
-    job_steps, held = probe.total_steps, bool(probe.on_device)  # the configured job; what device_cache resolved to
+    job_steps, held = probe.total_steps, bool(probe.data.on_device)  # the configured job; what device_cache resolved to
     del probe
     path = measured_report(
         Trainer,

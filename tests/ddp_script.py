@@ -72,7 +72,7 @@ class SignalRank1:
         if self.n == SIGNAL_AT and mode == "agent_sigterm" and os.environ.get("RANK") == "0":
             os.kill(os.getppid(), signal.SIGTERM)  # the torchrun agent, as a user or SLURM would signal it
             for _ in range(3000):  # until the agent's SIGTERM reaches this rank (and its loader worker)
-                if trainer.stop.signum:
+                if trainer.run.stop.signum:
                     break
                 time.sleep(0.01)
         elif self.n == SIGNAL_AT and mode != "agent_sigterm" and os.environ.get("RANK") == "1":

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
-from trainer import TrainConfig
+from trainer import TrainConfig, Trainer
 
 # CLI flags that shrink the ERA5 task to seconds on a CPU: a 10° grid and a one-layer d_model 32 model.
 SMALL = [
@@ -45,3 +46,8 @@ def toy_config(tmp_path: Path, **kw: Any) -> TrainConfig:
 def metric_rows(run_dir: Path) -> list[dict]:
     """The rows of a run directory's metrics.jsonl."""
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def cut_short(trainer: Trainer, **length: int) -> None:
+    """The job interrupted early: the run's length (max_epochs, total_steps) lowered before fit()."""
+    trainer.length = dataclasses.replace(trainer.length, **length)

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import trainer.state as checkpointer_mod
-from tests.helpers import toy_config
+from tests.helpers import cut_short, toy_config
 from trainer import TrainConfig
 from trainer.checkpoint import CheckpointError, load_checkpoint, snapshot_to_host
 from trainer.finish import TrainingStopped
@@ -59,7 +59,7 @@ def test_background_writes_resume_bit_identical_and_write_the_same_files(tmp_pat
     straight = Trainer(toy_config(tmp_path, run_name="s", epochs=4), task())
     straight.fit()
     first = Trainer(toy_config(tmp_path, run_name="a", epochs=4, async_checkpoint=True), task())
-    first.max_epochs = 2
+    cut_short(first, max_epochs=2)
     first.fit()
     ck = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")
     assert ck["integrity"] == "verified" and ck["epoch"] == 2

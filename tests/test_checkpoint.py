@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers import cut_short
 from trainer.checkpoint import (
     DIGEST_KEY,
     INTEGRITY_KEY,
@@ -338,7 +339,7 @@ def test_a_plainloop_1_checkpoint_still_resumes(tmp_path):
     straight = Trainer(toy_config(tmp_path, run_name="straight"), make_task())
     straight.fit()
     first = Trainer(toy_config(tmp_path, run_name="old"), make_task())
-    first.max_epochs = 1
+    cut_short(first, max_epochs=1)
     first.fit()
     path = tmp_path / "old" / "checkpoints" / "last.pt"
     ck = load_checkpoint(path)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers import cut_short
 from trainer.extras.ema import EMA, ema_decay_at
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -276,7 +277,7 @@ def test_resume_continues_the_average_exactly(tmp_path, every, accum):
     straight = Trainer(toy_config(tmp_path, run_name="straight", **kw), ema_task())
     straight.fit()
     first = Trainer(toy_config(tmp_path, run_name="split", **kw), ema_task())
-    first.max_epochs = 2  # interrupted after epoch 2
+    cut_short(first, max_epochs=2)  # interrupted after epoch 2
     first.fit()
     Trainer(toy_config(tmp_path, run_name="split", resume=str(tmp_path / "split"), **kw), ema_task()).fit()
     a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")["callbacks"]["EMA"]
@@ -294,7 +295,7 @@ def test_ema_added_on_resume_starts_from_the_resumed_weights(tmp_path):
     from trainer.loop import Trainer
 
     first = Trainer(toy_config(tmp_path, epochs=3), ema_task())
-    first.max_epochs = 1
+    cut_short(first, max_epochs=1)
     first.fit()
     second = Trainer(toy_config(tmp_path, epochs=3, ema_decay=0.9, resume=str(first.run_dir)), ema_task())
     summary = second.fit()

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import trainer.loop as loop_mod
-from tests.helpers import metric_rows, toy_config
+from tests.helpers import cut_short, metric_rows, toy_config
 from trainer.checkpoint import CheckpointError, atomic_save, load_checkpoint
 from trainer.config import TrainConfig
 from trainer.data import ShardedBatchSampler, loader_settings, to_device
@@ -150,7 +150,7 @@ def test_clipping_bounds_the_update(tmp_path, algo):
         toy_config(tmp_path, gradient_clip_val=1e-3, gradient_clip_algorithm=algo, max_steps=1, warmup_steps=0),
         make_task(val=False),
     )
-    batch = next(iter(t.loader))
+    batch = next(iter(t.data.loader))
     t.forward_backward(batch, 1)
     grads_before = [p.grad.clone() for p in t.opt.params]
     norm, found = t.opt.step(want_norm=True)
@@ -169,21 +169,21 @@ def test_fp16_scaler_skips_step_and_schedule_on_inf(tmp_path, monkeypatch):
     assert t.opt.fp16
     # a scale at which this toy's fp16 backward does not overflow by itself
     t.opt.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    batch = next(iter(t.loader))
+    batch = next(iter(t.data.loader))
     before = weights(t.raw_model)
-    lr0 = t.scheduler.current_lr()
+    lr0 = t.optim.schedule.current_lr()
     scale0 = t.opt.scaler.get_scale()
     t.forward_backward(batch, 1)
     t.opt.params[0].grad[0, 0] = float("inf")  # the fake overflow
     t.opt.step(want_norm=False)
     assert all(torch.equal(p, q) for p, q in zip(before, weights(t.raw_model)))
-    assert t.scheduler.steps == 0 and t.scheduler.current_lr() == lr0
+    assert t.optim.schedule.steps == 0 and t.optim.schedule.current_lr() == lr0
     assert t.opt.scaler.get_scale() == scale0 / 2
     assert t.opt.skip_counts() == (1, 1)
     t.forward_backward(batch, 1)
     t.opt.step(want_norm=False)
     assert t.opt.skip_counts() == (1, 0)
-    assert t.scheduler.steps == 1 and t.scheduler.current_lr() > lr0
+    assert t.optim.schedule.steps == 1 and t.optim.schedule.current_lr() > lr0
     assert not all(torch.equal(p, q) for p, q in zip(before, weights(t.raw_model)))
 
 
@@ -192,7 +192,7 @@ def test_static_loss_scale_is_kept(tmp_path, monkeypatch):
         loop_mod, "resolve_runtime", lambda *a, **k: Runtime(torch.device("cpu"), "16-mixed", torch.float16)
     )
     t = Trainer(toy_config(tmp_path, loss_scale=256.0, max_steps=3), make_task(val=False))
-    batch = next(iter(t.loader))
+    batch = next(iter(t.data.loader))
     t.forward_backward(batch, 1)
     t.opt.params[0].grad[0, 0] = float("nan")
     t.opt.step(want_norm=False)
@@ -291,7 +291,7 @@ def test_resume_is_exact(tmp_path, workers):
         toy_config(tmp_path, run_name="split", epochs=4, num_workers=workers, device_cache=dc),
         make_task(dropout=0.2),
     )
-    first.max_epochs = 2  # the job is interrupted after epoch 2
+    cut_short(first, max_epochs=2)  # the job is interrupted after epoch 2
     first.fit()
     second = Trainer(
         toy_config(
@@ -314,7 +314,7 @@ def test_resume_mid_epoch_is_exact(tmp_path):
     straight = Trainer(toy_config(tmp_path, run_name="s", epochs=2), make_task(dropout=0.1))
     straight.fit()
     part = Trainer(toy_config(tmp_path, run_name="p", epochs=2, checkpoint_every=5), make_task(dropout=0.1))
-    part.total_steps = 11  # interrupted mid-epoch 2 (8 steps per epoch); last.pt written at the stop
+    cut_short(part, total_steps=11)  # interrupted mid-epoch 2 (8 steps per epoch); last.pt written at the stop
     part.fit()
     ck = load_checkpoint(tmp_path / "p" / "checkpoints" / "last.pt")
     assert ck["step"] == 11 and ck["batches_done"] == 3 and ck["epoch"] == 1
@@ -329,7 +329,7 @@ def test_resume_mid_epoch_is_exact(tmp_path):
 def test_epochs_are_counted_alike_mid_epoch_and_at_resume(tmp_path, capsys):
     """Stopped inside epoch 2 the epoch line, and the resume, both say epoch 2 (not 1: one epoch finished)."""
     part = Trainer(toy_config(tmp_path, run_name="p", epochs=2, log_every=100), make_task())
-    part.total_steps = 11  # 8 steps per epoch: stopped after batch 3 of epoch 2
+    cut_short(part, total_steps=11)  # 8 steps per epoch: stopped after batch 3 of epoch 2
     part.fit()
     out = capsys.readouterr().out
     assert "[epoch 1/2] step 8/11" in out and "[epoch 2/2] step 11/11" in out
@@ -386,7 +386,7 @@ def test_a_run_killed_during_validation_redoes_what_followed_the_last_save(tmp_p
     part.evaluate = dies_inside
     with pytest.raises(Killed):
         part.fit()
-    part.files.close()  # the killed process's lock goes with it
+    part.run.files.close()  # the killed process's lock goes with it
     ck = load_checkpoint(tmp_path / "p" / "checkpoints" / "last.pt")
     assert ck["step"] == 8 * (kill_at - 1) and ck["val_pending"] is None and ck["ended"] is None
     rest = Trainer(

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers import metric_rows, toy_config
+from tests.helpers import cut_short, metric_rows, toy_config
 from tests.test_engine import make_task
 from trainer import Trainer
 from trainer.checkpoint import load_checkpoint
@@ -153,7 +153,7 @@ class Counter(Callback):
 
 def test_callback_state_is_saved_and_restored_on_resume(tmp_path):
     first = Trainer(toy_config(tmp_path, epochs=3), make_task(), callbacks=[Counter()])
-    first.max_epochs = 2  # interrupted after epoch 2
+    cut_short(first, max_epochs=2)  # interrupted after epoch 2
     first.fit()
     ck = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     assert ck["callbacks"] == {"counter": {"batches": 16}}

@@ -114,6 +114,6 @@ def test_deterministic_loader_workers_are_seeded(tmp_path, restore_deterministic
 
     task = Task("toy", nn.Linear(4, 1), TensorDataset(torch.randn(32, 4), torch.randn(32, 1)))
     t = Trainer(toy_config(tmp_path, num_workers=1, device_cache=False, deterministic=True), task)
-    assert t.loader_kw["worker_init_fn"] is knobs.deterministic_worker
+    assert t.data.loader_kw["worker_init_fn"] is knobs.deterministic_worker
     t2 = Trainer(toy_config(tmp_path, run_name="b", num_workers=1, device_cache=False), task)
-    assert t2.loader_kw["worker_init_fn"] is not knobs.deterministic_worker
+    assert t2.data.loader_kw["worker_init_fn"] is not knobs.deterministic_worker

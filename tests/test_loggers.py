@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from tests.helpers import metric_rows, toy_config
+from tests.helpers import cut_short, metric_rows, toy_config
 from trainer.extras.loggers import WANDB_MISSING, CSVLogger, WandbLogger, parse_logger_names
 from trainer.loop import Trainer
 from trainer.task import Task
@@ -75,7 +75,7 @@ def test_csv_holds_the_rows_of_metrics_jsonl_and_the_config(tmp_path):
 
 def test_csv_after_a_resume_matches_the_rolled_back_metrics(tmp_path):
     first = Trainer(toy_config(tmp_path, epochs=4), toy_task(), callbacks=[CSVLogger()])
-    first.max_epochs = 2  # interrupted after epoch 2
+    cut_short(first, max_epochs=2)  # interrupted after epoch 2
     first.fit()
     run_dir = first.run_dir
     # a killed process wrote rows after the checkpoint: the resume trains those steps again
@@ -146,7 +146,7 @@ def test_wandb_gets_config_rows_and_test_scores(tmp_path, fake_wandb):
 def test_wandb_resume_continues_the_same_run(tmp_path, fake_wandb, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     first = Trainer(toy_config(tmp_path, epochs=3), toy_task(), callbacks=[WandbLogger()])
-    first.max_epochs = 1
+    cut_short(first, max_epochs=1)
     first.fit()
     Trainer(toy_config(tmp_path, epochs=3, resume=str(first.run_dir)), toy_task(), callbacks=[WandbLogger()]).fit()
     a, b = fake_wandb.runs

@@ -672,7 +672,7 @@ def test_a_full_disk_in_metrics_jsonl_names_the_file(tmp_path):
 
     class Fill:
         def on_train_start(self, trainer):
-            trainer.files._metrics = Full()
+            trainer.run.files._metrics = Full()
 
     t.callbacks.append(Fill())
     with pytest.raises(StorageError) as e:

@@ -210,7 +210,7 @@ def test_loader_workers_ignore_stop_signals_and_end_with_fit(tmp_path, persisten
 
     cfg = toy_config(tmp_path, epochs=1, num_workers=1, device_cache=False, persistent_workers=persistent)
     t = Trainer(cfg, Task("toy", toy(), TensorDataset(*data()), loss_fn=loss))
-    assert t.loader.worker_init_fn is not None
+    assert t.data.loader.worker_init_fn is not None
     with pytest.raises(KeyboardInterrupt) if how == "raised" else contextlib.nullcontext():
         t.fit()
     assert multiprocessing.active_children() == []
@@ -308,7 +308,7 @@ def test_out_of_memory_halves_the_micro_batch_and_keeps_the_effective_batch(tmp_
     m = OOMAbove(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.0), nn.Linear(32, 1))
     t = Trainer(toy_config(tmp_path, run_name="oom", epochs=1), Task("toy", m, TensorDataset(*data())))
     s = t.fit()
-    assert t.chunks == 4 and s["steps"] == ref.step
+    assert t.run.chunks == 4 and s["steps"] == ref.step
     assert any("micro-batch 16 -> 8" in n and "effective batch unchanged" in n for n in s["notes"])
     for p, q in zip(ref.raw_model.parameters(), t.raw_model.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

@@ -222,8 +222,7 @@ def test_each_deliberate_difference_is_one_line_that_names_the_matching_key(tmp_
     t = SimpleNamespace(
         cfg=SimpleNamespace(baseline=False, cudnn_benchmark=True),
         rt=SimpleNamespace(device=torch.device("cuda"), precision="bf16-mixed"),
-        on_device=False,
-        loader_kw={"num_workers": 0},
+        data=SimpleNamespace(on_device=False, loader_kw={"num_workers": 0}),
         notes=notes,
     )
     bt._differences(t)  # type: ignore[arg-type]
@@ -231,13 +230,13 @@ def test_each_deliberate_difference_is_one_line_that_names_the_matching_key(tmp_
     assert "precision: auto -> bf16-mixed" in notes[0] and "trainer_params['precision']='16-mixed'" in notes[0]
     assert "trainer_params['num_workers']=8 matches it" in notes[1]
     assert "trainer_params['cudnn_benchmark']=False matches it" in notes[3]
-    t.on_device, t.notes = True, ["data: held on cuda, batches gathered there (no loader workers)"]
+    t.data.on_device, t.notes = True, ["data: held on cuda, batches gathered there (no loader workers)"]
     bt._differences(t)  # type: ignore[arg-type]
     assert len(t.notes) == 3 and "device_cache']=False reads through a DataLoader" in t.notes[0]
     assert not any(n.startswith("num_workers") for n in t.notes)  # no loader: nothing to say about workers
     given = BaseTrainer("l", "u", area(), Net, Months, tmp_path / "l.pt",
                         trainer_params={"precision": "bf16-mixed", "cudnn_benchmark": True, "num_workers": 2})  # fmt: skip
-    t.on_device, t.notes, t.loader_kw = False, [], {"num_workers": 2}
+    t.data, t.notes = SimpleNamespace(on_device=False, loader_kw={"num_workers": 2}), []
     given._differences(t)  # type: ignore[arg-type]
     assert t.notes == []  # what the user wrote is not a difference to explain
 

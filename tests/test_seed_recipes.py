@@ -82,7 +82,7 @@ def test_seed000_1_quick_start(in_tmp):
         2,
     )
     assert cfg.precision == "auto" and tr.trainer.rt.precision == "32"  # bf16/fp16 on a GPU; fp32 on this CPU
-    assert tr.trainer.on_device  # better than workers: the normalised data is held in memory
+    assert tr.trainer.data.on_device  # better than workers: the normalised data is held in memory
     # every sample each epoch, the last short batch kept, as the Lightning-based BaseTrainer's loaders
     assert cfg.batch_size == 150 and tr.summary["steps"] == 2 * -(-len(tr.trainer.task.train_set) // 150)
     state = torch.load(Path(base_mod.MODEL_SAVE_PATH) / "seq_len-2" / "ra_transformer.pkl", weights_only=True)
@@ -164,7 +164,7 @@ def test_seed000_4_debug_mode_is_the_before_loop(quickstart):
     cfg, t = tr.trainer.cfg, tr.trainer
     assert tr.config.baseline and "switch the optimisations off (num_workers 0" in logged(lines)
     assert (cfg.precision, cfg.num_workers, cfg.pin_memory, cfg.persistent_workers) == ("32", 0, False, False)
-    assert not t.on_device and cfg.validation_interval == 1  # read through the loader; validated every epoch
+    assert not t.data.on_device and cfg.validation_interval == 1  # read through the loader; validated every epoch
     rows = metric_rows(Path(tr.summary["run_dir"]))
     assert sum(r["kind"] == "train" for r in rows) == tr.summary["steps"]  # the loss read every step
 
@@ -307,7 +307,7 @@ def test_seed000_9_recommended_configuration(quickstart):
     lines: list[str] = []
     tr = BaseTrainer(**quickstart, trainer_params=trainer_params, model_params=model_params, log=lines.append)
     t = Trainer(tr.config, tr.build_task(), log=lines.append)
-    assert t.scheduler.base_lrs == [pytest.approx(1.7e-3)] * len(t.optimizer.param_groups)  # before warm-up
+    assert t.optim.schedule.base_lrs == [pytest.approx(1.7e-3)] * len(t.optimizer.param_groups)  # before warm-up
     notes = "\n".join(t.notes)
     assert "precision: 16-mixed needs a CUDA GPU" in notes and "num_workers=6" in notes
 

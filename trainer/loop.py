@@ -21,6 +21,7 @@ import math
 import signal
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -32,21 +33,75 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from . import knobs
 from .config import TrainConfig, validation_every
 from .console import epoch_line, open_bar
-from .data import batch_size_of, build_data, close_loader, split_batch, start_epoch, to_device
+from .data import TrainData, batch_size_of, build_data, close_loader, split_batch, start_epoch, to_device
 from .evaluation import BestTracker, Evaluator
 from .finish import TrainingDiverged, TrainingStopped, ddp_weight_diff, summary_of
 from .hooks import Hooks, Monitor
 from .layers import adapt_task, config_callbacks
-from .optim import Schedule, build_optimizer
+from .optim import OptimizerSetup, build_optimizer
 from .runfiles import ROLLED_BACK, RunFiles, shared_run_dir, write_config_file
 from .runtime import Runtime, launch_prefix, resolve_runtime, seed_everything
 from .signals import StopNow, StopRequest, agree_stop
-from .state import CallbackStates, Checkpointer, Progress, RunState, SamplerState, register_run_state, weights_finite
+from .state import (
+    CallbackStates,
+    Checkpointer,
+    Progress,
+    RunState,
+    SamplerState,
+    Settings,
+    register_run_state,
+    weights_finite,
+)
 from .step import LossError, OptimizerStep, loss_problem
 from .task import LossFn, Task, pick_default_loss, read_step_metrics
 from .usercode import is_stream, rerun_hint, resume_hint
 
 _NULL = contextlib.nullcontext()  # stateless, so one instance serves every step
+
+
+@dataclass(frozen=True)
+class RunLength:
+    """How long the run is, decided once from the batches per epoch and the config."""
+
+    batches_per_epoch: int
+    steps_per_epoch: int  # optimizer steps
+    total_steps: int  # optimizer steps of the whole run
+    max_epochs: int
+    validation_every: int  # epochs between validations (cfg.validation_interval, auto resolved)
+
+    @classmethod
+    def of(cls, batches_per_epoch: int, cfg: TrainConfig) -> tuple[RunLength, str | None]:
+        """The length, and the start-up line when the run will not validate every epoch."""
+        steps_per_epoch = math.ceil(batches_per_epoch / cfg.accumulate_grad_batches)
+        total_steps = cfg.max_steps or cfg.epochs * steps_per_epoch
+        max_epochs = math.ceil(total_steps / steps_per_epoch)
+        every, note = validation_every(cfg.validation_interval, max_epochs)
+        return cls(batches_per_epoch, steps_per_epoch, total_steps, max_epochs, every), note
+
+
+@dataclass
+class FitState:
+    """The run while fit() lasts: its files and console, the stop request, what the log points and epoch lines
+    share, and the timings for the summary."""
+
+    files: RunFiles | None = None  # rank 0's writer of the run's files
+    bar: Any = None  # tqdm bar or None
+    stop: StopRequest = field(default_factory=StopRequest)
+    stopping: int | None = None  # the last agreed stop signal (None: go on)
+    halted: bool = False  # early stopping ended training
+    finite: tuple[int, bool] | None = None  # (step, weights finite) read at that step's log point
+    last_row: dict[str, Any] = field(default_factory=dict)  # the last train row (for the epoch line)
+    row_extra: tuple[str, ...] = ()  # the names log_metrics_fn added to the train rows (epoch lines)
+    stats: dict[str, float] = field(  # samples, iterations and their timings (for the summary)
+        default_factory=lambda: {"samples": 0, "data_s": 0.0, "iters": 0, "iter_s": 0.0, "val_s": 0.0}
+    )
+    t_val_end: float | None = None  # when the last validation ended (the slow-validation warning)
+    warned_slow_val: bool = False
+    start_batches: int = 0  # where this process's fit() began (ETA, steps_this_process)
+    start_step: int = 0
+    start_skips: int = 0
+    loss_checked: bool = False  # the loss's type and shape are checked on the first step
+    chunks: int = 1  # micro-batches each batch is cut into after a CUDA out-of-memory error
 
 
 class Trainer:
@@ -59,53 +114,27 @@ class Trainer:
     # what the run was asked for, and what it resolved to
     requested: TrainConfig  # the config as given
     cfg: TrainConfig  # the config in effect (cfg.effective(): the baseline switch applied)
-    task: Task
+    task: Task  # the task as the layers adapted it (trainer/layers.py)
     rt: Runtime  # device, precision, DDP rank and world size
     notes: list[str]  # one line per decision or correction; printed at the start, kept in summary.json
-    config_sections: dict[str, dict[str, Any]]  # task/run settings written beside [train] in config.toml
-    # data
-    loader: Any  # DataLoader, or DeviceBatches when the data is held on the device
-    sampler: Any  # batch sampler; set_epoch / state_dict / load_state_dict when it has them
-    on_device: bool
-    resident: dict[int, Any]
-    loader_kw: dict[str, Any]
-    batches_per_epoch: int
-    steps_per_epoch: int
-    total_steps: int  # optimizer steps of the whole run
-    max_epochs: int
-    validation_every: int  # epochs between validations (cfg.validation_interval, auto resolved)
-    # model and optimization
+    # the parts, each built whole here
+    data: TrainData  # loader, sampler, whether the data is held on the device (data.py)
+    length: RunLength  # batches per epoch, optimizer steps, epochs, the validation cadence
     raw_model: nn.Module  # the user's module
     model: nn.Module  # raw_model, maybe wrapped in DDP and/or torch.compile: what the step calls
     loss_fn: LossFn
-    global_batch: int  # samples per optimizer step over all processes
-    optimizer: torch.optim.Optimizer
-    scheduler: Schedule
-    warmup_steps: int
-    optimizer_hparams: dict[str, Any]  # the optimizer's real hyper-parameters (build_optimizer)
-    opt: OptimizerStep  # backward and the guarded optimizer step
-    chunks: int  # micro-batches each batch is cut into after a CUDA out-of-memory error
     model_size: knobs.ParameterCount  # parameters (total, trainable) and MB of parameters + buffers
-    # the parts
-    progress: Progress  # epoch, step, position in the epoch, validation bookkeeping
+    optim: OptimizerSetup  # the optimizer, its schedule and its real hyper-parameters (optim.py)
+    opt: OptimizerStep  # backward and the guarded optimizer step (step.py)
+    progress: Progress  # epoch, step, position in the epoch, validation bookkeeping (state.py)
     best: BestTracker
-    callbacks: list[Any]
-    hooks: Hooks
-    monitor: Any
+    hooks: Hooks  # the callbacks, resolved per hook
+    monitor: Monitor  # fed every iteration: hooks.Monitor's methods (the TrainingMonitor API)
     evaluator: Evaluator
-    checkpointer: Checkpointer
-    # the run while it lasts
+    checkpointer: Checkpointer  # the run's state registry, written out and walked back in (state.py)
+    # the run while fit() lasts
     run_dir: Path | None
-    files: RunFiles | None  # rank 0's writer of the run's files
-    bar: Any  # tqdm bar or None
-    stop: StopRequest
-    stopping: int | None  # the last agreed stop signal (None: go on)
-    last_row: dict[str, Any]  # the last train row (for the epoch line)
-    stats: dict[str, float]  # samples, iterations and their timings (for the summary)
-    _t_val_end: float | None  # when the last validation ended (the slow-validation warning)
-    _warned_slow_val: bool
-    _start_batches: int  # where this process's fit() began (ETA, steps_this_process)
-    _start_step: int
+    run: FitState
 
     def __init__(
         self,
@@ -114,25 +143,15 @@ class Trainer:
         log: Callable[[str], None] = print,
         callbacks: list[Any] | None = None,
         monitor: Any = None,
-        config_sections: dict[str, dict[str, Any]] | None = None,
+        config_sections: Settings | None = None,
     ) -> None:
         # a LightningModule or nanoGPT-style model becomes a plain Task here (trainer/layers.py): its loss,
         # evaluation, optimizer and callbacks are the task's, and nothing below knows where they came from
         self.requested, self.cfg, self.task = cfg, cfg.effective(), adapt_task(task)
         task = self.task
         self._print, self.monitor = log, monitor or Monitor()
-        self.callbacks = [*(callbacks or []), *task.callbacks]
-        self.config_sections = config_sections or {}
-        self.progress, self.chunks = Progress(), 1
-        self.run_dir, self.files, self.bar, self.stopping = None, None, None, None
-        self.last_row = {}
-        self._halted = False  # early stopping ended training
-        self._finite: tuple[int, bool] | None = None  # (step, weights finite) read at that step's log point
-        self._t_val_end, self._warned_slow_val = None, False
-        self._row_extra: tuple[str, ...] = ()  # the names log_metrics_fn added to the train rows (epoch lines)
-        self.stats = {"samples": 0, "data_s": 0.0, "iters": 0, "iter_s": 0.0, "val_s": 0.0}
-        self._start_batches = self._start_step = 0
-        self._loss_checked = False  # the loss's type and shape are checked on the first step
+        callbacks = [*(callbacks or []), *task.callbacks]
+        self.progress, self.run_dir, self.run = Progress(), None, FitState()
         cfg = self.cfg
 
         # runtime
@@ -148,15 +167,9 @@ class Trainer:
             self.notes += knobs.deterministic(cfg.seed, rt.device)
 
         # data, and the run's length
-        data = build_data(task, cfg, rt)
+        self.data = data = build_data(task, cfg, rt)
         self.notes += data.notes
-        self.loader, self.sampler, self.on_device = data.loader, data.sampler, data.on_device
-        self.resident, self.loader_kw = data.resident, data.loader_kw
-        self.batches_per_epoch = len(self.sampler)
-        self.steps_per_epoch = math.ceil(self.batches_per_epoch / cfg.accumulate_grad_batches)
-        self.total_steps = cfg.max_steps or cfg.epochs * self.steps_per_epoch
-        self.max_epochs = math.ceil(self.total_steps / self.steps_per_epoch)
-        self.validation_every, note = validation_every(cfg.validation_interval, self.max_epochs)
+        self.length, note = RunLength.of(len(data.sampler), cfg)
         if note and task.val_set is not None and cfg.val_check_steps is None:
             self.notes.append(note)
 
@@ -179,16 +192,15 @@ class Trainer:
                 self.notes.append(note)
 
         # optimizer, schedule, the optimizer step
-        self.global_batch = cfg.batch_size * cfg.accumulate_grad_batches * rt.world_size
-        setup = build_optimizer(self.raw_model, cfg, rt, self.global_batch, self.total_steps, task.optimizer_fn)
-        self.optimizer, self.scheduler, self.optimizer_hparams = setup.optimizer, setup.schedule, setup.hparams
-        self.warmup_steps = int(setup.hparams.get("warmup_steps", 0))
+        self.optim = setup = build_optimizer(
+            self.raw_model, cfg, rt, self.global_batch, self.length.total_steps, task.optimizer_fn
+        )
         self.notes += setup.notes
-        self.callbacks += setup.callbacks
+        callbacks += setup.callbacks
         fp16 = rt.amp_dtype == torch.float16
         self.opt = OptimizerStep(
-            self.optimizer,
-            self.scheduler,
+            setup.optimizer,
+            setup.schedule,
             rt.device,
             fp16,
             cfg.scale_value(),
@@ -200,34 +212,32 @@ class Trainer:
             self.notes.append(f"loss scale: static {cfg.scale_value():g}")
 
         # the parts: callbacks, evaluation, checkpoints
-        made, notes = config_callbacks(cfg, self.callbacks)  # EMA for ema_decay: ordinary callbacks (trainer/layers.py)
-        self.callbacks += made
+        made, notes = config_callbacks(cfg, callbacks)  # EMA for ema_decay: ordinary callbacks (trainer/layers.py)
         self.notes += notes
         self.best = BestTracker(task.monitor_metric, task.monitor_mode, cfg.save_top_k)
-        self.hooks = Hooks(self.callbacks, self, rt.is_main)
-        self.evaluator = Evaluator(task, self.raw_model, rt, self.loss_fn, cfg, self.loader_kw, self.resident)
+        self.hooks = Hooks([*callbacks, *made], self, rt.is_main)
+        self.evaluator = Evaluator(task, self.raw_model, rt, self.loss_fn, cfg, data.loader_kw, data.resident)
         # the run's state: one registry that every checkpoint walks out and every resume walks in (state.py)
-        self.sampler_state = SamplerState(self.sampler, self.progress)
-        self.run_state = register_run_state(
+        self.sampler_state = SamplerState(data.sampler, self.progress)
+        run_state = register_run_state(
             RunState(),
             model=self.raw_model,
-            optimizer=self.optimizer,
-            schedule=self.scheduler,
+            optimizer=setup.optimizer,
+            schedule=setup.schedule,
             opt_step=self.opt,
             progress=self.progress,
             sampler=self.sampler_state,
             best=self.best,
             callbacks=CallbackStates(self.hooks, self.notes),
         )
-        self.settings = self._settings()
         self.checkpointer = Checkpointer(
-            state=self.run_state,
+            state=run_state,
             model=self.raw_model,
             progress=self.progress,
             best=self.best,
             hooks=self.hooks,
             cfg=cfg,
-            settings=self.settings,
+            settings=self._settings(config_sections or {}),
             task_name=task.name,
             rt=rt,
             # per-interval last.pt from a background thread on a GPU (on a CPU the write would share the cores)
@@ -235,8 +245,11 @@ class Trainer:
         )
         if cfg.resume:
             path = Path(cfg.resume)
-            horizon = getattr(self.scheduler, "total_steps", None)
-            self.run_dir = self.checkpointer.resume(path, self.total_steps, self.batches_per_epoch, self.notes, horizon)
+            horizon = getattr(setup.schedule, "total_steps", None)
+            length = self.length
+            self.run_dir = self.checkpointer.resume(
+                path, length.total_steps, length.batches_per_epoch, self.notes, horizon
+            )
             if is_stream(task.train_set):  # a stream is one long epoch of this run's length: count its batches
                 self.progress.epoch, self.progress.batches_done = 0, self.progress.step * cfg.accumulate_grad_batches
 
@@ -280,6 +293,33 @@ class Trainer:
         return self.rt.device
 
     @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.optim.optimizer
+
+    @property
+    def callbacks(self) -> list[object]:
+        """The callbacks; one appended before fit() takes part in it."""
+        return self.hooks.callbacks
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over all processes (the effective batch)."""
+        return self.cfg.batch_size * self.cfg.accumulate_grad_batches * self.rt.world_size
+
+    @property
+    def total_steps(self) -> int:
+        """Optimizer steps of the whole run."""
+        return self.length.total_steps
+
+    @property
+    def max_epochs(self) -> int:
+        return self.length.max_epochs
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.length.batches_per_epoch
+
+    @property
     def is_main(self) -> bool:
         return self.rt.is_main
 
@@ -290,7 +330,7 @@ class Trainer:
     def log(self, msg: str) -> None:
         if self.rt.is_main:  # printed above a live bar; a log= callable of the caller's gets every line itself
             try:
-                (self.bar.write if self.bar is not None and self._print is print else self._print)(msg)
+                (self.run.bar.write if self.run.bar is not None and self._print is print else self._print)(msg)
             except OSError:  # the terminal is gone (SIGHUP, a closed pipe): the run's files still say it all
                 pass
 
@@ -304,11 +344,11 @@ class Trainer:
             return self._fit()
         except BaseException:
             self._settle_checkpoint()
-            if self.files is not None:  # a fit that failed releases its run dir: the same process may resume it
-                self.files.close()
+            if self.run.files is not None:  # a fit that failed releases its run dir: the same process may resume it
+                self.run.files.close()
             raise
         finally:
-            close_loader(self.loader)  # its workers ignore SIGTERM: none may be left for interpreter exit
+            close_loader(self.data.loader)  # its workers ignore SIGTERM: none may be left for interpreter exit
             if self.rt.distributed:
                 # the DDP wrapper holds the process group: alive, its threads outlive destroy_process_group() into
                 # interpreter shutdown, where one freeing a finished all-reduce aborts the process (SIGABRT)
@@ -325,24 +365,24 @@ class Trainer:
     def _fit(self) -> dict[str, Any]:
         self.hooks.resolve()  # callbacks added since the constructor count too
         # from the run directory's first file on, a stop signal is the loop's: it saves last.pt and says how to resume
-        with StopRequest() as self.stop:
+        with StopRequest() as self.run.stop:
             self._open_run()
             self.monitor.start_monitoring()
             t0 = time.perf_counter()
-            self._start_batches, self._start_step = self.batches_total_done(), self.progress.step
-            self._start_skips = self.opt.skip_counts()[0]
+            self.run.start_batches, self.run.start_step = self.batches_total_done(), self.progress.step
+            self.run.start_skips = self.opt.skip_counts()[0]
             # a resumed run's pending validation comes before any training: nothing to compare it with
-            self._t_val_end = None if self.progress.val_pending is not None else t0
+            self.run.t_val_end = None if self.progress.val_pending is not None else t0
             try:
-                self.bar = self._open_bar()
+                self.run.bar = self._open_bar()
                 self.hooks("on_train_start")
                 stopped = self._train(t0)
                 self.checkpointer.wait()  # the last background write is on disk before validation and test
             finally:
                 self.monitor.stop_monitoring()
-                if self.bar is not None:
-                    self.bar.close()
-                    self.bar = None
+                if self.run.bar is not None:
+                    self.run.bar.close()
+                    self.run.bar = None
         train_time = time.perf_counter() - t0
         if stopped:
             self.hooks("on_train_end")
@@ -350,11 +390,11 @@ class Trainer:
         self._check_skips_at_end()
         # after training a stop still loses nothing: the last validation finishes and last.pt is marked ended; from
         # then on (the test, the summary) a stop ends the run at once, and its resume only scores and summarises
-        with StopRequest(at_once=lambda: self.progress.ended is not None) as self.stop:
+        with StopRequest(at_once=lambda: self.progress.ended is not None) as self.run.stop:
             try:
                 self._end_training()
-                if self.stop.signum:
-                    raise StopNow(self.stop.signum)
+                if self.run.stop.signum:
+                    raise StopNow(self.run.stop.signum)
                 self.hooks("on_train_end")
                 # compared before rank 0 alone loads best.pt to score the test split (--test_with_best)
                 weight_diff = ddp_weight_diff(self.raw_model) if self.rt.distributed else None
@@ -369,29 +409,36 @@ class Trainer:
         p, cfg = self.progress, self.cfg
         if p.ended is not None:  # resumed after training ended, before the summary: the test and summary are left
             return self._agree_stop()
-        halted = self._halted = False
+        halted = self.run.halted = False
         if p.val_pending is not None:  # resumed from a stop that came right before a validation
             self._validate_pending()
-            halted = self._halted = not self.stopping and self._early_stop()
+            halted = self.run.halted = not self.run.stopping and self._early_stop()
         elif self._agree_stop():  # a stop during set-up: no epoch starts
             assert self.run_dir is not None
             if self.rt.is_main and not (self.run_dir / "checkpoints" / "last.pt").is_file():
                 self._save("last.pt")  # the weights the run starts from: the printed resume line continues from them
-            return self.stopping
-        while not halted and not self.stopping and p.epoch < self.max_epochs and p.step < self.total_steps:
+            return self.run.stopping
+        while (
+            not halted
+            and not self.run.stopping
+            and p.epoch < self.length.max_epochs
+            and p.step < self.length.total_steps
+        ):
             self._train_epoch()
             # DDP: agree once more, so a signal that reached one rank after the epoch's last log point
             # cannot send that rank out of the loop while the others validate
             stopping = self._agree_stop()
-            epoch_done, last = p.batches_done == 0, p.step >= self.total_steps
-            val_now = cfg.val_check_steps is None and (last or (epoch_done and p.epoch % self.validation_every == 0))
+            epoch_done, last = p.batches_done == 0, p.step >= self.length.total_steps
+            val_now = cfg.val_check_steps is None and (
+                last or (epoch_done and p.epoch % self.length.validation_every == 0)
+            )
             if stopping:  # the validation that was due runs first when the run resumes
                 due = val_now or (last and cfg.val_check_steps is not None and p.last_val_step != p.step)
                 p.val_pending = p.step if due and self.task.val_set is not None else None
             elif val_now:
                 self.validate()
                 stopping = self._agree_stop()  # a stop during validation: last.pt now, with the validation done
-            halted = self._halted = not stopping and self._early_stop()
+            halted = self.run.halted = not stopping and self._early_stop()
             if epoch_done or last or stopping:
                 # an epoch's end writes last.pt only when its interval is due; a stop and the end always do
                 saved = bool(stopping) or (not (last or halted) and self.checkpointer.clock.due(epoch_end=True))
@@ -411,25 +458,28 @@ class Trainer:
         p = self.progress
         if p.ended is not None:  # resumed after the end: nothing left to train or save
             return
-        if not self._halted and self._validation_left():
+        if not self.run.halted and self._validation_left():
             self.validate()
-        p.ended = "early_stopped" if self._halted else "finished"
+        p.ended = "early_stopped" if self.run.halted else "finished"
         p.val_pending = None
         self._save("last.pt")
 
     # ------------------------------------------------------------------ one epoch, one step
     def _train_epoch(self) -> None:
         cfg, p, hooks = self.cfg, self.progress, self.hooks
-        self.model.train()
-        start, nb = p.batches_done, self.batches_per_epoch
+        if not all(m.training and type(m).train is nn.Module.train for m in self.model.modules()):
+            self.model.train()  # it sets every module's flag again: skipped when all are set and none overrides it
+        start, nb = p.batches_done, self.length.batches_per_epoch
         replay = 0
         if start == 0:
-            start_epoch(self.sampler, p.epoch)
-        elif hasattr(self.sampler, "load_state_dict"):
+            start_epoch(self.data.sampler, p.epoch)
+        elif hasattr(self.data.sampler, "load_state_dict"):
             # resuming mid-epoch: the sampler regenerates this epoch's order and skips what was consumed
-            self.sampler.load_state_dict({**self.sampler.state_dict(), "epoch": p.epoch, "batches_done": start})
+            self.data.sampler.load_state_dict(
+                {**self.data.sampler.state_dict(), "epoch": p.epoch, "batches_done": start}
+            )
         else:  # a sampler without state: replay its epoch and drop the batches already trained
-            start_epoch(self.sampler, p.epoch)
+            start_epoch(self.data.sampler, p.epoch)
             replay = start
         # the sampler's state before this epoch's order is drawn: a checkpoint mid-epoch saves it, so that a resume
         # draws the same order again (a sampler with its own RNG) and skips the batches already trained
@@ -438,7 +488,7 @@ class Trainer:
         pending: list[torch.Tensor] = []  # per-batch losses, kept on the device until the next log point
         n_samples = n_iters = 0  # this epoch's totals, and since the last log point (i_*)
         data_s = iter_s = i_data = 0.0
-        it: Iterator[Any] = iter(self.loader)
+        it: Iterator[Any] = iter(self.data.loader)
         for _ in range(replay):
             next(it)
         window_start, t0, agreed = start, time.perf_counter(), False
@@ -447,7 +497,7 @@ class Trainer:
         want_norm = False
         for i in range(start, nb):
             batch = next(it)
-            if not self.on_device:
+            if not self.data.on_device:
                 batch = to_device(batch, self.rt.device)
             if cfg.channels_last:
                 batch = knobs.to_channels_last(batch)
@@ -469,10 +519,10 @@ class Trainer:
             if hooks.batch_end:
                 hooks("on_train_batch_end", loss, batch, i)
             if boundary:
-                logged = p.step % cfg.log_every == 0 or p.step >= self.total_steps or i + 1 == nb
+                logged = p.step % cfg.log_every == 0 or p.step >= self.length.total_steps or i + 1 == nb
                 if logged:
                     # a save may follow: the weights' finiteness rides in the log point's one transfer
-                    save_due = self.checkpointer.clock.due(epoch_end=i + 1 == nb) or p.step >= self.total_steps
+                    save_due = self.checkpointer.clock.due(epoch_end=i + 1 == nb) or p.step >= self.length.total_steps
                     i_t = self._log_point(pending, i_samples, i_data, i_t, norm if want_norm else None, save_due)
                     i_samples, i_data = 0, 0.0
                     if self.rt.distributed:  # every rank must stop at the same step: agree at the log point (a sync)
@@ -493,13 +543,17 @@ class Trainer:
             n_iters += 1
             data_s += t_data
             iter_s += t1 - t0
-            if self.bar is not None and ((i + 1) % cfg.progress_every == 0 or i + 1 == nb):
-                self.bar.update(self.batches_total_done() - self.bar.n)
+            if self.run.bar is not None and ((i + 1) % cfg.progress_every == 0 or i + 1 == nb):
+                self.run.bar.update(self.batches_total_done() - self.run.bar.n)
             t0 = t1
-            if p.step >= self.total_steps or agreed or (boundary and self.stop.signum and not self.rt.distributed):
+            if (
+                p.step >= self.length.total_steps
+                or agreed
+                or (boundary and self.run.stop.signum and not self.rt.distributed)
+            ):
                 break
         for k, v in (("samples", n_samples), ("iters", n_iters), ("data_s", data_s), ("iter_s", iter_s)):
-            self.stats[k] += v
+            self.run.stats[k] += v
         if p.batches_done >= nb:  # the epoch ran to its end (not stopped by max_steps or a signal)
             p.epoch += 1
             p.batches_done = 0
@@ -510,9 +564,9 @@ class Trainer:
         """Forward under autocast and a scaled backward; returns the detached loss (on the device)."""
         while True:
             try:
-                if self.chunks == 1:
+                if self.run.chunks == 1:
                     return self._forward_backward(batch, window, sync_grads)
-                parts = split_batch(batch, self.chunks)
+                parts = split_batch(batch, self.run.chunks)
                 losses = [
                     self._forward_backward(b, window * len(parts), sync_grads and j == len(parts) - 1)
                     for j, b in enumerate(parts)
@@ -526,30 +580,32 @@ class Trainer:
         with no_sync:
             with self.rt.autocast() if self.rt.amp_dtype is not None else _NULL:
                 loss = self.loss_fn(self.model, batch)
-            if not self._loss_checked:  # once: a float, detached or vector loss is one line, not backward's traceback
+            if (
+                not self.run.loss_checked
+            ):  # once: a float, detached or vector loss is one line, not backward's traceback
                 if why := loss_problem(loss):
                     raise LossError(f"{self.task.name}: {why}")
-                self._loss_checked = True
+                self.run.loss_checked = True
             self.opt.backward(loss, window)
         return loss.detach()
 
     def _before_optimizer_step(self) -> None:
         if self.hooks.before_optimizer_step:  # resolved at fit start: callbacks added after the constructor count
-            self.hooks("on_before_optimizer_step", self.optimizer)
+            self.hooks("on_before_optimizer_step", self.optim.optimizer)
 
     def _shrink_micro_batch(self, batch: Any) -> None:
         """CUDA OOM: cut every batch into twice as many micro-batches; the effective batch stays the same."""
         size = batch_size_of(batch)
         for prm in self.opt.params:  # a failed backward may have left partial gradients
             prm.grad = None
-        if self.chunks * 2 > size:
+        if self.run.chunks * 2 > size:
             raise torch.OutOfMemoryError(f"out of memory even with micro-batches of 1 sample (batch {size})")
-        self.chunks *= 2
+        self.run.chunks *= 2
         if self.rt.device.type == "cuda":
             torch.cuda.empty_cache()
         msg = (
-            f"out of memory at step {self.progress.step + 1}: micro-batch {-(-size // (self.chunks // 2))} -> "
-            f"{-(-size // self.chunks)} ({self.chunks} per batch, gradients accumulated; effective batch "
+            f"out of memory at step {self.progress.step + 1}: micro-batch {-(-size // (self.run.chunks // 2))} -> "
+            f"{-(-size // self.run.chunks)} ({self.run.chunks} per batch, gradients accumulated; effective batch "
             f"unchanged{'; this accumulation window restarts' if self.cfg.accumulate_grad_batches > 1 else ''})"
         )
         self.notes.append(msg)
@@ -569,7 +625,7 @@ class Trainer:
         # and (when a save follows) the weights' finiteness ride along in the same transfer
         loss_t = torch.stack(pending).float().mean().reshape(1)
         parts = [loss_t, self.opt.device_counts().to(loss_t)]
-        lr_t = self.optimizer.param_groups[0]["lr"]
+        lr_t = self.optim.optimizer.param_groups[0]["lr"]
         if isinstance(lr_t, torch.Tensor):
             parts.append(lr_t.detach().float().reshape(1).to(loss_t.device))
         if with_finite:
@@ -579,7 +635,7 @@ class Trainer:
         loss = vals[0]
         skipped, run = self.opt.skip_counts(vals[1:3])
         if with_finite:
-            self._finite = (self.progress.step, vals[-1] == 1.0)
+            self.run.finite = (self.progress.step, vals[-1] == 1.0)
         now = time.perf_counter()
         elapsed = max(now - t_last, 1e-9)
         row: dict[str, Any] = {
@@ -587,7 +643,7 @@ class Trainer:
             "step": self.progress.step,
             "epoch": self.progress.epoch + 1,
             "loss": loss,
-            "lr": vals[3] if isinstance(lr_t, torch.Tensor) else self.scheduler.current_lr(),
+            "lr": vals[3] if isinstance(lr_t, torch.Tensor) else self.optim.schedule.current_lr(),
             "samples_per_s": samples * self.rt.world_size / elapsed,
             "data_wait_frac": data_s / elapsed,
             "skipped_steps": skipped,
@@ -595,14 +651,14 @@ class Trainer:
         if self.task.log_metrics_fn is not None:
             extra = self.task.log_metrics_fn()  # e.g. a model's self.log values, averaged since the last point
             row.update(extra)
-            self._row_extra = tuple(extra)
+            self.run.row_extra = tuple(extra)
         if norm is not None:
             row["grad_norm"] = norm.item()  # note: sync point (NORM_EVERY)
             row.update(read_step_metrics(self.task))
         self.log_row(row)
-        self.last_row = row
-        if self.bar is not None:
-            self.bar.set_postfix(
+        self.run.last_row = row
+        if self.run.bar is not None:
+            self.run.bar.set_postfix(
                 loss=f"{loss:.4g}",
                 sps=f"{row['samples_per_s']:.0f}",
                 wait=f"{100 * row['data_wait_frac']:.0f}%",
@@ -636,7 +692,7 @@ class Trainer:
         t_start = time.perf_counter()
         metrics = self._from_rank0(self.evaluate("val") if self.rt.is_main else {})  # also the barrier
         t_end = time.perf_counter()
-        self.stats["val_s"] += t_end - t_start
+        self.run.stats["val_s"] += t_end - t_start
         self._warn_slow_validation(t_start, t_end)
         self.hooks("on_validation_end", metrics)  # may replace or add scores: what follows reads the dict after it
         metrics = self._from_rank0(metrics)
@@ -677,12 +733,12 @@ class Trainer:
 
     def _warn_slow_validation(self, t_start: float, t_end: float) -> None:
         """Once per run: a validation that took longer than the training since the previous one, with the fixes."""
-        prev, self._t_val_end = self._t_val_end, t_end
-        if prev is None or self._warned_slow_val:
+        prev, self.run.t_val_end = self.run.t_val_end, t_end
+        if prev is None or self.run.warned_slow_val:
             return
         val_s, train_s = t_end - t_start, t_start - prev
         if val_s > train_s > 0:
-            self._warned_slow_val = True
+            self.run.warned_slow_val = True
             msg = (
                 f"validation took {val_s:.1f} s, longer than the {train_s:.1f} s of training since the previous "
                 f"one: validate less often (validation_interval, val_check_steps) or score fewer batches "
@@ -731,9 +787,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ deciding to stop
     def _agree_stop(self) -> int | None:
-        """The stop request every rank acts on (trainer/signals.py agree_stop), kept in self.stopping."""
-        self.stopping = agree_stop(self.stop, self.rt)
-        return self.stopping
+        """The stop request every rank acts on (trainer/signals.py agree_stop), kept in self.run.stopping."""
+        self.run.stopping = agree_stop(self.run.stop, self.rt)
+        return self.run.stopping
 
     def _early_stop(self) -> bool:
         patience = self.cfg.early_stopping_patience
@@ -749,7 +805,7 @@ class Trainer:
     def _check_skips_at_end(self) -> None:
         """Skips are checked at log points; a short run can end between two with most of its steps skipped."""
         skipped, run = self.opt.skip_counts()  # note: sync point (end of training)
-        steps, new = self.progress.step - self._start_step, skipped - self._start_skips
+        steps, new = self.progress.step - self.run.start_step, skipped - self.run.start_skips
         if run >= self.cfg.max_consecutive_skips:
             self._diverged(run)
         if new >= 2 and 2 * new > steps:
@@ -786,24 +842,24 @@ class Trainer:
         """A run that ends early: its event row, its console line, and the run's files closed."""
         self.log_row({"kind": "event", "step": self.progress.step, **event})
         self.log(f"[plainloop] {msg}")
-        if self.files is not None:
-            self.files.close()
+        if self.run.files is not None:
+            self.run.files.close()
 
     def _stopped_by_signal(self, signum: int, train_time: float) -> None:
         assert self.run_dir is not None
-        name = self.stop.name
+        name = self.run.stop.name
         msg = (
-            f"{name}: stopped after step {self.progress.step} ({self.progress.position(self.batches_per_epoch)}); "
+            f"{name}: stopped after step {self.progress.step} ({self.progress.position(self.length.batches_per_epoch)}); "
             f"{self.run_dir / 'checkpoints' / 'last.pt'} written. Resume with: "
             f"{resume_hint(self.run_dir, launch_prefix())}"
         )
         self.log_row({"kind": "event", "step": self.progress.step, "event": "stopped", "signal": name})
         self.log(f"[plainloop] {msg}")
         summary = self._summary(train_time, {}, {})  # on every rank: under DDP it holds a collective
-        if self.files is not None:
+        if self.run.files is not None:
             summary["stopped_by"] = name
-            self.files.write_json("summary.json", summary)
-            self.files.close()
+            self.run.files.write_json("summary.json", summary)
+            self.run.files.close()
         if self.rt.distributed:
             dist.barrier()  # no rank exits (and has torchrun end the others) before rank 0 has written
         raise TrainingStopped(128 + signum)
@@ -817,7 +873,7 @@ class Trainer:
         if note:
             self.notes.append(note)
         if rt.is_main:
-            self.files = files = RunFiles(
+            self.run.files = files = RunFiles(
                 self.run_dir,
                 self._on_row,
                 resumed_step=self.progress.step if cfg.resume else None,
@@ -837,23 +893,24 @@ class Trainer:
             self.log(f"[plainloop] {n}")
         self.log(
             f"[plainloop] {self.task.name}: {_samples(self.task.train_set)} train samples, "
-            f"{self.batches_per_epoch} batches/epoch, {self.total_steps} optimizer steps, device {rt.device}, "
+            f"{self.length.batches_per_epoch} batches/epoch, {self.length.total_steps} optimizer steps, device {rt.device}, "
             f"precision {rt.precision}, model {knobs.describe_parameters(self.model_size)}, run dir {self.run_dir}"
         )
 
-    def _settings(self) -> dict[str, dict[str, Any]]:
-        """The run's full resolved settings ({table: {key: value}}), as config.toml and every checkpoint hold them."""
+    def _settings(self, sections: Settings) -> Settings:
+        """The run's full resolved settings: the task's and run's tables (`sections`) and [train], as config.toml and
+        every checkpoint hold them."""
         resolved = {
             **self.requested.to_dict(),
             "precision": self.rt.precision,
-            "num_workers": self.loader_kw.get("num_workers", 0),
-            "warmup_steps": self.warmup_steps,
+            "num_workers": self.data.loader_kw.get("num_workers", 0),
+            "warmup_steps": int(self.optim.hparams.get("warmup_steps", 0)),
             "resume": None,
         }
-        return {**self.config_sections, "train": resolved}
+        return {**sections, "train": resolved}
 
     def _write_config(self, files: RunFiles, run_dir: Path) -> None:
-        rt, train = self.rt, self.settings["train"]
+        rt, train = self.rt, self.checkpointer.settings["train"]
         files.write_json(
             "config.json",
             {
@@ -869,10 +926,10 @@ class Trainer:
                     "notes": self.notes,
                 },
                 "task": {"name": self.task.name, **self.task.info},
-                "optimizer": self.optimizer_hparams,  # the real hyper-parameters of the optimizer that runs
+                "optimizer": self.optim.hparams,  # the real hyper-parameters of the optimizer that runs
             },
         )
-        write_config_file(run_dir / "config.toml", self.settings, rerun_hint(run_dir / "config.toml"))
+        write_config_file(run_dir / "config.toml", self.checkpointer.settings, rerun_hint(run_dir / "config.toml"))
 
     def _on_row(self, row: dict[str, Any]) -> None:
         self.hooks("on_log", row)
@@ -880,41 +937,46 @@ class Trainer:
     def log_row(self, row: dict[str, Any]) -> None:
         """Append `row` to metrics.jsonl (rank 0; other ranks drop it); callbacks see it in on_log. A row has
         "kind" ("train", "val", "norm", "event" or a kind of its own) and "step"."""
-        if self.files is not None:  # rank 0
-            self.files.log(row)
+        if self.run.files is not None:  # rank 0
+            self.run.files.log(row)
 
     def _save(self, name: str, background: bool = False) -> None:
         if self.rt.is_main:
             assert self.run_dir is not None
-            if self.files is not None:  # a removed run directory stops the run: never recreated by the save
-                self.files.check(f"checkpoints/{name}")
+            if self.run.files is not None:  # a removed run directory stops the run: never recreated by the save
+                self.run.files.check(f"checkpoints/{name}")
             # the weights' finiteness was read at this step's log point, with the loss: no second sync
-            finite = self._finite[1] if self._finite is not None and self._finite[0] == self.progress.step else None
-            self.checkpointer.save(name, self.run_dir, self.files, background=background, finite=finite)
+            finite = (
+                self.run.finite[1] if self.run.finite is not None and self.run.finite[0] == self.progress.step else None
+            )
+            self.checkpointer.save(name, self.run_dir, self.run.files, background=background, finite=finite)
 
     def _open_bar(self) -> Any:
         return open_bar(self.cfg.progress_bar and self.rt.is_main, self._total_batches(), self.batches_total_done())
 
     def _total_batches(self) -> int:
-        return min(self.max_epochs * self.batches_per_epoch, self.total_steps * self.cfg.accumulate_grad_batches)
+        return min(
+            self.length.max_epochs * self.length.batches_per_epoch,
+            self.length.total_steps * self.cfg.accumulate_grad_batches,
+        )
 
     def _epoch_line(self, t0: float, saved: bool) -> str:
         done, total = self.batches_total_done(), self._total_batches()
-        ran = done - self._start_batches
+        ran = done - self.run.start_batches
         eta = (time.perf_counter() - t0) / ran * (total - done) if ran > 0 else float("nan")
         p = self.progress
         return epoch_line(
             # p.epoch counts finished epochs; stopped mid-epoch (max_steps, a signal) the run is inside the next one
             epoch=p.epoch + (1 if p.batches_done else 0),
-            max_epochs=self.max_epochs,
+            max_epochs=self.length.max_epochs,
             step=p.step,
-            total_steps=self.total_steps,
-            row=self.last_row,
+            total_steps=self.length.total_steps,
+            row=self.run.last_row,
             saved=("last.pt writing in the background" if self.checkpointer.writing else "last.pt saved")
             if saved
             else "",
             eta_s=eta,
-            extra=self._row_extra,
+            extra=self.run.row_extra,
         )
 
     # ------------------------------------------------------------------ the summary
@@ -926,9 +988,9 @@ class Trainer:
             rt=self.rt,
             run_dir=self.run_dir,
             progress=self.progress,
-            start_step=self._start_step,
+            start_step=self.run.start_step,
             train_time=train_time,
-            stats=self.stats,
+            stats=self.run.stats,
             monitor=self.monitor.get_summary(),
             skipped=self.opt.skip_counts()[0],
             best=self.best,
@@ -947,9 +1009,9 @@ class Trainer:
             "size_mb": self.model_size["size_mb"],
         }
         self.hooks("on_fit_end", summary)
-        if self.files is not None:
-            self.files.write_json("summary.json", summary)
-            self.files.close()
+        if self.run.files is not None:
+            self.run.files.write_json("summary.json", summary)
+            self.run.files.close()
         return summary
 
 

@@ -21,7 +21,7 @@ from typing import Any, Protocol, cast
 import torch
 from torch import nn
 
-from .checkpoint import CheckpointError, atomic_save, load_checkpoint, snapshot_to_host
+from .checkpoint import CheckpointError, StateDict, atomic_save, load_checkpoint, snapshot_to_host
 from .config import TrainConfig
 from .evaluation import BestTracker
 from .hooks import Hooks
@@ -29,7 +29,6 @@ from .runfiles import RunFiles, finished
 from .runtime import Runtime, launch_prefix, rng_state, set_rng_state
 from .usercode import resume_hint
 
-StateDict = dict[str, Any]  # what state_dict() returns and load_state_dict() takes (torch's own alias)
 Settings = dict[str, dict[str, Any]]  # {table: {key: value}}, as config.toml and every checkpoint hold them
 
 FORMAT = "plainloop-2"  # plainloop-1 (the scaler at the top level, no opt_step) still loads

@@ -13,7 +13,7 @@ class VerdictCallback:
     def on_fit_end(self, trainer: Any, summary: dict[str, Any]) -> None:
         from utils.bottleneck import diagnose
 
-        workers = 0 if trainer.on_device else trainer.loader_kw.get("num_workers", 0)
+        workers = 0 if trainer.data.on_device else trainer.data.loader_kw.get("num_workers", 0)
         try:
             summary["verdict"] = diagnose(
                 summary.get("monitor") or {},
@@ -24,8 +24,8 @@ class VerdictCallback:
                     "world_size": trainer.rt.world_size,  # the monitor's samples/s are this rank's
                     # the time between steps, for the epoch-boundary verdict
                     "train_s": summary.get("train_time_s"),
-                    "steps_s": trainer.stats.get("iter_s"),
-                    "val_s": trainer.stats.get("val_s"),
+                    "steps_s": trainer.run.stats.get("iter_s"),
+                    "val_s": trainer.run.stats.get("val_s"),
                     "epochs": summary.get("epochs"),
                 },
             )

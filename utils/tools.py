@@ -124,7 +124,7 @@ class SystemReportTool:
                 steps=self.steps,
                 repeats=self.repeats,
                 job_steps=trainer.total_steps,
-                held=bool(trainer.on_device),
+                held=bool(trainer.data.on_device),
                 config={"task": trainer.task.name, **trainer.requested.to_dict()},
             )
         finally:
@@ -182,7 +182,7 @@ def measured_report(
             "monitor": mon,
             "device_type": t.rt.device.type,
             "step_stats": {
-                "num_workers": 0 if t.on_device else t.loader_kw.get("num_workers", 0),
+                "num_workers": 0 if t.data.on_device else t.data.loader_kw.get("num_workers", 0),
                 "torch_threads": torch.get_num_threads(),
             },
         }
@@ -209,7 +209,7 @@ def measured_report(
 
 def step_fn(t: Any) -> Callable[[], None]:
     """One full training step of trainer `t` on its next batch, for the profiler and the system report."""
-    it = iter(t.loader)
+    it = iter(t.data.loader)
     t.model.train()
 
     def run() -> None:
@@ -217,9 +217,9 @@ def step_fn(t: Any) -> Callable[[], None]:
         try:
             batch = next(it)
         except StopIteration:
-            it = iter(t.loader)
+            it = iter(t.data.loader)
             batch = next(it)
-        if not t.on_device:
+        if not t.data.on_device:
             batch = _to_device(batch, t.rt.device)
         t.forward_backward(batch, 1)
         t.opt.step(False)
