@@ -16,6 +16,7 @@ from torch import nn
 
 from .signals import ignore_stop_signals
 
+
 class ParameterCount(TypedDict):
     total: int  # parameters, a tied weight counted once
     trainable: int
