@@ -8,14 +8,14 @@ from typing import TypedDict, cast
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import Dataset
 
 from .checkpoint import StateDict
 from .config import TrainConfig
 from .data import ShardedBatchSampler, batch_size_of, build_loader, to_device
 from .runtime import Runtime
 from .task import LossFn, Task
-from .usercode import eval_batches
+from .usercode import eval_batches, is_stream
 
 
 def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -198,7 +198,7 @@ class Evaluator:
         """(index, batch on the device) over a split in order, at most cfg.limit_val_batches of them; a private
         generator, so evaluating never draws from the global RNG (exact resume)."""
         cfg, rt = self.cfg, self.rt
-        if isinstance(ds, IterableDataset):  # a stream: no length, read in order
+        if is_stream(ds):  # no length, read in order
             for i, batch in enumerate(eval_batches(ds, cfg.batch_size, self.loader_kw, self.task.collate_fn,
                                                    cfg.limit_val_batches)):  # fmt: skip
                 yield i, to_device(batch, rt.device)

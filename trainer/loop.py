@@ -904,7 +904,7 @@ class Trainer:
             **self.requested.to_dict(),
             "precision": self.rt.precision,
             "num_workers": self.data.loader_kw.get("num_workers", 0),
-            "warmup_steps": int(self.optim.hparams.get("warmup_steps", 0)),
+            "warmup_steps": self.optim.warmup_steps,
             "resume": None,
         }
         return {**sections, "train": resolved}

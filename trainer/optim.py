@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -75,7 +75,8 @@ class OptimizerSetup:
     schedule: Schedule
     callbacks: list[object] = field(default_factory=list)  # objects with any of the hooks in hooks.py
     notes: list[str] = field(default_factory=list)
-    hparams: dict[str, Any] = field(default_factory=dict)
+    hparams: dict[str, object] = field(default_factory=dict)  # for config.json and summary.json
+    warmup_steps: int = 0  # plainloop's warm-up (a task's own schedule has none of ours)
 
 
 # a task's optimizer_fn(model, cfg, device, base_lr) -> its optimizer and schedule, or None for plainloop's AdamW
@@ -123,7 +124,7 @@ def build_optimizer(
         "decay_steps": horizon,
         "min_lr_ratio": cfg.min_lr_ratio,
     }
-    return OptimizerSetup(optimizer, schedule, [], notes, hparams)
+    return OptimizerSetup(optimizer, schedule, [], notes, hparams, warmup)
 
 
 def optimizer_hparams(optimizer: torch.optim.Optimizer) -> dict[str, object]:

@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sized
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
@@ -83,7 +83,7 @@ def rerun_hint(config_toml: str | os.PathLike[str]) -> str:
 
 
 # ------------------------------------------------------------------ IterableDataset
-def is_stream(dataset: object) -> bool:
+def is_stream(dataset: object) -> TypeGuard[IterableDataset]:
     return isinstance(dataset, IterableDataset)
 
 
