@@ -21,13 +21,15 @@ import inspect
 import json
 import re
 import sys
-import types
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Literal, TypedDict
 
-from ..config import ConfigError, check_value
+from ..config import ConfigError, Rule, TypeForm, check_value, unwrap
+
+if TYPE_CHECKING:
+    import yaml
 
 # ------------------------------------------------------------------------------------------- value parsing
 TRUE, FALSE, AUTO = ("1", "true", "yes", "on"), ("0", "false", "no", "off"), ("auto", "none")
@@ -51,17 +53,18 @@ def parse_auto_bool(s: str) -> bool | None:
         raise argparse.ArgumentTypeError(f"{s!r}: use auto, on or off") from None
 
 
-def _unwrap(tp: Any) -> tuple[Any, bool]:
-    """(the type without None, whether None is allowed)."""
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return (args[0] if len(args) == 1 else str), True
-    return tp, False
+class ArgSpec(TypedDict, total=False):
+    """argparse keywords a flag's type gives (add_argument's own names)."""
+
+    action: type[argparse.Action]
+    nargs: int | Literal["+"]
+    metavar: str
+    type: Callable[[str], object]  # last: the name would shadow the builtin in the annotations below it
 
 
-def _spec(tp: Any) -> dict[str, Any]:
-    """argparse keywords for a type annotation."""
-    base, optional = _unwrap(tp)
+def _spec(tp: TypeForm) -> ArgSpec:
+    """argparse keywords for a type annotation (a Literal's choices are read by `_add`)."""
+    base, optional = unwrap(tp)
     if base is bool:
         if optional:
             return {"type": parse_auto_bool, "metavar": "{auto,on,off}"}
@@ -70,14 +73,14 @@ def _spec(tp: Any) -> dict[str, Any]:
     if origin in (tuple, list):
         args = typing.get_args(base)
         elem = args[0] if args else str
-        n = "+" if (origin is list or (len(args) == 2 and args[1] is Ellipsis)) else len(args)
+        n: int | Literal["+"] = "+" if (origin is list or (len(args) == 2 and args[1] is Ellipsis)) else len(args)
         return {"type": elem, "nargs": n}
     if typing.get_origin(base) is typing.Literal:
-        return {"type": type(typing.get_args(base)[0]), "choices": typing.get_args(base)}
+        return {"type": type(typing.get_args(base)[0])}
     return {"type": base if base in (int, float, str) else str}
 
 
-def _help(text: str, default: Any) -> str:
+def _help(text: str, default: object) -> str:
     if default is None or default is inspect.Parameter.empty:
         return text if "default:" in text else f"{text} (default: none)"
     if default == "":
@@ -89,12 +92,12 @@ def _help(text: str, default: Any) -> str:
     return f"{text} (default: {default})".replace("%", "%%").replace("%%%%", "%%")
 
 
-def _checked(name: str, tp: Any, rule: dict[str, Any]) -> Callable[[str], Any]:
+def _checked(name: str, tp: TypeForm, rule: Rule) -> Callable[[str], object]:
     """An argparse `type` that converts and checks one value with the field's rule (the one validator); a tuple
     field's elements are checked one by one here, the whole tuple again when the settings are checked."""
     elem_rule = {k: v for k, v in rule.items() if k != "check"} if nargs_of(tp) else rule
 
-    def parse(s: str) -> Any:
+    def parse(s: str) -> object:
         try:
             return check_value(f"--{name}", s, nargs_of(tp) or tp, elem_rule)
         except ConfigError as e:
@@ -104,26 +107,25 @@ def _checked(name: str, tp: Any, rule: dict[str, Any]) -> Callable[[str], Any]:
     return parse
 
 
-def nargs_of(tp: Any) -> Any:
+def nargs_of(tp: TypeForm) -> TypeForm | None:
     """The element type of a tuple/list field (None for a scalar one)."""
-    base, _ = _unwrap(tp)
+    base, _ = unwrap(tp)
     if typing.get_origin(base) in (tuple, list):
         args = typing.get_args(base)
         return args[0] if args else str
     return None
 
 
-def _add(group: Any, name: str, tp: Any, default: Any, text: str, meta: dict[str, Any], seen: set[str]) -> None:
+def _add(
+    group: argparse._ArgumentGroup, name: str, tp: TypeForm, default: object, text: str, meta: Rule, seen: set[str]
+) -> None:
     if name in seen:  # two tasks share a name (data_path, seed): one flag serves both
         return
     seen.add(name)
     kw = _spec(tp)
-    base, _ = _unwrap(tp)
+    base, _ = unwrap(tp)
     choices = meta.get("choices") or (typing.get_args(base) if typing.get_origin(base) is typing.Literal else None)
-    kw.pop("choices", None)
-    if "type" in kw and kw.get("type") is not parse_auto_bool:
-        kw["type"] = _checked(name, tp, meta)
-    elif kw.get("type") is parse_auto_bool:
+    if "type" in kw:  # every value goes through the one validator, with the field's rule
         kw["type"] = _checked(name, tp, meta)
     if choices:
         kw["metavar"] = "{" + ",".join(str(c) for c in choices) + "}"
@@ -133,7 +135,7 @@ def _add(group: Any, name: str, tp: Any, default: Any, text: str, meta: dict[str
     group.add_argument(*flags, dest=name, default=argparse.SUPPRESS, help=_help(text, default), **kw)
 
 
-def _groups(parser: argparse.ArgumentParser) -> dict[str, Any]:
+def _groups(parser: argparse.ArgumentParser) -> dict[str, argparse._ArgumentGroup]:
     return {g.title or "": g for g in parser._action_groups}  # argparse keeps its groups here; read-only use
 
 
@@ -152,7 +154,7 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, seen: se
     return names
 
 
-def function_parameters(fn: Callable[..., Any]) -> dict[str, tuple[Any, Any]]:
+def function_parameters(fn: Callable[..., object]) -> dict[str, tuple[TypeForm, object]]:
     """{name: (annotation, default)} of a builder's keyword parameters."""
     hints = typing.get_type_hints(fn)
     sig = inspect.signature(fn)
@@ -162,13 +164,13 @@ def function_parameters(fn: Callable[..., Any]) -> dict[str, tuple[Any, Any]]:
 
 def add_function_arguments(
     parser: argparse.ArgumentParser,
-    fn: Callable[..., Any],
-    helps: dict[str, str],
+    fn: Callable[..., object],
+    helps: Mapping[str, str],
     title: str,
     skip: Iterable[str] = (),
     seen: set[str] | None = None,
-    default_text: dict[str, str] | None = None,
-    rules: dict[str, dict[str, Any]] | None = None,
+    default_text: Mapping[str, str] | None = None,
+    rules: Mapping[str, Rule] | None = None,
 ) -> list[str]:
     """One `--flag` per keyword parameter of `fn` (a task builder), help text from `helps`, rule (the knob
     keywords of trainer/config.py) from `rules`."""
@@ -230,14 +232,20 @@ def add_help_flags(parser: argparse.ArgumentParser, common: Iterable[str]) -> No
     common = list(common)
 
     class Help(argparse.Action):
-        def __call__(self, p: argparse.ArgumentParser, ns: Any, value: Any, opt: str | None = None) -> None:
+        def __call__(
+            self,
+            p: argparse.ArgumentParser,
+            ns: argparse.Namespace,
+            value: str | Sequence[str] | None,
+            opt: str | None = None,
+        ) -> None:
             titles = group_titles(p)
             count = sum(1 for a in p._actions if a.option_strings and a.dest != "help")
             keys = ", ".join(t.replace(",", "").split()[0] if not t.endswith(" task") else t.split()[0]
                              for t in titles)  # fmt: skip
             if opt == "--help-all" or value == "all":
                 text = format_help(p)
-            elif value:
+            elif isinstance(value, str) and value:  # --help GROUP (--help-all gives [])
                 picked = [t for t in titles if _matches(value, t)]
                 if not picked:
                     p.error(f"--help {value}: no such group; use one of {keys}, or all")
@@ -259,25 +267,21 @@ def add_help_flags(parser: argparse.ArgumentParser, common: Iterable[str]) -> No
 
 
 # ------------------------------------------------------------------------------------------- config files
-# mmseg/mmcv config names: (table, key) -> (our key, converter)
-_MMSEG: dict[tuple[str, str], tuple[str, Callable[[Any], Any]]] = {
-    ("data", "samples_per_gpu"): ("batch_size", int),
-    ("data", "workers_per_gpu"): ("num_workers", int),
-    ("data", "pin_memory"): ("pin_memory", bool),
-    ("data", "persistent_workers"): ("persistent_workers", bool),
-    ("data", "prefetch_factor"): ("prefetch_factor", int),
-    ("runner", "accumulative_counts"): ("accumulate_grad_batches", int),
-    ("", "samples_per_gpu"): ("batch_size", int),
-    ("", "workers_per_gpu"): ("num_workers", int),
-    ("runner", "max_iters"): ("max_batches", int),  # mmseg iterations are batches, not optimizer steps
-    ("runner", "max_epochs"): ("epochs", int),
-    ("", "total_iters"): ("max_batches", int),
-    ("evaluation", "interval"): ("val_check_batches", int),
-    ("optimizer_config", "cumulative_iters"): ("accumulate_grad_batches", int),
-    ("optimizer", "lr"): ("lr", float),
-    ("optimizer", "weight_decay"): ("weight_decay", float),
-    ("checkpoint_config", "interval"): ("checkpoint_every", int),
-}
+Converter = type[int] | type[float] | type[bool]
+_PER_GPU = {"samples_per_gpu": ("batch_size", int), "workers_per_gpu": ("num_workers", int)}  # also top-level keys
+# mmseg/mmcv config names by table ("": the top level): key -> (our key, converter)
+_MMSEG_TABLES: dict[str, dict[str, tuple[str, Converter]]] = {
+    "": {**_PER_GPU, "total_iters": ("max_batches", int)},
+    "data": {**_PER_GPU, "pin_memory": ("pin_memory", bool), "persistent_workers": ("persistent_workers", bool),
+             "prefetch_factor": ("prefetch_factor", int)},
+    "runner": {"accumulative_counts": ("accumulate_grad_batches", int), "max_epochs": ("epochs", int),
+               "max_iters": ("max_batches", int)},  # mmseg iterations are batches, not optimizer steps
+    "evaluation": {"interval": ("val_check_batches", int)},
+    "optimizer_config": {"cumulative_iters": ("accumulate_grad_batches", int)},
+    "optimizer": {"lr": ("lr", float), "weight_decay": ("weight_decay", float)},
+    "checkpoint_config": {"interval": ("checkpoint_every", int)},
+}  # fmt: skip
+_MMSEG = {(table, key): ours for table, keys in _MMSEG_TABLES.items() for key, ours in keys.items()}
 _IGNORED_MMSEG = {
     ("runner", "type"),
     ("optimizer", "type"),
@@ -295,13 +299,13 @@ MAX_CONFIG_VALUES = 100_000  # values after YAML aliases are expanded; a config 
 MAX_CONFIG_DEPTH = 32
 
 
-def _lines_of(text: str, key: str) -> list[int]:
+def _lines_of(text: str, key: object) -> list[int]:
     """The 1-based lines where `key` is set (`key = `, `key:`, `"key":`), in order."""
     pat = re.compile(rf"""^\s*(?:-\s*)?["']?{re.escape(str(key))}["']?\s*[:=]""")
     return [i for i, line in enumerate(text.splitlines(), 1) if pat.search(line) or f'"{key}":' in line]
 
 
-def _twice(path: Path, text: str, key: Any, lines: tuple[int | None, int | None] = (None, None)) -> ConfigError:
+def _twice(path: Path, text: str, key: object, lines: tuple[int | None, int | None] = (None, None)) -> ConfigError:
     first, again = lines
     if again is None:
         found = _lines_of(text, key)
@@ -310,10 +314,11 @@ def _twice(path: Path, text: str, key: Any, lines: tuple[int | None, int | None]
     return ConfigError(f"{path}: {key!r} is set twice{where}; keep one of them")
 
 
-def _bounded(obj: Any, path: Path) -> None:
+def _bounded(obj: object, path: Path) -> None:
     """Refuse a structure with more values than a config can mean (a YAML alias bomb expands each alias where it is
     used: 9 aliases of 9 make 387 million) or nested deeper than MAX_CONFIG_DEPTH; stops at the first excess."""
-    stack, seen = [(obj, 0)], 0
+    stack: list[tuple[object, int]] = [(obj, 0)]
+    seen = 0
     while stack:
         o, depth = stack.pop()
         seen += 1
@@ -330,14 +335,14 @@ def _bounded(obj: Any, path: Path) -> None:
             stack.extend((v, depth + 1) for v in o)
 
 
-def _yaml_loader(path: Path) -> Any:
+def _yaml_loader(path: Path) -> type[yaml.SafeLoader]:
     """PyYAML's SafeLoader that refuses a key set twice in one mapping, naming both lines."""
     import yaml
 
     class Strict(yaml.SafeLoader):
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, object]:
             if isinstance(node, yaml.MappingNode):
-                seen: dict[Any, int] = {}
+                seen: dict[object, int] = {}
                 for key_node, _ in node.value:
                     if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: explicit keys may override it
                         continue
@@ -354,9 +359,9 @@ def _yaml_loader(path: Path) -> Any:
     return Strict
 
 
-def _json_pairs(path: Path, text: str) -> Any:
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+def _json_pairs(path: Path, text: str) -> Callable[[list[tuple[str, object]]], dict[str, object]]:
+    def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
+        out: dict[str, object] = {}
         for k, v in items:
             if k in out:
                 raise _twice(path, text, k)
@@ -366,7 +371,7 @@ def _json_pairs(path: Path, text: str) -> Any:
     return pairs
 
 
-def _read(path: Path) -> tuple[dict[str, Any], str]:
+def _read(path: Path) -> tuple[object, str]:
     """The file's settings (bounded in size, nesting and alias expansion; a key set twice refused) and its text."""
     suffix = path.suffix.lower()
     if suffix not in (".toml", ".json", ".yaml", ".yml"):
@@ -391,7 +396,7 @@ def _read(path: Path) -> tuple[dict[str, Any], str]:
                         f"{path}: reading TOML needs Python 3.11+ or `pip install tomli`; or give "
                         f"the same keys as a .json file"
                     ) from None
-            raw: Any = tomllib.loads(text)
+            raw: object = tomllib.loads(text)
         elif suffix == ".json":
             raw = json.loads(text, object_pairs_hook=_json_pairs(path, text))
         else:
@@ -414,7 +419,7 @@ def _read(path: Path) -> tuple[dict[str, Any], str]:
     return raw, text
 
 
-def load_config_file(path: str | Path, notes: list[str] | None = None, what: str = "--config") -> dict[str, Any]:
+def load_config_file(path: str | Path, notes: list[str] | None = None, what: str = "--config") -> dict[str, object]:
     """Flat {flag name: value} from a config file; mmseg aliases translated (one note each into `notes`)."""
     path = Path(path)
     if not path.is_file():
@@ -463,7 +468,7 @@ def load_config_file(path: str | Path, notes: list[str] | None = None, what: str
     return dict(flat)
 
 
-class _Once(dict[str, Any]):
+class _Once(dict[str, object]):
     """The flat settings of one file: a key given twice (at the top level and in [train], or by its mmseg name
     and ours) is refused with the line it repeats on."""
 
@@ -471,17 +476,17 @@ class _Once(dict[str, Any]):
         super().__init__()
         self.path, self.text = path, text
 
-    def __setitem__(self, key: str, value: Any) -> None:
+    def __setitem__(self, key: str, value: object) -> None:
         if key in self:
             raise _twice(self.path, self.text, key)
         super().__setitem__(key, value)
 
-    def set_all(self, values: dict[str, Any]) -> None:
+    def set_all(self, values: Mapping[str, object]) -> None:
         for k, v in values.items():
             self[k] = v
 
 
-def _mm(conv: Callable[[Any], Any], v: Any, path: Path, key: str) -> Any:
+def _mm(conv: Converter, v: object, path: Path, key: str) -> int | float:
     if isinstance(v, bool) or not isinstance(v, int | float | str) or (conv is bool and not isinstance(v, bool)):
         if not (conv is bool and isinstance(v, bool)):
             raise ConfigError(f"{path}: {key} = {v!r}: not a {conv.__name__}")

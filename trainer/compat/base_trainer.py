@@ -30,15 +30,15 @@ import importlib
 import inspect
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeGuard
 
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import Subset
+from torch.utils.data import Dataset, Subset
 
 from ..checkpoint import CheckpointError, atomic_save, load_checkpoint
 from ..config import ConfigError, TrainConfig, run_name_problem, unknown_keys, writable_dir_problem
@@ -57,7 +57,7 @@ _OWN_KEYS = ["split_ratio", "auto_batch_size"]  # BaseTrainer's own, beside ever
 LIGHTNING_KEYS = ["save_top_k", "monitor", "mode", "matmul_precision", "accelerator", "devices"]
 # What the Lightning-based BaseTrainer did with a key left out: its run length and batch, its loaders (no
 # shuffling, the last short batch kept) and Lightning's validation after every epoch.
-FEED_DEFAULTS: dict[str, Any] = {
+FEED_DEFAULTS: dict[str, int | bool] = {
     "epochs": 100,
     "batch_size": 20,
     "shuffle": False,
@@ -102,25 +102,47 @@ _LOADER_KEYS = (
 )
 
 
-def _params(cls: Any) -> dict[str, inspect.Parameter]:
+class AreaLike(Protocol):
+    """What BaseTrainer reads of an area (datasets.area.Area): its longitude and latitude bounds."""
+
+    @property
+    def lon(self) -> Sequence[float]: ...
+
+    @property
+    def lat(self) -> Sequence[float]: ...
+
+
+class _Samples(Protocol):
+    """A map-style dataset: its length and its samples by index."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> object: ...
+
+
+def _is_area(x: object) -> TypeGuard[AreaLike]:
+    return hasattr(x, "lon") and hasattr(x, "lat")
+
+
+def _params(cls: Callable[..., object]) -> dict[str, inspect.Parameter]:
     try:
         return dict(inspect.signature(cls).parameters)
     except (TypeError, ValueError):  # a builtin or C extension: no signature to read
         return {}
 
 
-def _names(cls: Any, name: str) -> bool:
+def _names(cls: Callable[..., object], name: str) -> bool:
     """`cls(...)` names `name` as a parameter of its own (a **kwargs catch-all does not count)."""
     p = _params(cls).get(name)
     return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
 
 
-def _required(cls: Any, name: str) -> bool:
+def _required(cls: Callable[..., object], name: str) -> bool:
     p = _params(cls).get(name)
     return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty
 
 
-def check_trainer_params(tp: dict[str, Any]) -> None:
+def check_trainer_params(tp: Mapping[str, object]) -> None:
     """Unknown trainer_params keys are an error naming the supported alternative or the nearest key."""
     known = _CONFIG_KEYS + _OWN_KEYS + LIGHTNING_KEYS
     special = [k for k in tp if k not in known and k in ALTERNATIVES]
@@ -135,7 +157,7 @@ def check_trainer_params(tp: dict[str, Any]) -> None:
         )
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     """Two samples hold the same values (NaN equal to NaN): tensors, arrays, dicts, sequences, scalars."""
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         a, b = np.asarray(a), np.asarray(b)
@@ -163,7 +185,7 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
-def same_samples(a: Any, b: Any) -> bool:
+def same_samples(a: _Samples, b: _Samples) -> bool:
     """True when two splits are the same samples: equal length and equal first, middle and last samples."""
     n = len(a)
     if n == 0 or len(b) != n:
@@ -196,20 +218,20 @@ class BaseTrainer:
         self,
         title: str,
         uid: str,
-        area: Any,
+        area: AreaLike | None,
         model_class: type[nn.Module],
         dataset_class: type,
         save_path: str | os.PathLike | None = None,
         checkpoint_path: str | os.PathLike | None = None,
         pre_model: bool = False,
-        dataset_params: dict | None = None,
-        trainer_params: dict | None = None,
-        model_params: dict | None = None,
+        dataset_params: Mapping[str, object] | None = None,
+        trainer_params: Mapping[str, object] | None = None,
+        model_params: Mapping[str, object] | None = None,
         use_checkpoint: bool = True,
         use_wandb: bool = False,
         *,
-        callbacks: list[Any] | None = None,
-        monitor: Any = None,
+        callbacks: list[object] | None = None,
+        monitor: object = None,
         log: Callable[[str], None] = print,
     ) -> None:
         self.notes: list[str] = []  # printed when training starts and kept in config.json
@@ -239,16 +261,18 @@ class BaseTrainer:
         self.callbacks = list(callbacks or [])
         self.monitor = monitor
         self.log = log
-        if area is not None and not (hasattr(area, "lon") and hasattr(area, "lat")):
+        if area is not None and not _is_area(area):
             raise TypeError(
                 f"BaseTrainer: area={area!r} has no .lon/.lat; give a datasets.area.Area "
                 f"(Area('Global', lon=[-180, 180], lat=[-80, 80])) or None for data without an area"
             )
-        tp = dict(trainer_params or {})
+        # values are checked where they are read (TrainConfig.from_dict for its fields)
+        tp: dict[str, Any] = dict(trainer_params or {})
         check_trainer_params(tp)
-        self.explicit = dict(tp)  # what the user wrote, to name every setting the run does not honour
+        # what the user wrote, to name every setting the run does not honour
+        self.explicit: dict[str, object] = dict(tp)
         self.seed_given = "seed" in tp  # else the caller's random state decides, as under Lightning
-        self.split_ratio = tuple(tp.pop("split_ratio", DEFAULT_SPLIT))
+        self.split_ratio: tuple[float, ...] = tuple(tp.pop("split_ratio", DEFAULT_SPLIT))
         if (
             not (2 <= len(self.split_ratio) <= 3)
             or any(r < 0 for r in self.split_ratio)
@@ -258,7 +282,7 @@ class BaseTrainer:
                 f"trainer_params['split_ratio']={list(self.split_ratio)}: give 2 or 3 non-negative "
                 f"fractions (train, val[, test]) that sum to at most 1"
             )
-        self.auto_batch_size = tp.pop("auto_batch_size", False)
+        self.auto_batch_size: bool = tp.pop("auto_batch_size", False)
         if not isinstance(self.auto_batch_size, bool):
             raise ValueError(f"trainer_params['auto_batch_size']={self.auto_batch_size!r}: give True or False")
         self.monitor_metric, self.monitor_mode = self._lightning_keys(tp)
@@ -292,10 +316,10 @@ class BaseTrainer:
         self.config = TrainConfig.from_dict(tp, where="trainer_params")
         self.trainer: Trainer | None = None
         self.model: nn.Module | None = None
-        self.summary: dict[str, Any] | None = None
+        self.summary: dict[str, object] | None = None
         self._init_notes = list(self.notes)
 
-    def _lightning_keys(self, tp: dict[str, Any]) -> tuple[str | None, str | None]:
+    def _lightning_keys(self, tp: dict[str, object]) -> tuple[str | None, str | None]:
         """The Lightning-style keys: each honoured, or named in one line when it cannot be."""
         monitor = tp.pop("monitor", None)
         mode = tp.pop("mode", None)
@@ -342,7 +366,7 @@ class BaseTrainer:
         return monitor, mode
 
     # ------------------------------------------------------------------ data
-    def _dataset_kwargs(self) -> dict[str, Any]:
+    def _dataset_kwargs(self) -> dict[str, object]:
         cls, kw, area = self.dataset_class, dict(self.dataset_params), self.area
         name = getattr(cls, "__name__", str(cls))
         given = {k for k in ("lon", "lat", "area") if k in kw}
@@ -365,7 +389,8 @@ class BaseTrainer:
                 )
         return kw
 
-    def _datasets(self) -> tuple[Any, Any, Any]:
+    def _datasets(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
+        """(train, val, test): val None when it is empty, test None when there is no test split."""
         cls, kw = self.dataset_class, self._dataset_kwargs()
         name = getattr(cls, "__name__", str(cls))
         ratio = self.split_ratio
@@ -397,10 +422,10 @@ class BaseTrainer:
             )
         sizes = "/".join(str(len(s)) for s in (train, val, test) if s is not None)
         self.notes.append(f"data: {how}: train/val{'/test' if test is not None else ''} = {sizes} samples")
-        return train, val, test
+        return train, val if len(val) else None, test
 
     # ------------------------------------------------------------------ model
-    def _model_kwargs(self) -> dict[str, Any]:
+    def _model_kwargs(self) -> dict[str, object]:
         cls, mp, area = self.model_class, dict(self.model_params), self.area
         if area is None or {"area", "lon_range", "lat_range"} & set(mp):
             return mp  # no area, or the user placed it
@@ -443,7 +468,7 @@ class BaseTrainer:
             self.title,
             model,
             train,
-            val if val is not None and len(val) else None,
+            val,
             test,
             monitor_metric=self.monitor_metric or "val_loss",
             monitor_mode=self.monitor_mode or "min",
@@ -537,7 +562,8 @@ class BaseTrainer:
             self.notes.append(note)
         # the Lightning-based BaseTrainer's loaders: workers (8 unless given) persistent unless switched off
         workers = self.explicit.get("num_workers", LIGHTNING_WORKERS)
-        callbacks = [*self.callbacks, LoaderDraws(bool(workers) and self.explicit.get("persistent_workers", True))]
+        persistent = bool(workers) and bool(self.explicit.get("persistent_workers", True))
+        callbacks = [*self.callbacks, LoaderDraws(persistent)]
         if self.use_wandb:
             try:
                 callbacks.append(WandbLogger())
@@ -638,7 +664,7 @@ class Prediction(NamedTuple):
     prediction: np.ndarray
     rmse: float
     r2: float
-    ssta: Any
+    ssta: object  # the dataset's read_ssta(offset), or None
 
 
 class LoaderDraws:
@@ -659,11 +685,11 @@ class LoaderDraws:
             torch.empty((), dtype=torch.int64).random_()
         self.started[loader] = True
 
-    def on_train_epoch_start(self, trainer: Any, epoch: int) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, epoch: int) -> None:
         if trainer.progress.batches_done == 0:  # resumed mid-epoch: this epoch's draw came before the checkpoint
             self._draw("train")
 
-    def on_validation_start(self, trainer: Any) -> None:
+    def on_validation_start(self, trainer: Trainer) -> None:
         self._draw("val")
 
     def state_dict(self) -> dict[str, bool]:
@@ -713,7 +739,7 @@ def rmse_r2(pred: np.ndarray, target: np.ndarray) -> tuple[float, float]:
     return math.sqrt(mse), (1 - mse / var) if var > 0 else math.nan
 
 
-def _check_arguments(cls: Any, kwargs: dict[str, Any], where: str) -> None:
+def _check_arguments(cls: Callable[..., object], kwargs: Mapping[str, object], where: str) -> None:
     """The constructor accepts these keyword arguments: else one line naming `where`, not a TypeError from
     inside the class (which the user did not write as a call)."""
     try:
@@ -765,12 +791,12 @@ MODEL_FORMAT = "plainloop-model-2"  # -1: the same, with tuples written as lists
 _TUPLE, _AREA = "__tuple__", "__area__"  # tags of the values a weights_only file has no type for
 
 
-def _encode(v: Any) -> tuple[bool, Any]:
+def _encode(v: object) -> tuple[bool, object]:
     """(True, a form torch.load(weights_only=True) reads and `_decode` turns back into an equal value of the same
     type), or (False, None) for a value that is not plain."""
     if v is None or type(v) in (bool, int, float, str):
         return True, v
-    if type(v) in (list, tuple):
+    if type(v) is list or type(v) is tuple:
         parts = [_encode(x) for x in v]
         if not all(ok for ok, _ in parts):
             return False, None
@@ -783,34 +809,35 @@ def _encode(v: Any) -> tuple[bool, Any]:
         if not all(ok for ok, _ in parts_d.values()):
             return False, None
         return True, {k: x for k, (_, x) in parts_d.items()}
-    if hasattr(v, "lon") and hasattr(v, "lat") and isinstance(getattr(v, "title", None), str):  # an area
-        box = {"title": v.title, "lon": list(v.lon), "lat": list(v.lat)}
-        if isinstance(getattr(v, "description", None), str):
-            box["description"] = v.description
+    if _is_area(v) and isinstance(title := getattr(v, "title", None), str):  # an area
+        box: dict[str, object] = {"title": title, "lon": list(v.lon), "lat": list(v.lat)}
+        if isinstance(description := getattr(v, "description", None), str):
+            box["description"] = description
         ok, enc = _encode(box)
-        if ok:
+        if ok and isinstance(enc, dict):
             cls = type(v)
             return True, {_AREA: {"class": f"{cls.__module__}:{cls.__qualname__}", **enc}}
     return False, None
 
 
-def _import(name: str) -> Any:
-    """'package.module:Qual.Name' -> the object; ImportError or AttributeError when it is not there."""
+def _import(name: str) -> type:
+    """'package.module:Qual.Name' -> the class; ImportError or AttributeError when it is not there."""
     mod, _, qual = name.partition(":")
-    obj: Any = importlib.import_module(mod)
-    for part in qual.split("."):
+    *path, last = qual.split(".")
+    obj = importlib.import_module(mod)
+    for part in path:
         obj = getattr(obj, part)
-    return obj
+    return getattr(obj, last)
 
 
-def _decode(v: Any, where: str) -> Any:
+def _decode(v: object, where: str) -> object:
     if isinstance(v, list):
         return [_decode(x, where) for x in v]
     if isinstance(v, dict) and set(v) == {_TUPLE}:
         return tuple(_decode(x, where) for x in v[_TUPLE])
     if isinstance(v, dict) and set(v) == {_AREA}:
         box = {k: _decode(x, where) for k, x in v[_AREA].items()}
-        name = box.pop("class")
+        name = str(box.pop("class"))
         try:
             cls = _import(name)
         except (ImportError, AttributeError):
@@ -824,7 +851,7 @@ def _decode(v: Any, where: str) -> Any:
     return v
 
 
-def encode_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def encode_arguments(kwargs: Mapping[str, object]) -> tuple[dict[str, object], list[str]]:
     """(the constructor arguments in their saved form, the names of those that are not plain values)."""
     saved, unsaved = {}, []
     for k, v in kwargs.items():
@@ -836,7 +863,7 @@ def encode_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], list[str]]
     return saved, unsaved
 
 
-def save_model(model: nn.Module, path: str | os.PathLike, model_kwargs: dict[str, Any] | None = None) -> Path:
+def save_model(model: nn.Module, path: str | os.PathLike, model_kwargs: Mapping[str, object] | None = None) -> Path:
     """Weights + constructor arguments, loadable with weights_only=True (no pickled code runs on load)."""
     saved, unsaved = encode_arguments(model_kwargs or {})
     cls = type(model)
@@ -850,7 +877,7 @@ def save_model(model: nn.Module, path: str | os.PathLike, model_kwargs: dict[str
     return atomic_save(state, Path(path))
 
 
-def _load_any(path: Path) -> Any:
+def _load_any(path: Path) -> object:
     """torch.load with weights_only=True; a pickled module is one line saying how to load it, not a traceback."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
@@ -862,7 +889,7 @@ def _load_any(path: Path) -> Any:
         ) from None
 
 
-def _read_state(path: Path) -> dict[str, Any]:
+def _read_state(path: Path) -> dict[str, torch.Tensor]:
     """A state dict from: save_model's file, a plainloop checkpoint, a Lightning .ckpt, or a bare state dict."""
     try:
         state = load_checkpoint(path)  # a plainloop checkpoint: its digest is verified
@@ -899,7 +926,9 @@ def load_weights_into(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     return model
 
 
-def load_model(path: str | os.PathLike, model_class: Any = None, **model_params: Any) -> nn.Module:
+def load_model(
+    path: str | os.PathLike, model_class: type[nn.Module] | None = None, **model_params: object
+) -> nn.Module:
     """Rebuild a model saved by BaseTrainer in one call: `model = load_model("saved_models/m.pt")`.
 
     The one-line replacement of `model = torch.load(path, weights_only=False)` for a file written by save(): the
@@ -908,8 +937,9 @@ def load_model(path: str | os.PathLike, model_class: Any = None, **model_params:
     or add to them. The model comes back in eval mode, on the CPU.
     """
     p = Path(path)
-    obj = _load_any(p)
-    fmt = obj.get("format") if isinstance(obj, dict) else None
+    loaded = _load_any(p)
+    obj = loaded if isinstance(loaded, dict) else {}
+    fmt = obj.get("format")
     if fmt not in ("plainloop-model-1", MODEL_FORMAT):
         if model_class is None:
             raise ValueError(

@@ -27,16 +27,17 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import weakref
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NoReturn, Protocol, TypedDict, TypeGuard
 
 import torch
 from torch import nn
 
+from ..checkpoint import StateDict
 from ..config import TrainConfig
-from ..optim import OptimizerSetup, group_lr, optimizer_hparams
-from ..runtime import Runtime
-from ..task import ModelProtocolError, Task
+from ..hooks import TrainerView
+from ..optim import OptimizerFn, OptimizerSetup, group_lr, optimizer_hparams
+from ..task import BatchEvaluateFn, LogMetricsFn, LossFn, ModelProtocolError, Task
 
 _SENTINEL = "_plainloop_training_step"  # routes a wrapped (DDP/compiled) call to training_step
 HOOKS = (
@@ -46,24 +47,17 @@ HOOKS = (
 )  # fmt: skip
 
 
-class RunView(Protocol):
-    """What the model's hooks read from the plainloop Trainer (its public state)."""
+ModelMethod = Callable[..., object]  # a method of the user's model, called with what Lightning would pass
 
-    cfg: TrainConfig
-    rt: Runtime
-    max_epochs: int
-    batches_per_epoch: int
-    total_steps: int
 
-    @property
-    def step(self) -> int: ...
+class ModelScheduler(Protocol):
+    """An LR scheduler from configure_optimizers: torch's, or any object with a step()."""
 
-    @property
-    def epoch(self) -> int: ...
+    def step(self, *metric: float) -> object: ...
 
-    def log(self, msg: str) -> None: ...
+    def state_dict(self) -> StateDict: ...
 
-    def log_row(self, row: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state_dict: StateDict) -> object: ...
 
 
 class UnsupportedLightningFeature(AttributeError):
@@ -78,7 +72,7 @@ def is_lightning_style(model: nn.Module) -> bool:
     return _own(model, "configure_optimizers") is not None or _own(model, "training_step") is not None
 
 
-def _own(model: nn.Module, name: str) -> Callable | None:
+def _own(model: nn.Module, name: str) -> ModelMethod | None:
     """The model's method `name` when its class (not LightningModule's empty default) defines it."""
     fn = getattr(model, name, None)
     if fn is None or not callable(fn):
@@ -92,19 +86,19 @@ def _own(model: nn.Module, name: str) -> Callable | None:
 
 
 # ------------------------------------------------------------------ configure_optimizers
-def _is_optimizer(x: Any) -> bool:
+def _is_optimizer(x: object) -> TypeGuard[torch.optim.Optimizer]:
     return isinstance(x, torch.optim.Optimizer) or (hasattr(x, "param_groups") and hasattr(x, "step"))
 
 
-def _is_plateau(s: Any) -> bool:
+def _is_plateau(s: object) -> bool:
     return isinstance(s, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
 class SchedulerConfig:
     """One model scheduler with Lightning's config keys: interval ("epoch" or "step"), frequency, monitor."""
 
-    def __init__(self, scheduler: Any, interval: str = "epoch", frequency: int = 1, monitor: str | None = None,
-                 strict: bool = True, name: str | None = None) -> None:  # fmt: skip
+    def __init__(self, scheduler: ModelScheduler, interval: str = "epoch", frequency: int = 1,
+                 monitor: str | None = None, strict: bool = True, name: str | None = None) -> None:  # fmt: skip
         if interval not in ("epoch", "step"):
             raise ModelProtocolError(
                 f"configure_optimizers: lr_scheduler interval={interval!r}; Lightning (and plainloop) accept "
@@ -128,7 +122,7 @@ class SchedulerConfig:
         unit = "optimizer step" if self.interval == "step" else "epoch"
         return f"{what}, stepped every {unit if self.frequency == 1 else f'{self.frequency} {unit}s'}"
 
-    def hparams(self) -> dict[str, Any]:
+    def hparams(self) -> dict[str, str | int | None]:
         return {"type": type(self.scheduler).__name__, "interval": self.interval, "frequency": self.frequency,
                 "monitor": self.monitor}  # fmt: skip
 
@@ -136,7 +130,11 @@ class SchedulerConfig:
 _SCHED_KEYS = {"scheduler", "interval", "frequency", "monitor", "strict", "name", "reduce_on_plateau", "opt_idx"}
 
 
-def _scheduler_config(s: Any, monitor: str | None) -> SchedulerConfig:
+def _is_scheduler(s: object) -> TypeGuard[ModelScheduler]:
+    return hasattr(s, "step")
+
+
+def _scheduler_config(s: object, monitor: str | None) -> SchedulerConfig:
     if isinstance(s, dict):
         if "scheduler" not in s:
             raise ModelProtocolError(
@@ -151,7 +149,7 @@ def _scheduler_config(s: Any, monitor: str | None) -> SchedulerConfig:
             )
         return SchedulerConfig(s["scheduler"], s.get("interval", "epoch"), s.get("frequency", 1),
                                s.get("monitor", monitor), s.get("strict", True), s.get("name"))  # fmt: skip
-    if not hasattr(s, "step"):
+    if not _is_scheduler(s):
         raise ModelProtocolError(
             f"configure_optimizers: lr_scheduler {type(s).__name__} has no step(); give a torch.optim.lr_scheduler "
             f"object or a dict with 'scheduler'"
@@ -159,7 +157,7 @@ def _scheduler_config(s: Any, monitor: str | None) -> SchedulerConfig:
     return SchedulerConfig(s, monitor=monitor)
 
 
-def parse_optimizers(conf: Any) -> tuple[Any, list[SchedulerConfig]]:
+def parse_optimizers(conf: object) -> tuple[torch.optim.Optimizer | None, list[SchedulerConfig]]:
     """Lightning's configure_optimizers return forms -> (the one optimizer or None, its scheduler configs)."""
     several = (
         "configure_optimizers returned {n} optimizers: several optimizers means Lightning's manual "
@@ -206,12 +204,12 @@ def parse_optimizers(conf: Any) -> tuple[Any, list[SchedulerConfig]]:
     )
 
 
-def _short(x: Any) -> str:
+def _short(x: object) -> str:
     r = repr(x)
     return r if len(r) < 120 else r[:117] + "..."
 
 
-def run_values(cfg: TrainConfig, device: torch.device, lr: float) -> dict[str, Any]:
+def run_values(cfg: TrainConfig, device: torch.device, lr: float) -> dict[str, object]:
     """What a nanoGPT-style `configure_optimizers(weight_decay, learning_rate, betas, device_type)` is given."""
     return {"weight_decay": cfg.weight_decay, "learning_rate": lr, "lr": lr, "betas": tuple(cfg.adam_betas),
             "eps": cfg.adam_eps, "device_type": device.type, "device": device}  # fmt: skip
@@ -223,7 +221,7 @@ _FILLED = {"lr": ("learning_rate", "lr"), "weight_decay": ("weight_decay",), "ad
 _SCHEDULE_ONLY = ("warmup_steps", "lr_decay_steps", "min_lr_ratio", "ref_batch_size", "lr_scaling", "fused")
 
 
-def unused_optimizer_knobs(cfg: TrainConfig, given: dict[str, Any]) -> list[str]:
+def unused_optimizer_knobs(cfg: TrainConfig, given: Mapping[str, object]) -> list[str]:
     """'name=value' for each optimizer/schedule knob set away from its default that the model's own
     configure_optimizers does not receive: without a word, a user's warmup_steps would silently do nothing."""
     if not dataclasses.is_dataclass(cfg):
@@ -251,14 +249,14 @@ def unused_text(unused: list[str]) -> str:
     )
 
 
-def call_configure_optimizers(model: nn.Module, values: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+def call_configure_optimizers(model: nn.Module, values: Mapping[str, object]) -> tuple[object, dict[str, object]]:
     """Call configure_optimizers, giving its required parameters the run's values by name."""
-    fn: Callable[..., Any] = getattr(model, "configure_optimizers")  # noqa: B009 (a Module attribute to mypy)
+    fn: ModelMethod = getattr(model, "configure_optimizers")  # noqa: B009 (a Module attribute to mypy)
     try:
         params = dict(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
         params = {}
-    given: dict[str, Any] = {}
+    given: dict[str, object] = {}
     missing: list[str] = []
     for name, p in params.items():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.default is not p.empty:
@@ -317,10 +315,10 @@ class ModelStepSchedule:
     def current_lr(self) -> float:
         return group_lr(self.optimizer)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         return {"steps": self.steps, "schedulers": [c.scheduler.state_dict() for c in self.configs]}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: StateDict) -> None:
         self.steps = int(state.get("steps", 0))
         for c, s in zip(self.configs, state.get("schedulers", [])):
             c.scheduler.load_state_dict(s)
@@ -330,7 +328,7 @@ class OptimizerChoice:
     """What configure_optimizers decided: optimizer, per-step schedule, the scheduler configs, notes, hparams."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, schedule: ModelStepSchedule, configs: list[SchedulerConfig],
-                 notes: list[str], hparams: dict[str, Any]) -> None:  # fmt: skip
+                 notes: list[str], hparams: dict[str, object]) -> None:  # fmt: skip
         self.optimizer, self.schedule, self.configs, self.notes, self.hparams = (
             optimizer, schedule, configs, notes, hparams
         )  # fmt: skip
@@ -373,8 +371,8 @@ def model_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device, lr
     for c in configs:
         if c.plateau and c.interval == "step":
             notes.append(f"schedule: {c.describe()}: interval 'step' for a plateau scheduler is stepped per validation")
-    hparams = {"source": f"{type(model).__name__}.configure_optimizers", **optimizer_hparams(optimizer),
-               "schedulers": [c.hparams() for c in configs]}  # fmt: skip
+    source, schedulers = f"{type(model).__name__}.configure_optimizers", [c.hparams() for c in configs]
+    hparams: dict[str, object] = {"source": source, **optimizer_hparams(optimizer), "schedulers": schedulers}
     return OptimizerChoice(optimizer, ModelStepSchedule(optimizer, configs), configs, notes, hparams)
 
 
@@ -383,10 +381,10 @@ class LogStore:
     """`self.log` values of one phase, kept on the device: sums and weights per name, read back in one go."""
 
     def __init__(self) -> None:
-        self.sums: dict[str, Any] = {}
+        self.sums: dict[str, torch.Tensor | float] = {}
         self.weights: dict[str, float] = {}
 
-    def add(self, name: str, value: Any, weight: float) -> None:
+    def add(self, name: str, value: object, weight: float) -> None:
         if isinstance(value, torch.Tensor):
             value = value.detach()
             if value.numel() != 1:
@@ -411,11 +409,12 @@ class LogStore:
         names = list(self.sums)
         if not names:
             return {}
-        tens = [n for n in names if isinstance(self.sums[n], torch.Tensor)]
-        out = {n: float(self.sums[n]) / self.weights[n] for n in names if n not in tens}
+        tens = {n: v for n, v in self.sums.items() if isinstance(v, torch.Tensor)}
+        out = {n: float(v) / self.weights[n] for n, v in self.sums.items() if n not in tens}
         if tens:
             # note: sync point (log points, validation, epoch end): every logged tensor in one read
-            vals = torch.stack([self.sums[n].to(self.sums[tens[0]].device) for n in tens]).tolist()
+            device = next(iter(tens.values())).device
+            vals = torch.stack([v.to(device) for v in tens.values()]).tolist()
             out.update({n: v / self.weights[n] for n, v in zip(tens, vals)})
         self.sums, self.weights = {}, {}
         return {n: out[n] for n in names}
@@ -431,9 +430,10 @@ class ModelLogger:
         self.train_names: tuple[str, ...] = ()  # what training_step logs (shown on the epoch lines)
         self.batch_size = 1
 
-    def log(self, name: str, value: Any, prog_bar: bool = False, logger: Any = None, on_step: bool | None = None,
-            on_epoch: bool | None = None, reduce_fx: Any = "mean", enable_graph: bool = False,
-            sync_dist: bool = False, sync_dist_group: Any = None, add_dataloader_idx: bool = True,
+    def log(self, name: str, value: object, prog_bar: bool = False, logger: object = None,
+            on_step: bool | None = None, on_epoch: bool | None = None, reduce_fx: object = "mean",
+            enable_graph: bool = False, sync_dist: bool = False, sync_dist_group: object = None,
+            add_dataloader_idx: bool = True,
             batch_size: int | None = None, metric_attribute: str | None = None,
             rank_zero_only: bool = False) -> None:  # fmt: skip
         if reduce_fx not in ("mean", torch.mean):
@@ -450,7 +450,7 @@ class ModelLogger:
         else:
             self.stores[self.phase].add(name, value, w)
 
-    def log_dict(self, dictionary: Any, **kw: Any) -> None:
+    def log_dict(self, dictionary: Mapping[str, object], **kw: Any) -> None:  # kw: log's keywords
         for k, v in dictionary.items():
             self.log(k, v, **kw)
 
@@ -479,7 +479,7 @@ class TrainerShim:
     )  # fmt: skip
 
     def __init__(self) -> None:
-        self.plainloop: RunView | None = None  # the plainloop Trainer, once the fit started
+        self.plainloop: TrainerView | None = None  # the plainloop Trainer, once the fit started
         self.current_epoch = 0
         self.global_rank = self.local_rank = 0
         self.world_size = self.num_devices = 1
@@ -489,10 +489,10 @@ class TrainerShim:
         self.estimated_stepping_batches = 0
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_scheduler_configs: list[SchedulerConfig] = []
-        self.callback_metrics: dict[str, Any] = {}
-        self.logged_metrics: dict[str, Any] = {}
+        self.callback_metrics: dict[str, float] = {}
+        self.logged_metrics: dict[str, float] = {}
         self.logger = self.progress_bar_callback = None
-        self.loggers: list[Any] = []
+        self.loggers: list[object] = []
         self.training, self.validating, self.testing, self.sanity_checking = True, False, False, False
         self.accumulate_grad_batches = 1
         self.precision = "32"
@@ -510,7 +510,7 @@ class TrainerShim:
     def __bool__(self) -> bool:
         return True
 
-    def __getattr__(self, name: str) -> Any:  # only called for what is not provided
+    def __getattr__(self, name: str) -> NoReturn:  # only called for what is not provided
         if name.startswith("__"):
             raise AttributeError(name)
         raise UnsupportedLightningFeature(
@@ -521,7 +521,7 @@ class TrainerShim:
 
 
 # ------------------------------------------------------------------ loss and evaluation
-def _loss_of(out: Any, where: str) -> torch.Tensor:
+def _loss_of(out: object, where: str) -> torch.Tensor:
     """The loss in a training_step / forward output: a tensor, a dict with "loss", or (logits, loss)."""
     if isinstance(out, torch.Tensor):
         return out
@@ -558,7 +558,7 @@ class ModelAdapter:
         self.logger = ModelLogger()
         self.shim = TrainerShim()
         self.batch_idx = 0
-        self.last_output: Any = None  # the last training_step output, for on_train_batch_end
+        self.last_output: object = None  # the last training_step output, for on_train_batch_end
         self.choice: OptimizerChoice | None = None
         self.epoch_logs: dict[str, float] = {}  # what the model logged with on_epoch=True in the last epoch
         self.training_step = _own(model, "training_step")
@@ -569,11 +569,11 @@ class ModelAdapter:
         self.patches = hasattr(type(model), "trainer") or self.training_step is not None
         self._routed = False
         self.attached = False
-        self._saved: list[tuple[dict[str, Any], str, Any]] = []  # (a module's __dict__, key, value before)
-        self._hooks: dict[str, Callable | None] = {}
+        self._saved: list[tuple[dict[str, object], str, object]] = []  # (a module's __dict__, key, value before)
+        self._hooks: dict[str, ModelMethod | None] = {}
 
     @staticmethod
-    def _takes_idx(fn: Callable | None) -> bool:
+    def _takes_idx(fn: ModelMethod | None) -> bool:
         if fn is None:
             return False
         try:
@@ -603,7 +603,7 @@ class ModelAdapter:
         _ATTACHED[self.model] = self
         self.attached = True
 
-    def _put(self, module: nn.Module, key: str, value: Any) -> None:
+    def _put(self, module: nn.Module, key: str, value: object) -> None:
         d = module.__dict__
         self._saved.append((d, key, d.get(key, _MISSING)))
         d[key] = value
@@ -626,7 +626,7 @@ class ModelAdapter:
             raise UnsupportedLightningFeature("self.optimizers(): the model's configure_optimizers gave no optimizer")
         return self.choice.optimizer
 
-    def _lr_schedulers(self) -> Any:
+    def _lr_schedulers(self) -> ModelScheduler | list[ModelScheduler] | None:
         scheds = [c.scheduler for c in (self.choice.configs if self.choice else [])]
         return None if not scheds else scheds[0] if len(scheds) == 1 else scheds
 
@@ -638,20 +638,20 @@ class ModelAdapter:
             self.model.__dict__["global_step"] = self.shim.global_step
 
     # ---- the loss
-    def _route(self, *args: Any, **kwargs: Any) -> Any:
+    def _route(self, *args: object, **kwargs: object) -> object:
         """The model's forward, or training_step when a wrapper (DDP, torch.compile) was called for one."""
         idx = kwargs.pop(_SENTINEL, None)
         if idx is None:
             return type(self.model).forward(self.model, *args, **kwargs)
         return self._train_step(args[0], idx)
 
-    def _train_step(self, batch: Any, idx: int) -> Any:
+    def _train_step(self, batch: object, idx: object) -> object:
         step = self.training_step
         if step is None:
             raise ModelProtocolError(f"{type(self.model).__name__} has no training_step")
         return step(batch, idx) if self._step_takes_idx else step(batch)
 
-    def loss_fn(self, model: nn.Module, batch: Any) -> torch.Tensor:
+    def loss_fn(self, model: nn.Module, batch: object) -> torch.Tensor:
         """training_step(batch, batch_idx) as the loss; through the wrapper when DDP or compile wrap the model."""
         if model is self.model:
             out = self._train_step(batch, self.batch_idx)
@@ -663,7 +663,7 @@ class ModelAdapter:
         self.last_output = out
         return _loss_of(out, f"{type(self.model).__name__}.training_step")
 
-    def outputs(self) -> Any:
+    def outputs(self) -> object:
         """on_train_batch_end's `outputs`, as Lightning gives them: {"loss": detached loss, **extras}."""
         out = self.last_output
         if isinstance(out, torch.Tensor):
@@ -673,7 +673,7 @@ class ModelAdapter:
         return out
 
     # ---- evaluation
-    def evaluate(self, model: nn.Module, split: str, batches: Iterator[tuple[int, Any]]) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, split: str, batches: Iterator[tuple[int, object]]) -> dict[str, float]:
         """validation_step / test_step over `batches` (index, batch), scored by what they self.log (else by the
         mean of the loss they return, as `<split>_loss`); {} when the model has no such step."""
         step = self.validation_step if split == "val" else self.test_step
@@ -721,18 +721,18 @@ class ModelAdapter:
                               choice.hparams)  # fmt: skip
 
     # ---- hooks
-    def hook(self, name: str) -> Callable | None:
+    def hook(self, name: str) -> ModelMethod | None:
         """The model's own hook `name` (looked up once)."""
         if name not in self._hooks:
             self._hooks[name] = _own(self.model, name)
         return self._hooks[name]
 
-    def call(self, name: str, *args: Any) -> Any:
+    def call(self, name: str, *args: object) -> object:
         fn = self.hook(name)
         return fn(*args) if fn is not None else None
 
 
-def _batch_size(batch: Any) -> int:
+def _batch_size(batch: object) -> int:
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else 1
     if isinstance(batch, list | tuple) and batch:
@@ -759,7 +759,7 @@ class EpochSchedulers:
         self.epoch_values: Callable[[], dict[str, float]] | None = None  # the model's on_epoch logs (ModelHooks)
         self._warned = False
 
-    def on_train_epoch_end(self, trainer: RunView, epoch: int) -> None:
+    def on_train_epoch_end(self, trainer: TrainerView, epoch: int) -> None:
         vals = self.epoch_values() if self.epoch_values is not None else {}
         self.epochs_done = epoch + 1
         for c in self.configs:
@@ -772,7 +772,7 @@ class EpochSchedulers:
                 self.plateau_steps += 1
         self.lr_history.append(_lr(self.optimizer))
 
-    def on_validation_end(self, trainer: RunView, metrics: dict[str, float]) -> None:
+    def on_validation_end(self, trainer: TrainerView, metrics: dict[str, float]) -> None:
         missing = []
         for c in self.configs:
             if c.plateau and c.monitor in metrics:
@@ -787,11 +787,11 @@ class EpochSchedulers:
                 f"did not report (it reported {sorted(metrics)}); the scheduler does not step"
             )
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         return {"epochs_done": self.epochs_done, "plateau_steps": self.plateau_steps,
                 "schedulers": [c.scheduler.state_dict() for c in self.configs]}  # fmt: skip
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: StateDict) -> None:
         self.epochs_done = int(state.get("epochs_done", 0))
         self.plateau_steps = int(state.get("plateau_steps", 0))
         for c, st in zip(self.configs, state.get("schedulers", [])):
@@ -808,7 +808,7 @@ class ModelHooks:
         self.a = adapter
 
     # -- fit
-    def on_fit_start(self, trainer: RunView) -> None:
+    def on_fit_start(self, trainer: TrainerView) -> None:
         a, s = self.a, self.a.shim
         a.attach()
         s.plainloop = trainer
@@ -830,14 +830,14 @@ class ModelHooks:
         a.set_position()
         a.call("on_fit_start")
 
-    def on_train_start(self, trainer: RunView) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         self.a.call("on_train_start")
 
-    def on_train_epoch_start(self, trainer: RunView, epoch: int) -> None:
+    def on_train_epoch_start(self, trainer: TrainerView, epoch: int) -> None:
         self.a.set_position(epoch)
         self.a.call("on_train_epoch_start")
 
-    def on_train_batch_start(self, trainer: RunView, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: TrainerView, batch: object, batch_idx: int) -> None:
         a = self.a
         a.batch_idx = batch_idx
         a.logger.batch_size = _batch_size(batch)
@@ -848,16 +848,16 @@ class ModelHooks:
                 "support ending an epoch early from the model"
             )
 
-    def on_before_optimizer_step(self, trainer: RunView, optimizer: torch.optim.Optimizer) -> None:
+    def on_before_optimizer_step(self, trainer: TrainerView, optimizer: torch.optim.Optimizer) -> None:
         self.a.call("on_before_optimizer_step", optimizer)
 
-    def on_train_batch_end(self, trainer: RunView, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: TrainerView, outputs: torch.Tensor, batch: object, batch_idx: int) -> None:
         a = self.a
         a.set_position()
         if a.hook("on_train_batch_end") is not None:
             a.call("on_train_batch_end", a.outputs(), batch, batch_idx)
 
-    def on_train_epoch_end(self, trainer: RunView, epoch: int) -> None:
+    def on_train_epoch_end(self, trainer: TrainerView, epoch: int) -> None:
         self.a.call("on_train_epoch_end")
         vals = self.a.logger.read("train_epoch")  # note: sync point (epoch end)
         self.a.epoch_logs = vals
@@ -868,18 +868,18 @@ class ModelHooks:
         """The model's `self.log` values in training since the last log point, averaged (a log point's read)."""
         return self.a.logger.read("train") if self.a.logger.stores["train"] else {}
 
-    def on_train_end(self, trainer: RunView) -> None:
+    def on_train_end(self, trainer: TrainerView) -> None:
         self.a.call("on_train_end")
 
-    def on_fit_end(self, trainer: RunView, summary: dict[str, Any] | None = None) -> None:
+    def on_fit_end(self, trainer: TrainerView, summary: dict[str, object] | None = None) -> None:
         self.a.call("on_fit_end")
         self.a.detach()
 
     # -- checkpoints
-    def on_save_checkpoint(self, trainer: RunView, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(self, trainer: TrainerView, checkpoint: dict[str, object]) -> None:
         self.a.call("on_save_checkpoint", checkpoint)
 
-    def on_load_checkpoint(self, trainer: RunView, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(self, trainer: TrainerView, checkpoint: dict[str, object]) -> None:
         self.a.shim.current_epoch = trainer.epoch
         self.a.call("on_load_checkpoint", checkpoint)
 
@@ -887,6 +887,19 @@ class ModelHooks:
 def _lr(optimizer: torch.optim.Optimizer) -> float:
     lr = optimizer.param_groups[0]["lr"]
     return float(lr)  # note: sync point when a device tensor (epoch end only)
+
+
+class TaskChanges(TypedDict, total=False):
+    """The Task fields the adapter sets (dataclasses.replace's keywords)."""
+
+    callbacks: list[object]
+    notes: list[str]
+    loss_fn: LossFn
+    optimizer_fn: OptimizerFn
+    log_metrics_fn: LogMetricsFn
+    batch_evaluate_fn: BatchEvaluateFn
+    val_set: None
+    test_set: None
 
 
 def adapt_lightning_task(task: Task) -> Task | None:
@@ -900,7 +913,8 @@ def adapt_lightning_task(task: Task) -> Task | None:
     a = ModelAdapter(model)
     hooks = ModelHooks(a)
     name = type(model).__name__
-    out: dict[str, Any] = {"callbacks": [*task.callbacks, hooks], "notes": list(task.notes)}
+    notes = list(task.notes)
+    out: TaskChanges = {"callbacks": [*task.callbacks, hooks], "notes": notes}
     if task.loss_fn is None and a.training_step is not None:
         out["loss_fn"] = a.loss_fn
     if task.optimizer_fn is None and _own(model, "configure_optimizers") is not None:
@@ -912,13 +926,13 @@ def adapt_lightning_task(task: Task) -> Task | None:
         # Lightning runs the loops the model has steps for, whatever data it is given
         if a.validation_step is None and task.val_set is not None:
             out["val_set"] = None
-            out["notes"].append(
+            notes.append(
                 f"validation: {name} has no validation_step, so the val split is not scored (as under Lightning); "
                 f"add a validation_step, or give Task(evaluate_fn=...)"
             )
         if a.test_step is None and task.test_set is not None:
             out["test_set"] = None
-            out["notes"].append(f"test: {name} has no test_step, so the test split is not scored (as under Lightning)")
+            notes.append(f"test: {name} has no test_step, so the test split is not scored (as under Lightning)")
         if a.validation_step is not None or a.test_step is not None:
             out["batch_evaluate_fn"] = a.evaluate
     return dataclasses.replace(task, **out)

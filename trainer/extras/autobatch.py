@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sized
+from typing import TypedDict
 
 import torch
 from torch.utils.data import default_collate
@@ -22,9 +22,21 @@ from torch.utils.data import default_collate
 from ..config import TrainConfig
 from ..data import to_device
 from ..loop import Trainer
-from ..task import clone_task_model
+from ..task import Task, clone_task_model
 
 __all__ = ["auto_batch_size", "find_max_batch_size", "is_oom_error"]
+
+
+class BatchSearch(TypedDict):
+    """find_max_batch_size's result."""
+
+    batch_size: int
+    accumulate_grad_batches: int
+    balanced_batch_size: int
+    effective_batch_size: int
+    hit_max: bool
+    tried: list[tuple[int, bool]]
+
 
 _OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")
 
@@ -54,7 +66,7 @@ def find_max_batch_size(
     start: int = 2,
     max_batch: int = 4096,
     target: int | None = None,
-) -> dict[str, Any]:
+) -> BatchSearch:
     """Largest batch size for which `try_batch(bs)` succeeds: doubling from `start`, then binary search.
 
     With `target` (the effective batch you want), the search stops at `target` and the result says how
@@ -145,7 +157,7 @@ def search_cap(n_samples: int, device_type: str) -> int:
     return max(1, n_samples // 8)
 
 
-def auto_batch_size(cfg: TrainConfig, task: Any) -> tuple[TrainConfig, str]:
+def auto_batch_size(cfg: TrainConfig, task: Task) -> tuple[TrainConfig, str]:
     """Search the largest batch that fits for `task` under `cfg`; returns (the config to train with, a note).
 
     Without accumulation the batch grows and the learning rate follows by `cfg.lr_scaling` from the batch
@@ -158,6 +170,8 @@ def auto_batch_size(cfg: TrainConfig, task: Any) -> tuple[TrainConfig, str]:
         log=lambda _s: None,
     )
     ds, dev = task.train_set, made.rt.device
+    if not isinstance(ds, Sized):  # the search draws samples by index
+        raise TypeError(f"auto_batch_size: the training set ({type(ds).__name__}) has no len()")
     probe: Trainer | None = made  # set to None after the search, so its memory can go
     del made
     collate = task.collate_fn or default_collate

@@ -33,14 +33,27 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import TypedDict
 
 import torch
 from torch import nn
 
 from ..checkpoint import load_checkpoint
+from ..config import TrainConfig
 from ..hooks import TrainerView
+
+
+class EMAState(TypedDict, total=False):
+    """EMA.state_dict(): the settings, the progress and the averaged weights (None before the model was seen)."""
+
+    decay: float
+    every: int
+    warmup: bool
+    warmup_power: float
+    updates: int
+    last_step: int
+    weights: dict[str, torch.Tensor] | None
 
 
 def ema_decay_at(
@@ -112,13 +125,15 @@ class EMA:
         self._ema: list[torch.Tensor] = []  # the copy, same order, same device
         self._lerp: list[int] = []  # indices averaged (floating point); the others are copied
         self._copy: list[int] = []
-        self._pending: dict[str, Any] | None = None  # a checkpoint's state loaded before the model was seen
+        self._pending: EMAState | None = None  # a checkpoint's state loaded before the model was seen
         self._trainer: TrainerView | None = None
 
     @classmethod
-    def from_config(cls, cfg: Any) -> EMA:
+    def from_config(cls, cfg: TrainConfig) -> EMA:
         """The EMA a TrainConfig asks for (ema_decay, ema_every, ema_warmup, ema_warmup_power); errors name the
         TrainConfig field."""
+        if cfg.ema_decay is None:  # what EMA(decay=None) would say
+            raise ValueError("TrainConfig: ema_decay=None; use a number in [0, 1), e.g. 0.999")
         try:
             return cls(
                 decay=cfg.ema_decay, every=cfg.ema_every, warmup=cfg.ema_warmup, warmup_power=cfg.ema_warmup_power
@@ -132,7 +147,7 @@ class EMA:
             ) from None
 
     @classmethod
-    def for_config(cls, cfg: Any, given: list[Any]) -> tuple[EMA, str] | None:
+    def for_config(cls, cfg: TrainConfig, given: list[object]) -> tuple[EMA, str] | None:
         """The EMA callback `cfg.ema_decay` asks for, unless one is given already (trainer/layers.py)."""
         if cfg.ema_decay is None or any(isinstance(cb, EMA) for cb in given):
             return None
@@ -237,7 +252,7 @@ class EMA:
         if shown and not any(m.startswith("raw_") for m in shown):  # the console shows the trained weights' too
             trainer.task.console_metrics = (*shown, *(f"raw_{m}" for m in shown))
 
-    def on_train_batch_end(self, trainer: TrainerView, outputs: torch.Tensor, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: TrainerView, outputs: torch.Tensor, batch: object, batch_idx: int) -> None:
         self._ensure(trainer)
         self.catch_up(trainer.step)  # nothing to do inside an accumulation window (the step did not move)
 
@@ -265,18 +280,19 @@ class EMA:
         metrics.clear()
         metrics.update({**ema, **raw})
 
-    def on_save_checkpoint(self, trainer: TrainerView, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(self, trainer: TrainerView, checkpoint: dict[str, object]) -> None:
         self._ensure(trainer)
         self.catch_up(trainer.step)  # a checkpoint written before this step's on_train_batch_end
 
-    def on_load_checkpoint(self, trainer: TrainerView, checkpoint: dict[str, Any]) -> None:
-        if self.state_key not in (checkpoint.get("callbacks") or {}):
+    def on_load_checkpoint(self, trainer: TrainerView, checkpoint: Mapping[str, object]) -> None:
+        states = checkpoint.get("callbacks")
+        if not (isinstance(states, dict) and self.state_key in states):
             msg = f"ema: the checkpoint holds no EMA state; the average starts from the weights at step {trainer.step}"
             notes = getattr(trainer, "notes", None)  # printed with the run's other start-up notes
             notes.append(msg) if isinstance(notes, list) else trainer.log(f"[plainloop] {msg}")
 
     # ------------------------------------------------------------------ checkpoint state
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> EMAState:
         if self._trainer is not None and self._live:
             self.catch_up(self._trainer.step)
         return {
@@ -289,7 +305,7 @@ class EMA:
             "weights": dict(zip(self.names, self._ema)) if self._live else None,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: EMAState) -> None:
         weights = state.get("weights")
         if weights is None:
             return
@@ -308,7 +324,7 @@ class EMA:
         self.updates, self.last_step = int(state.get("updates", 0)), int(state.get("last_step", 0))
 
 
-def _positive(v: Any) -> bool:
+def _positive(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and v > 0 and math.isfinite(v)
 
 

@@ -17,8 +17,9 @@ import csv
 import json
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, Protocol
 
 from ..hooks import TrainerView
 
@@ -30,6 +31,25 @@ WANDB_MISSING = (
     "--logger; metrics.jsonl is always written)"
 )
 _FIRST = ("kind", "step", "epoch")  # leading CSV columns; the others follow in order of first appearance
+
+
+class WandbSummary(Protocol):
+    """A run's summary: the test scores and totals shown with the run."""
+
+    def __setitem__(self, key: str, value: object) -> None: ...
+
+
+class WandbRun(Protocol):
+    """What the logger uses of the run `wandb.init` returns."""
+
+    @property
+    def summary(self) -> WandbSummary: ...
+
+    def define_metric(self, name: str, step_metric: str | None = None) -> object: ...
+
+    def log(self, data: dict[str, float]) -> None: ...
+
+    def finish(self) -> None: ...
 
 
 def parse_logger_names(value: str | list[str] | tuple[str, ...] | None, flag: str = "--logger") -> tuple[str, ...]:
@@ -51,7 +71,7 @@ def parse_logger_names(value: str | list[str] | tuple[str, ...] | None, flag: st
     return tuple(names)
 
 
-def read_config(run_dir: Path) -> dict[str, Any]:
+def read_config(run_dir: Path) -> dict[str, object]:
     """The run's configuration as the loop wrote it (RUN_DIR/config.json); {} when there is none."""
     try:
         cfg = json.loads((Path(run_dir) / "config.json").read_text(encoding="utf-8"))
@@ -60,9 +80,9 @@ def read_config(run_dir: Path) -> dict[str, Any]:
     return cfg if isinstance(cfg, dict) else {}
 
 
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(d: Mapping[str, object], prefix: str = "") -> dict[str, object]:
     """{"a": {"b": 1}} -> {"a.b": 1}."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
@@ -72,7 +92,7 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _cell(v: Any) -> Any:
+def _cell(v: object) -> object:
     if v is None:
         return ""
     if isinstance(v, list | tuple | dict):
@@ -93,7 +113,7 @@ class CSVLogger:
         self.filename = filename
         self.path: Path | None = None
         self.columns: list[str] = []
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[dict[str, object]] = []
 
     def on_fit_start(self, trainer: TrainerView) -> None:
         run_dir = _run_dir(trainer)
@@ -115,7 +135,7 @@ class CSVLogger:
             self._add_columns(row)
         self._rewrite()
 
-    def on_log(self, trainer: TrainerView, row: dict[str, Any]) -> None:
+    def on_log(self, trainer: TrainerView, row: dict[str, object]) -> None:
         if self.path is None or row.get("kind") == "checkpoint":
             return
         self.rows.append(dict(row))
@@ -125,7 +145,7 @@ class CSVLogger:
         with open(self.path, "a", newline="", encoding="utf-8") as fh:
             csv.DictWriter(fh, self.columns).writerow({k: _cell(row.get(k)) for k in self.columns})
 
-    def _add_columns(self, row: dict[str, Any]) -> bool:
+    def _add_columns(self, row: dict[str, object]) -> bool:
         new = [k for k in row if k not in self.columns]
         if not new:
             return False
@@ -138,7 +158,7 @@ class CSVLogger:
         _write_csv(self.path, self.columns, [{k: _cell(r.get(k)) for k in self.columns} for r in self.rows])
 
 
-def _write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
+def _write_csv(path: Path, columns: list[str], rows: list[dict[str, object]]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", newline="", encoding="utf-8") as fh:
         w = csv.DictWriter(fh, columns)
@@ -180,7 +200,7 @@ class WandbLogger:
             raise ValueError(f"WandbLogger(mode={mode!r}): use 'online', 'offline' or 'disabled'")
         self.wandb = wandb
         self.project, self.entity, self.tags, self.group, self.mode = project, entity, tags, group, mode
-        self.run: Any = None
+        self.run: WandbRun | None = None
 
     def _mode(self) -> tuple[Mode | None, str | None]:
         """(mode, note): the mode asked for, or offline with a note when nothing says how to reach W&B."""
@@ -212,19 +232,19 @@ class WandbLogger:
             resume="allow" if run_id else None,
             mode=mode,
         )
-        if run_id is None and getattr(self.run, "id", None):
-            id_file.write_text(str(self.run.id), encoding="utf-8")
+        if run_id is None and (new_id := getattr(self.run, "id", None)):
+            id_file.write_text(str(new_id), encoding="utf-8")
         self.run.define_metric("trainer/step")
         self.run.define_metric("*", step_metric="trainer/step")
 
-    def on_log(self, trainer: TrainerView, row: dict[str, Any]) -> None:
+    def on_log(self, trainer: TrainerView, row: dict[str, object]) -> None:
         if self.run is None:
             return
         kind, step = row.get("kind"), row.get("step")
         if kind not in ("train", "norm", "val") or not isinstance(step, int):
             return  # events and checkpoint notices carry text, not numbers (metrics.jsonl keeps them)
         prefix = "val" if kind == "val" else "train"
-        data: dict[str, Any] = {"trainer/step": step}
+        data: dict[str, float] = {"trainer/step": step}
         for k, v in row.items():
             if k in ("kind", "step", "time") or isinstance(v, bool) or not isinstance(v, int | float):
                 continue
@@ -234,10 +254,11 @@ class WandbLogger:
             data["trainer/epoch" if k == "epoch" else f"{prefix}/{name}"] = v
         self.run.log(data)
 
-    def on_fit_end(self, trainer: TrainerView, summary: dict[str, Any]) -> None:
+    def on_fit_end(self, trainer: TrainerView, summary: dict[str, object]) -> None:
         if self.run is None:
             return
-        for k, v in (summary.get("final_metrics") or {}).items():
+        final = summary.get("final_metrics")
+        for k, v in (final if isinstance(final, dict) else {}).items():
             if isinstance(v, int | float) and not isinstance(v, bool) and k.startswith("test_"):
                 self.run.summary[f"test/{k[5:]}"] = v
         for k in ("steps", "train_time_s", "samples_per_s"):
