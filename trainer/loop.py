@@ -266,27 +266,15 @@ class Trainer:
         """Optimizer steps done."""
         return self.progress.step
 
-    @step.setter
-    def step(self, value: int) -> None:
-        self.progress.step = value
-
     @property
     def epoch(self) -> int:
         """Finished epochs."""
         return self.progress.epoch
 
-    @epoch.setter
-    def epoch(self, value: int) -> None:
-        self.progress.epoch = value
-
     @property
     def batches_done(self) -> int:
         """Batches into the current epoch."""
         return self.progress.batches_done
-
-    @batches_done.setter
-    def batches_done(self, value: int) -> None:
-        self.progress.batches_done = value
 
     @property
     def device(self) -> torch.device:
