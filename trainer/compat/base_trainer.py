@@ -489,7 +489,7 @@ class BaseTrainer:
                     + " (the baseline loop fixes these; drop 'baseline' to use yours)"
                 )
             return notes
-        if t.on_device:
+        if t.data.on_device:
             # the engine already names num_workers (and the other two with it) when it is non-zero
             unused = [
                 k
@@ -503,7 +503,7 @@ class BaseTrainer:
                     f"{t.rt.device.type} and batches are gathered there without a DataLoader; "
                     f"'device_cache': False brings the loader back"
                 )
-        elif t.loader_kw.get("num_workers", 0) == 0:
+        elif t.data.loader_kw.get("num_workers", 0) == 0:
             unused = [k for k in ("prefetch_factor", "multiprocessing_context") if k in ex]
             if unused:
                 notes.append(
@@ -533,7 +533,7 @@ class BaseTrainer:
                 "cudnn_benchmark: on, so convolutions may pick other kernels, equal up to rounding",
                 "Lightning leaves it off; trainer_params['cudnn_benchmark']=False matches it",
             )
-        if t.on_device and "device_cache" not in ex:
+        if t.data.on_device and "device_cache" not in ex:
             _say(
                 t.notes,
                 "data: held on",
@@ -541,8 +541,8 @@ class BaseTrainer:
                 f"the same batches in the same order as {lit}'s DataLoader; trainer_params['device_cache']=False "
                 f"reads through a DataLoader as it did",
             )
-        workers = t.loader_kw.get("num_workers", 0)
-        if not t.on_device and "num_workers" not in ex and workers != LIGHTNING_WORKERS:
+        workers = t.data.loader_kw.get("num_workers", 0)
+        if not t.data.on_device and "num_workers" not in ex and workers != LIGHTNING_WORKERS:
             _say(
                 t.notes,
                 "num_workers: auto",

@@ -180,7 +180,7 @@ def auto_batch_size(cfg: TrainConfig, task: Task) -> tuple[TrainConfig, str]:
     def try_batch(bs: int) -> None:
         idx = torch.randint(0, len(ds), (bs,), generator=gen)
         assert probe is not None  # released only after the search
-        gatherer = probe.resident.get(id(ds))  # the data held on the device: batches are gathered there
+        gatherer = probe.data.resident.get(id(ds))  # the data held on the device: batches are gathered there
         batch = (
             gatherer.gather(idx.to(dev))
             if gatherer is not None
