@@ -13,7 +13,7 @@ with a handful of numpy operations.
         for batch in loader: ...
 
 `sampler.loader(dataset, **DataLoader_kwargs)` is `DataLoader(dataset, batch_sampler=sampler, ...)`. PyTorch
-refuses `DataLoader(batch_sampler=..., drop_last=True)` (seed 004's loader does exactly that) with
+refuses `DataLoader(batch_sampler=..., drop_last=True)` (a common re-ID loader does exactly that) with
 "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last": a batch
 sampler decides the batches, so `drop_last` belongs to the sampler (`CachedModalAwarePKSampler(...,
 drop_last=True)`). `loader()` accepts `drop_last` when it agrees with the sampler's and otherwise says
@@ -38,7 +38,7 @@ Definitions (what the invariants in tests/test_cached_sampler.py check):
   so an epoch shows about as many samples as the dataset holds; num_passes=1 is the seed's
   "batches = ids / P" epoch.
 - `epoch_length` sets the epoch instead: "auto" (= num_passes as above), "seed" (one pass: eligible
-  ids // (P * world_size) batches per rank, seed 004's epoch; its log showed 35 batches for 285 pairable of
+  ids // (P * world_size) batches per rank, the usual re-ID epoch; a real run's log showed 35 batches for 285 pairable of
   320 ids at P = 8, i.e. it counted pairable ids, which equals eligible ids when every identity has both
   modalities, as in SYSU-MM01 and the synthetic set), or an integer n: exactly n batches per rank per
   epoch, drawn from as many passes as needed (the last one cut short).
@@ -322,7 +322,7 @@ class CachedModalAwarePKSampler:
         return dict(self.summary)
 
     def describe(self) -> str:
-        """The cache summary as lines for a log, in the spirit of seed 004's "元信息缓存完成" block."""
+        """The cache summary as lines for a log, in the spirit of the usual "metadata cached" block."""
         s = self.summary
         pct = 100.0 * s["pairable_ids"] / max(s["ids"], 1)
         how = {"auto": "auto: about one look per sample", "seed": "seed: one pass over the identities"}.get(

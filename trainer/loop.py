@@ -108,7 +108,7 @@ class Trainer:
     """Train `task` with `cfg`. `fit()` returns the summary that is also written to summary.json.
 
     callbacks: objects with any of the hooks in trainer/hooks.py (docs/guides/callbacks.md); monitor: an object
-    with seed 001's TrainingMonitor API, fed every iteration's time, data wait and batch size.
+    with the TrainingMonitor API (hooks.Monitor's methods), fed every iteration's time, data wait and batch size.
     """
 
     # what the run was asked for, and what it resolved to

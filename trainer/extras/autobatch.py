@@ -162,7 +162,7 @@ def auto_batch_size(cfg: TrainConfig, task: Task) -> tuple[TrainConfig, str]:
 
     Without accumulation the batch grows and the learning rate follows by `cfg.lr_scaling` from the batch
     given (ref_batch_size). With `accumulate_grad_batches > 1` the effective batch is kept and split into as
-    few micro-batches as fit (seed 000's "smaller batch + accumulation" remedy, found automatically).
+    few micro-batches as fit (the usual "smaller batch + accumulation" remedy, found automatically).
     """
     made = Trainer(
         dataclasses.replace(cfg, max_steps=1, progress_bar=False, resume=None),
