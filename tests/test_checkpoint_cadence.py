@@ -137,6 +137,65 @@ def test_an_epoch_end_reads_the_device_once(tmp_path, monkeypatch):
     assert twenty - ten == Counter({"tolist loop.py": 10}), (ten, twenty)
 
 
+def test_orders_drawn_ahead_are_the_orders_drawn_one_at_a_time():
+    """Short epochs draw the next epochs' orders together: every epoch's batches stay default_rng([seed, epoch])'s
+    permutation, whatever the order of the epochs asked for (in sequence, a jump back, the same epoch twice, a new
+    seed, a resume mid-epoch) and on every rank."""
+    import numpy as np
+
+    from trainer.data import ShardedBatchSampler
+
+    def expected(seed: int, epoch: int, rank: int = 0, world: int = 1) -> list[list[int]]:
+        mine = np.random.default_rng([seed, epoch]).permutation(200)[rank::world]
+        return [mine[b * 50 : (b + 1) * 50].tolist() for b in range(len(mine) // 50)]
+
+    s = ShardedBatchSampler(200, 50, seed=3)
+    for epoch in [*range(45), 7, 7, 44, 45, 46]:
+        s.set_epoch(epoch)
+        assert [b.tolist() for b in s] == expected(3, epoch), epoch
+    assert s._ahead and len(s._ahead) < s.AHEAD_EPOCHS  # drawn ahead, and only so far
+    s.seed = 4
+    s.set_epoch(47)
+    assert [b.tolist() for b in s] == expected(4, 47)
+    s.load_state_dict({"epoch": 48, "batches_done": 2})  # a resume mid-epoch: the batches left of its order
+    assert [b.tolist() for b in s] == expected(4, 48)[2:]
+    two = [ShardedBatchSampler(200, 50, seed=3, rank=r, world_size=2) for r in range(2)]
+    for epoch in range(40):
+        for r, sampler in enumerate(two):
+            sampler.set_epoch(epoch)
+            assert [b.tolist() for b in sampler] == expected(3, epoch, r, 2)
+
+
+def test_every_epoch_trains_with_every_module_in_training_mode(tmp_path):
+    """The epoch's start calls model.train() only when it changes something: a module a callback left in eval
+    mode trains again, and a model whose train() does more than set the flags has it called every epoch."""
+
+    class Overrides(torch.nn.Linear):
+        calls = 0
+
+        def train(self, mode: bool = True):
+            Overrides.calls += 1
+            return super().train(mode)
+
+    class Watch(Callback):
+        def __init__(self) -> None:
+            self.modes: list[bool] = []
+
+        def on_train_batch_start(self, trainer, batch, batch_idx):
+            self.modes.append(all(m.training for m in trainer.raw_model.modules()))
+
+        def on_train_epoch_end(self, trainer, epoch):
+            trainer.raw_model[0].eval()  # left in eval mode: the next epoch must train it again
+
+    watch, task = Watch(), make_task(val=False)
+    Trainer(toy_config(tmp_path, run_name="a", epochs=3, save_best=False), task, callbacks=[watch]).fit()
+    assert len(watch.modes) == 3 * 8 and all(watch.modes)
+    task = make_task(val=False)
+    task.model[3] = Overrides(32, 1)
+    Trainer(toy_config(tmp_path, run_name="b", epochs=3, save_best=False), task).fit()
+    assert Overrides.calls >= 3  # at least once per epoch (validation and tests may add their own)
+
+
 # ------------------------------------------------------------------------------------------- resume rules
 def _finished_run(tmp_path: Path, **kw) -> Path:
     Trainer(toy_config(tmp_path, **kw), make_task()).fit()

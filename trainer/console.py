@@ -25,10 +25,10 @@ def _hms(seconds: float) -> str:
 
 
 def open_bar(enabled: bool, total: int, initial: int) -> Any:
-    """The run-level bar (None without tqdm or when switched off); tqdm hides it when stderr is not a terminal."""
+    """The run-level bar; None without tqdm, when switched off, or when stderr is not a terminal (tqdm's choice)."""
     if tqdm is None or not enabled:
         return None
-    return tqdm(
+    bar = tqdm(
         total=total,
         initial=initial,
         desc="train",
@@ -37,6 +37,10 @@ def open_bar(enabled: bool, total: int, initial: int) -> Any:
         unit="batch",
         disable=None,  # off when its stream (stderr) is not a terminal: piped to a file, redraws would interleave
     )
+    if getattr(bar, "disable", False):  # never shown: no bar, so log points and epoch ends update no hidden one
+        bar.close()
+        return None
+    return bar
 
 
 def epoch_line(

@@ -29,8 +29,13 @@ class ShardedBatchSampler:
 
     The order is a function of (seed, epoch) only, so every rank computes the same permutation and keeps
     its own slice, and a resumed run regenerates exactly the batches it had not consumed. A private
-    generator is used: the global RNGs are never touched.
+    generator is used: the global RNGs are never touched. Small datasets whose epochs follow one another draw
+    the next epochs' orders together (the same permutations, `AHEAD_SAMPLES` indices at most): seeding a
+    generator costs more than a short epoch's permutation, and a few in a row cost a fraction of one at a time.
     """
+
+    AHEAD_EPOCHS = 32  # at most this many epochs' orders drawn at once
+    AHEAD_SAMPLES = 1 << 16  # and at most this many indices held (512 KiB): larger datasets draw one at a time
 
     def __init__(
         self,
@@ -58,6 +63,8 @@ class ShardedBatchSampler:
                 f"gets, and drop_last=True would leave an empty epoch; lower --batch_size or set drop_last=False"
             )
         self._num_batches = nb
+        self._ahead: dict[tuple[int, int], np.ndarray] = {}  # (seed, epoch): an order drawn ahead, used once
+        self._drawn: tuple[int, int] | None = None  # (seed, epoch) of the last order drawn
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -68,7 +75,16 @@ class ShardedBatchSampler:
     def _order(self) -> np.ndarray:
         if not self.shuffle:
             return np.arange(self.n)
-        return np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+        seed, epoch = self.seed, self.epoch
+        order = self._ahead.pop((seed, epoch), None)
+        if order is None:
+            # epochs in sequence: draw the next ones too; any other pattern (a sampler never told its epoch, a
+            # resume) draws only the order asked for
+            k = 1 if self._drawn != (seed, epoch - 1) else min(self.AHEAD_EPOCHS, max(1, self.AHEAD_SAMPLES // self.n))
+            orders = [np.random.default_rng([seed, e]).permutation(self.n) for e in range(epoch, epoch + k)]
+            order, self._ahead = orders[0], {(seed, epoch + j): o for j, o in enumerate(orders[1:], 1)}
+        self._drawn = (seed, epoch)
+        return order
 
     def __iter__(self) -> Iterator[np.ndarray]:
         order = self._order()
@@ -316,7 +332,7 @@ def build_data(task: Task, cfg: TrainConfig, rt: Runtime) -> TrainData:
         if cfg.max_steps is None:
             raise ValueError(stream_steps_error(f"Task {task.name!r} train_set"))
         stream = StreamBatches(
-            task.train_set,  # type: ignore[arg-type]  # checked by is_stream
+            task.train_set,
             cfg.batch_size,
             cfg.max_steps * cfg.accumulate_grad_batches,
             loader_kw,

@@ -303,6 +303,11 @@ class RunLock:
     def check(self, writing: str) -> None:
         """Raise RunDirGone when the run directory (or, locked by file, its .lock) was removed or replaced since it
         was locked (before `writing`)."""
+        if not self.held():
+            raise self.gone(writing)
+
+    def held(self) -> bool:
+        """The run directory (and, locked by file, its .lock) is still the one locked."""
         try:
             st = os.stat(self.run_dir)
             same = (st.st_dev, st.st_ino) == self.identity
@@ -311,13 +316,15 @@ class RunLock:
                 same = (fst.st_dev, fst.st_ino) == self.file_identity
         except OSError:
             same = False
-        if not same:
-            raise RunDirGone(
-                f"the run directory {self.run_dir} (or its .lock) was removed or replaced while this run was writing "
-                f"it: stopped before writing {writing} (nothing recreated); start a new run, or resume from a copy",
-                errno.ENOENT,
-                self.run_dir,
-            )
+        return same
+
+    def gone(self, writing: str) -> RunDirGone:
+        return RunDirGone(
+            f"the run directory {self.run_dir} (or its .lock) was removed or replaced while this run was writing "
+            f"it: stopped before writing {writing} (nothing recreated); start a new run, or resume from a copy",
+            errno.ENOENT,
+            self.run_dir,
+        )
 
     def release(self) -> None:
         self._finalizer()
@@ -387,16 +394,27 @@ def shared_run_dir(
     return Path(run_dir), note
 
 
+_PLAIN = frozenset({str, int, bool, type(None)})  # JSON as they are: no look inside, no key path built
+
+
 def strict_json(obj: Any, bad: list[str], where: str = "") -> Any:
     """`obj` with every non-finite float replaced by None; the dotted keys of those go to `bad`."""
     if isinstance(obj, float) and not math.isfinite(obj):
         bad.append(where or "value")
         return None
-    if isinstance(obj, dict):
-        return {k: strict_json(v, bad, f"{where}.{k}" if where else str(k)) for k, v in obj.items()}
+    if isinstance(obj, dict):  # a metrics row: its numbers pass without a call each (a row per log point)
+        return {
+            k: v
+            if (t := type(v)) in _PLAIN or (t is float and math.isfinite(v))
+            else strict_json(v, bad, f"{where}.{k}" if where else str(k))
+            for k, v in obj.items()
+        }
     if isinstance(obj, list | tuple):
         return [strict_json(v, bad, f"{where}[{i}]") for i, v in enumerate(obj)]
     return obj
+
+
+_ROW_JSON = json.JSONEncoder(default=str, allow_nan=False)  # json.dumps with these settings, built once
 
 
 class RunFiles:
@@ -434,7 +452,8 @@ class RunFiles:
 
     def check(self, writing: str) -> None:
         """Stop (RunDirGone) when the run directory was removed or replaced: nothing is recreated silently."""
-        self.lock.check(str(self.run_dir / writing))
+        if not self.lock.held():  # the path is named only when it is gone (every row checks)
+            raise self.lock.gone(str(self.run_dir / writing))
 
     def write_json(self, name: str, obj: Any) -> None:
         """Whole or not at all (temp file, fsync, rename), strict JSON (a non-finite number is null)."""
@@ -450,7 +469,7 @@ class RunFiles:
             clean["nonfinite"] = bad
         self.check("metrics.jsonl")  # an open file would go on taking rows after its directory was deleted
         try:
-            self._metrics.write(json.dumps(clean, default=str, allow_nan=False) + "\n")
+            self._metrics.write(_ROW_JSON.encode(clean) + "\n")
             self._metrics.flush()
         except OSError as e:
             raise storage_error(self.run_dir / "metrics.jsonl", e) from e
