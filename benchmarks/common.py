@@ -1,17 +1,12 @@
-"""What every harness under benchmarks/ shares: the environment record, timing, statistics and targets, the JSON
-and Markdown output, the command line's common flags, and Lightning, the peer plainloop is measured against.
+"""What every harness under benchmarks/ shares: the environment record, the command line, timing, statistics and
+targets, the JSON and Markdown output, and Lightning, the peer plainloop is measured against.
 
-Every harness writes one JSON file with `environment()` (device, driver, torch version, git commit) beside its
-config and every repetition, and prints a Markdown table rendered by `md_table`.
-
-Lightning, in two set-ups (a benchmark-only dependency, requirements-bench.txt):
-  SEED_PEER       configured as the seed guides' BaseTrainer: "16-mixed", 8 workers, pinned, persistent,
-                  prefetch 2, torch's AdamW, validation every epoch, progress bar and checkpointing on; it
-                  reads plainloop's cached dataset through a DataLoader, as a seed user does
-  SAME_DATA_PEER  given exactly plainloop's data path, so that only the loop differs: the in-memory dataset
-                  gathered by index in plainloop's order (ShardedBatchSampler, drop_last), 0 workers,
-                  plainloop's precision and AdamW, validation at the last epoch, checkpointing on, no logger,
-                  progress bar or model summary
+Lightning (a benchmark-only dependency, requirements-bench.txt) in two set-ups:
+  SEED_PEER       as the seed guides' BaseTrainer: "16-mixed", 8 workers, pinned, persistent, prefetch 2, torch's
+                  AdamW, validation every epoch, progress bar, reading plainloop's cached dataset via a DataLoader
+  SAME_DATA_PEER  plainloop's own data path, so that only the loop differs: the in-memory split gathered by index
+                  in plainloop's order, 0 workers, plainloop's precision and AdamW, validation at the last epoch,
+                  no logger, progress bar or model summary
 """
 
 from __future__ import annotations
@@ -178,6 +173,57 @@ class _Parser(argparse.ArgumentParser):
         return {k: v for k, v in vars(a).items() if k not in ("wait", "argv", "waits")}
 
 
+def parser(doc: str | None, flags: Sequence[tuple[Any, ...]] = ()) -> argparse.ArgumentParser:
+    """A parser described by the module's docstring, with (flag, default, help[, argparse keywords]) rows: the type
+    is the default's (False makes a switch) and the help names the default."""
+    doc = doc or ""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    for name, default, what, *more in flags:
+        kw: dict[str, Any] = dict(more[0]) if more else {}
+        if default is False:
+            kw.setdefault("action", "store_true")
+        elif default is not None and not {"nargs", "action", "type"} & set(kw):
+            kw["type"] = type(default)
+        shown = " ".join(map(str, default)) if isinstance(default, list | tuple) else default
+        ap.add_argument(name, default=default, help=what if default is False else f"{what} (default: {shown})", **kw)
+    return ap
+
+
+def device_of(name: str | None) -> torch.device:
+    """The device asked for, else CUDA when there is one."""
+    return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def cache_dir_of(path: str | None) -> Path:
+    """--cache-dir, else plainloop's cache ($PLAINLOOP_CACHE or ~/.cache/plainloop); made if missing."""
+    from datasets.era5 import default_cache_dir
+
+    out = Path(path).expanduser() if path else default_cache_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def command(module: str, argv: Sequence[str] | None) -> str:
+    """The command line that ran a harness, as the results record it."""
+    return f"python -m benchmarks.{module} " + " ".join(sys.argv[1:] if argv is None else argv)
+
+
+def about(env: dict[str, Any]) -> str:
+    """Where a table's figures come from, for its heading."""
+    return (f"{env['device_name']} ({env['device']}, {env['cpu_count']} cores), torch {env['torch']}, commit "
+            f"`{str(env['commit'])[:12]}`, {env['time_utc']}, load average {env['loadavg']}")  # fmt: skip
+
+
+def epoch_ends(metrics: Path) -> tuple[list[dict[str, Any]], dict[int, float]]:
+    """A run's train rows from its metrics.jsonl and the time of each epoch's last row (every epoch ends in one)."""
+    rows = [r for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "train"]
+    ends: dict[int, float] = {}
+    for r in rows:
+        ends[r["epoch"]] = max(ends.get(r["epoch"], -math.inf), r["time"])
+    return rows, ends
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # note: sync point (timing boundary)
@@ -281,11 +327,8 @@ def fmt(v: float | None, spec: str = ".1f", suffix: str = "") -> str:
 # ------------------------------------------------------------------------------------------ the Lightning peer
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """A loop's console output kept off the benchmark's: plainloop's lines (start-up notes, one per epoch) and
-    Lightning's progress bar and start-up/teardown notes. Everything still runs and is written (to a buffer),
-    so what is measured stays the same: Lightning's bar is part of its defaults, and on this 2-core machine its
-    samples/s were the same with the bar written to a file or to the buffer (72-74k, 3 reps each) but ~27%
-    higher with enable_progress_bar=False (92-95k: the bar cost it ~190 µs per step)."""
+    """A loop's console output kept off the benchmark's: plainloop's lines and Lightning's progress bar and notes
+    still run and are written, to a buffer (Lightning's bar is part of its defaults: measured, not switched off)."""
     loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric", "pytorch_lightning")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:  # "GPU available: ...", tips, "`Trainer.fit` stopped": outside the timed steps

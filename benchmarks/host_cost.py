@@ -3,36 +3,31 @@
     .venv/bin/python -m benchmarks.host_cost                  # cpu and seed configurations, ~10 min here
     .venv/bin/python -m benchmarks.host_cost --quick          # the tiny configuration, seconds (a test)
 
-For each configuration (the CPU preset: d_model 128 on a 32 x 72 grid; the seed's: d_model 512 on 180 x 80)
-and each loop, steps are timed between per-step marks, three ways, repetitions interleaved:
-  step time      wall time between the ends of two steps (data fetch, forward, backward, optimizer, the
-                 loop's own bookkeeping), without the profiler
-  operators      torch.profiler on the same steps: aten operator calls per step (all, and the outermost
-                 ones the Python code asks for; on CUDA also cudaLaunchKernel calls), and the host time
-                 inside the outermost operators
-  outside ops    step wall time under the profiler minus the time inside the outermost operators: Python,
-                 the loop's bookkeeping, the autograd engine's own work, data handling in the main process.
-                 On a GPU the operators return after launching, so this plus the launch costs is what the
-                 host spends per step; when it exceeds the kernels' time, the GPU waits.
-  syncs          calls that read a tensor back to the host (.item(), .tolist(), .cpu(), .numpy(), bool(),
-                 float(), int()) made anywhere (project, torch, Lightning) between the marks, per step. On a
-                 CUDA run only calls on CUDA tensors are counted (each is a host-device sync); on a CPU run
-                 every call is counted: each would be a sync if its tensor lived on a GPU (the callers are
-                 listed in the JSON).
-Medians over the steady steps (neither the first nor the last of an epoch) are reported per step; "incl. epoch
-ends" divides the totals of all timed steps (the epoch-end log point, checkpoint, validation, new iterator)
-by their number. Every step's raw figures are in the JSON.
+For each configuration (the CPU preset: d_model 128 on a 32 x 72 grid; the seed's: d_model 512 on 180 x 80) and
+each loop, steps are timed between per-step marks, three ways, repetitions interleaved:
+  step time      wall time between the ends of two steps, without the profiler
+  operators      torch.profiler on the same steps: aten operator calls per step (all, and the outermost ones the
+                 Python code asks for; on CUDA also cudaLaunchKernel calls), and the host time inside the
+                 outermost operators
+  outside ops    step wall time under the profiler minus the time inside the outermost operators: Python, the
+                 loop's bookkeeping, the autograd engine, data handling in the main process. On a GPU the operators
+                 return after launching, so this plus the launches is what the host spends per step; when it
+                 exceeds the kernels' time, the GPU waits.
+  syncs          calls that read a tensor back to the host (.item(), .tolist(), .cpu(), .numpy(), bool(), float(),
+                 int()) between the marks, per step. On CUDA only reads of CUDA tensors count (each is a sync); on
+                 a CPU a read counts when the loop's code makes it (see SyncCounter; the callers are in the JSON).
+Medians over the steady steps (neither the first nor the last of an epoch); "incl. epoch ends" divides the totals
+of all timed steps by their number. Every step's raw figures are in the JSON.
 
 Loops (same model, same data held in memory, same batch, AdamW):
-  before          the seed loop's habits: DataLoader(num_workers=0) with per-sample __getitem__ + collate over
-                  the cached data, optimizer.zero_grad(), loss.item() every step (run.py's "before" also
-                  reads netCDF per sample; that is data wait, measured there)
-  plainloop       trainer.Trainer with its defaults (on a CPU the non-finite guard's flag is read on the host
-                  every step, which is free there, and the schedule is a Python float)
+  before          the seed loop's habits: DataLoader(num_workers=0) with per-sample __getitem__ + collate over the
+                  cached data, optimizer.zero_grad(), loss.item() every step (benchmarks.run's "before" also reads
+                  netCDF per sample; that is data wait, measured there)
+  plainloop       trainer.Trainer with its defaults (on a CPU the non-finite guard's flag is read on the host every
+                  step, which is free there, and the schedule is a Python float)
   plainloop_gpu_path  the same loop taking its GPU path on the CPU: fused AdamW with a tensor learning rate (the
-                  schedule on the device) and the guard's flag never read (`opt.host_reads = False`, as
-                  tests/test_engine.py does)
-  lightning_data  lightning.Trainer on plainloop's data path (benchmarks/lightning_peer.py SAME_DATA_PEER)
+                  schedule on the device) and the guard's flag never read (`opt.host_reads = False`)
+  lightning_data  lightning.Trainer on plainloop's data path (common.SAME_DATA_PEER)
 The seed configuration's step on a CPU takes seconds per sample, so --seed-batch (default 2 on a CPU) sets its
 batch there: operator counts and host time outside the operators do not depend on the batch size.
 """
@@ -54,25 +49,14 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from benchmarks.common import (
-    MODEL_SIZES,
-    RESULTS_DIR,
-    base_parser,
-    environment,
-    fmt,
-    lightning_available,
-    loadavg,
-    md_table,
-    stats,
-    write_result,
-)
+from benchmarks import common as bc
 
 MARK = "hostcost::step_end"
 _KEYS = ("steps", "warmup", "file_grid", "years", "resolution", "batch", "before_batch")
 CONFIGS: dict[str, dict[str, Any]] = {
-    "tiny": {**dict(zip(_KEYS, (4, 2, 5.0, 25, 10.0, 40, 40))), "model": MODEL_SIZES["tiny"]},
-    "cpu": {**dict(zip(_KEYS, (12, 3, 1.0, 50, 5.0, 150, 50))), "model": MODEL_SIZES["cpu"]},
-    "seed": {**dict(zip(_KEYS, (6, 2, 1.0, 50, 2.0, 150, 50))), "model": MODEL_SIZES["seed"]},
+    "tiny": {**dict(zip(_KEYS, (4, 2, 5.0, 25, 10.0, 40, 40))), "model": bc.MODEL_SIZES["tiny"]},
+    "cpu": {**dict(zip(_KEYS, (12, 3, 1.0, 50, 5.0, 150, 50))), "model": bc.MODEL_SIZES["cpu"]},
+    "seed": {**dict(zip(_KEYS, (6, 2, 1.0, 50, 2.0, 150, 50))), "model": bc.MODEL_SIZES["seed"]},
 }
 LOOPS = ("before", "plainloop", "plainloop_gpu_path", "lightning_data")
 _READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
@@ -80,24 +64,22 @@ _READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
 
 # ------------------------------------------------------------------------------------------ instruments
 class Marks:
-    """Per-step marks: a wall-clock time, a profiler event, and whether the step ended its epoch.
-
-    Also the window for the sync counter: counting runs from the `warmup`-th mark to the last one."""
+    """Per-step marks: a wall-clock time, a profiler event, whether the step ended its epoch, and the sync count;
+    the sync counter counts from the `warmup`-th mark to the last one."""
 
     def __init__(self, warmup: int, steps: int, counter: SyncCounter | None = None) -> None:
         self.warmup, self.steps, self.counter = warmup, steps, counter
         self.times: list[float] = []
         self.last_in_epoch: list[bool] = []
-        self.syncs: list[int] = []  # the counter's "loop" reads so far, at each mark
+        self.syncs: list[int] = []
 
     def mark(self, last_in_epoch: bool) -> None:
         with torch.profiler.record_function(MARK):
             self.times.append(time.perf_counter())
             self.last_in_epoch.append(last_in_epoch)
             self.syncs.append(self.counter.count("loop") if self.counter is not None else 0)
-        n = len(self.times)
         if self.counter is not None:
-            self.counter.active = self.warmup <= n < self.warmup + self.steps
+            self.counter.active = self.warmup <= len(self.times) < self.warmup + self.steps
 
     @property
     def done(self) -> bool:
@@ -107,60 +89,48 @@ class Marks:
 class SyncCounter:
     """Counts tensor reads to the host (`_READS`) while `active`, by kind and by where they come from.
 
-    On CUDA only reads of CUDA tensors count (each one is a host-device sync). On a CPU every tensor is a host
-    tensor, so a read is sorted by what it would be on a GPU: "loop" (made by the loop's code: plainloop's
-    trainer/, tasks/, models/, the loops here, Lightning; a read inside torch on their behalf, such as
-    formatting a tensor, is traced back to them), "host_resident" (torch's own reads of CPU-side state:
-    the optimizer's step counters, the data loader's seeds and permutations) and "data_cpu_branch" (the
-    dataset's gather when its data sits on the CPU; on a GPU it indexes on the device). Only "loop" reads
-    are counted as syncs per step; every read is kept with its origin in the JSON.
-    """
+    On CUDA only reads of CUDA tensors count (each is a host-device sync). On a CPU every tensor is a host tensor, so
+    a read is sorted by what it would be on a GPU: "loop" (made by the loop's code: trainer/, tasks/, models/, the
+    loops here, Lightning; a read inside torch on their behalf is traced back to them), "host_resident" (torch's
+    own reads of CPU-side state: the optimizer's step counters, the data loader's seeds) and "data_cpu_branch" (the
+    dataset's gather when its data sits on the CPU). Only "loop" reads count as syncs per step."""
 
     def __init__(self, cuda_only: bool) -> None:
         self.active, self.cuda_only = False, cuda_only
         self.calls: Counter[str] = Counter()
-        self._saved: dict[str, Any] = {}
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[SyncCounter]:
-        for name in _READS:
-            self._saved[name] = getattr(torch.Tensor, name)
-            setattr(torch.Tensor, name, self._wrap(self._saved[name], name))
+        saved = {name: getattr(torch.Tensor, name) for name in _READS}
+        for name, fn in saved.items():
+            setattr(torch.Tensor, name, self._wrap(fn, name))
         try:
             yield self
         finally:
-            for name, fn in self._saved.items():
+            for name, fn in saved.items():
                 setattr(torch.Tensor, name, fn)
 
     def count(self, kind: str = "loop") -> int:
         return sum(n for k, n in self.calls.items() if k.startswith(kind + "|"))
 
-    @staticmethod
-    def _classify(frame: Any) -> str:
-        path = frame.f_code.co_filename.replace("\\", "/")
-        if "/torch/optim/" in path or "/torch/utils/data/" in path:
-            return "host_resident"
-        if "/datasets/" in path:
-            return "data_cpu_branch"
-        return "loop"
-
     def _wrap(self, orig: Callable, name: str) -> Callable:
-        counter = self
-
         def wrapper(t: torch.Tensor, *a: Any, **k: Any) -> Any:
-            if counter.active:
+            if self.active:
                 f = sys._getframe(1)
-                if counter.cuda_only:
+                path = f.f_code.co_filename.replace("\\", "/")
+                if self.cuda_only:
                     kind = "loop" if t.device.type == "cuda" else ""
+                elif "/torch/optim/" in path or "/torch/utils/data/" in path:
+                    kind = "host_resident"
                 else:
-                    kind = counter._classify(f)
+                    kind = "data_cpu_branch" if "/datasets/" in path else "loop"
                 if kind:
                     origin: Any = f
                     while origin is not None and "/torch/" in origin.f_code.co_filename.replace("\\", "/"):
                         origin = origin.f_back
                     origin = origin or f
                     where = "/".join(Path(origin.f_code.co_filename).parts[-2:])
-                    counter.calls[f"{kind}|{name} {where}:{origin.f_lineno}"] += 1
+                    self.calls[f"{kind}|{name} {where}:{origin.f_lineno}"] += 1
             return orig(t, *a, **k)
 
         return wrapper
@@ -178,12 +148,10 @@ def _task(c: dict[str, Any], cache_dir: Path, device_cache: bool | None, seed: i
 
 def loop_before(c: dict, cache_dir: Path, device: torch.device, batch: int, marks: Marks, seed: int) -> None:
     task = _task(c, cache_dir, False, seed)
-    model = task.model.to(device)
+    model = task.model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     loader = DataLoader(task.train_set, batch_size=batch, shuffle=True, num_workers=0, pin_memory=False)
-    model.train()
     while not marks.done:
-        nb = len(loader)
         for i, (x, y) in enumerate(loader):
             x, y = x.to(device), y.to(device)
             opt.zero_grad()
@@ -191,13 +159,13 @@ def loop_before(c: dict, cache_dir: Path, device: torch.device, batch: int, mark
             loss.backward()
             opt.step()
             loss.item()  # every step, as the seeds' loops did
-            marks.mark(i + 1 == nb)
+            marks.mark(i + 1 == len(loader))
             if marks.done:
                 return
 
 
 class _MarksMonitor:
-    """plainloop's monitor hook (seed 001's TrainingMonitor API): one mark per iteration."""
+    """plainloop's monitor hook (the TrainingMonitor API): one mark per iteration."""
 
     def __init__(self, marks: Marks) -> None:
         self.marks = marks
@@ -211,8 +179,7 @@ class _MarksMonitor:
         return {}
 
     def log_iteration(self, seconds: float, data_seconds: float | None = None, samples: int | None = None) -> None:
-        t = self.trainer
-        self.marks.mark(t.batches_done == t.batches_per_epoch)
+        self.marks.mark(self.trainer.batches_done == self.trainer.batches_per_epoch)
 
 
 def loop_plainloop(c: dict[str, Any], cache_dir: Path, device: torch.device, batch: int, marks: Marks, seed: int,
@@ -221,33 +188,26 @@ def loop_plainloop(c: dict[str, Any], cache_dir: Path, device: torch.device, bat
     from trainer.optim import build_adamw
 
     task = _task(c, cache_dir, None, seed)
-    if gpu_path:  # the model's own optimizer wins in trainer/build.py: the GPU's AdamW (tensor lr, device schedule)
+    if gpu_path:  # the model's own optimizer wins: the GPU's AdamW (tensor lr, the schedule on the device)
         task.model.configure_optimizers = lambda: build_adamw(task.model, 1e-3, 0.01, device, tensor_lr=True)
     mon = _MarksMonitor(marks)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = TrainConfig(max_steps=marks.warmup + marks.steps, batch_size=batch, output_dir=tmp, seed=seed,
                           device=str(device), progress_bar=True)  # fmt: skip
-        trainer = Trainer(cfg, task, log=lambda _s: None, monitor=mon)
+        mon.trainer = trainer = Trainer(cfg, task, log=lambda _s: None, monitor=mon)
         if gpu_path:
-            trainer.opt.host_reads = False  # the guard's flag stays on the device, as on a GPU (test_engine.py)
-        mon.trainer = trainer
+            trainer.opt.host_reads = False  # the guard's flag stays on the device, as on a GPU
         trainer.fit()
-
-
-def loop_plainloop_gpu_path(c: dict[str, Any], cache_dir: Path, device: torch.device, batch: int, marks: Marks,
-                            seed: int) -> None:  # fmt: skip
-    loop_plainloop(c, cache_dir, device, batch, marks, seed, gpu_path=True)
 
 
 def loop_lightning_data(c: dict[str, Any], cache_dir: Path, device: torch.device, batch: int, marks: Marks,
                         seed: int) -> None:  # fmt: skip
     import lightning as L
 
-    from benchmarks.common import LIGHTNING_PRECISION, SAME_DATA_PEER, peer_loaders, peer_module
     from trainer.runtime import resolve_runtime
 
     task = _task(c, cache_dir, None, seed)
-    loader, _ = peer_loaders(task.train_set, None, device, batch, SAME_DATA_PEER, {}, seed)
+    loader, _ = bc.peer_loaders(task.train_set, None, device, batch, bc.SAME_DATA_PEER, {}, seed)
 
     class Mark(L.Callback):
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, b: Any, i: int) -> None:
@@ -257,28 +217,25 @@ def loop_lightning_data(c: dict[str, Any], cache_dir: Path, device: torch.device
         warnings.simplefilter("ignore")
         trainer = L.Trainer(
             accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, max_steps=marks.warmup + marks.steps,
-            precision=LIGHTNING_PRECISION[resolve_runtime("auto", str(device)).precision],  # type: ignore[arg-type]
+            precision=bc.LIGHTNING_PRECISION[resolve_runtime("auto", str(device)).precision],  # type: ignore[arg-type]
             logger=False, default_root_dir=tmp, enable_model_summary=False, enable_progress_bar=False,
             callbacks=[Mark()],
         )  # fmt: skip
-        trainer.fit(peer_module(task.model, 1e-3, device, SAME_DATA_PEER), loader)
+        trainer.fit(bc.peer_module(task.model, 1e-3, device, bc.SAME_DATA_PEER), loader)
 
 
 RUNNERS: dict[str, Callable[..., None]] = {
-    "before": loop_before,
-    "plainloop": loop_plainloop,
-    "plainloop_gpu_path": loop_plainloop_gpu_path,
-    "lightning_data": loop_lightning_data,
-}
+    "before": loop_before, "plainloop": loop_plainloop, "lightning_data": loop_lightning_data,
+    "plainloop_gpu_path": functools.partial(loop_plainloop, gpu_path=True),
+}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ measurement
 def _window(marks: Marks) -> list[tuple[int, bool]]:
-    """(index of the step's closing mark, steady?) for every timed step. A step is steady when it is neither
-    the first of its epoch (new iterator, the previous epoch's checkpoint and validation) nor the last (the
-    loop's epoch-end log point)."""
-    lo, hi = marks.warmup, min(len(marks.times), marks.warmup + marks.steps)
-    last = marks.last_in_epoch
+    """(index of the step's closing mark, steady?) for every timed step. A step is steady when it is neither the
+    first of its epoch (new iterator, the previous epoch's checkpoint and validation) nor the last (the epoch-end
+    log point)."""
+    lo, hi, last = marks.warmup, min(len(marks.times), marks.warmup + marks.steps), marks.last_in_epoch
     return [(k, not last[k - 1] and not last[k]) for k in range(max(lo, 1), hi)]
 
 
@@ -291,86 +248,64 @@ def timed_pass(run: Callable[..., None], args: tuple, device: torch.device, warm
     win = _window(marks)
     walls = [marks.times[k] - marks.times[k - 1] for k, _ in win]
     syncs = [marks.syncs[k] - marks.syncs[k - 1] for k, _ in win]
-    inner = [i for i, (_, ok) in enumerate(win) if ok] or list(range(len(win)))
-    n = len(win)
+    inner, n = [i for i, (_, ok) in enumerate(win) if ok] or list(range(len(win))), len(win)
     return {
         "steps_raw": {"wall_s": walls, "syncs": syncs, "steady": [ok for _, ok in win]},
-        "step_us_median": 1e6 * stats([walls[i] for i in inner])["median"],
+        "step_us_median": 1e6 * bc.stats([walls[i] for i in inner])["median"],
         "step_us_incl_epoch_ends": 1e6 * sum(walls) / n,
-        "syncs_per_step": stats([syncs[i] for i in inner])["median"],
+        "syncs_per_step": bc.stats([syncs[i] for i in inner])["median"],
         "syncs_per_step_incl_epoch_ends": counter.count("loop") / n,
-        "host_reads_per_step": sum(counter.calls.values()) / n,
-        "sync_callers": dict(counter.calls.most_common(16)),
-        "timed_steps": n,
-        "steady_steps": sum(ok for _, ok in win),
-    }
-
-
-def _native_quiet() -> contextlib.AbstractContextManager:
-    from utils.profiling import _native_output_to  # kineto's progress lines go to fds 1/2 directly
-
-    return _native_output_to([])
+        "host_reads_per_step": sum(counter.calls.values()) / n, "sync_callers": dict(counter.calls.most_common(16)),
+        "timed_steps": n, "steady_steps": sum(ok for _, ok in win),
+    }  # fmt: skip
 
 
 def profiled_pass(run: Callable[..., None], args: tuple, device: torch.device, warmup: int, steps: int) -> dict:
     """Operator calls and host time inside/outside the outermost operators per step, from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
-    from utils.profiling import _inside_aten
+    from utils.profiling import _inside_aten, _native_output_to  # kineto's lines go to fds 1/2 directly
 
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     marks = Marks(warmup, steps)
-    with _native_quiet():
-        prof = profile(activities=acts, record_shapes=False)
+    with _native_output_to([]):
+        prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else []))
         prof.__enter__()
     try:
         run(*args, marks)
     finally:
-        with _native_quiet():
+        with _native_output_to([]):
             prof.__exit__(None, None, None)
     events = list(prof.events())
-    mark_ev = sorted((e for e in events if e.name == MARK), key=lambda e: e.time_range.start)
-    starts = [e.time_range.start for e in mark_ev]
-    per: list[dict[str, float]] = [
-        {"ops": 0, "outer_ops": 0, "in_ops_us": 0.0, "launches": 0, "dev_syncs": 0} for _ in starts
-    ]
+    starts = sorted(e.time_range.start for e in events if e.name == MARK)
+    per = [{"ops": 0, "outer_ops": 0, "in_ops_us": 0.0, "launches": 0, "dev_syncs": 0} for _ in starts]
     for e in events:  # every thread: on CUDA the autograd engine runs the backward on a device thread
         k = bisect.bisect_right(starts, e.time_range.start)  # the step whose closing mark comes next
         if k >= len(starts) or e.name == MARK:
             continue
-        slot = per[k]
         if e.name.startswith("aten::"):
-            slot["ops"] += 1
+            per[k]["ops"] += 1
             if not _inside_aten(e):
-                slot["outer_ops"] += 1
-                slot["in_ops_us"] += e.time_range.end - e.time_range.start
-        elif e.name.startswith("cuda") and "Launch" in e.name:
-            slot["launches"] += 1
-        elif e.name.startswith("cuda") and "Synchronize" in e.name:
-            slot["dev_syncs"] += 1
+                per[k]["outer_ops"] += 1
+                per[k]["in_ops_us"] += e.time_range.end - e.time_range.start
+        elif e.name.startswith("cuda"):
+            per[k]["launches"] += "Launch" in e.name
+            per[k]["dev_syncs"] += "Synchronize" in e.name
     win = [(k, ok) for k, ok in _window(marks) if k < len(starts)]
     inner = [k for k, ok in win if ok] or [k for k, _ in win]
     wall = {k: starts[k] - starts[k - 1] for k, _ in win}
 
     def med(f: Callable[[int], float]) -> float:
-        return stats([f(k) for k in inner])["median"]
+        return bc.stats([f(k) for k in inner])["median"]
 
     out = {
-        "profiled_steps_raw": {
-            "wall_us": [wall[k] for k, _ in win],
-            "in_ops_us": [per[k]["in_ops_us"] for k, _ in win],
-            "ops": [per[k]["ops"] for k, _ in win],
-            "outer_ops": [per[k]["outer_ops"] for k, _ in win],
-            "steady": [ok for _, ok in win],
-        },
-        "profiled_step_us_median": med(lambda k: wall[k]),
-        "ops_per_step": med(lambda k: per[k]["ops"]),
-        "outer_ops_per_step": med(lambda k: per[k]["outer_ops"]),
-        "in_ops_us_median": med(lambda k: per[k]["in_ops_us"]),
+        "profiled_steps_raw": {"wall_us": [wall[k] for k, _ in win], "steady": [ok for _, ok in win],
+                               **{key: [per[k][key] for k, _ in win] for key in ("in_ops_us", "ops", "outer_ops")}},
+        "profiled_step_us_median": med(lambda k: wall[k]), "ops_per_step": med(lambda k: per[k]["ops"]),
+        "outer_ops_per_step": med(lambda k: per[k]["outer_ops"]), "in_ops_us_median": med(lambda k: per[k]["in_ops_us"]),
         "outside_ops_us_median": med(lambda k: wall[k] - per[k]["in_ops_us"]),
         "outside_ops_us_incl_epoch_ends": sum(wall[k] - per[k]["in_ops_us"] for k, _ in win) / len(win),
         "ops_per_step_incl_epoch_ends": sum(per[k]["ops"] for k, _ in win) / len(win),
-    }
+    }  # fmt: skip
     if device.type == "cuda":
         out["kernel_launches_per_step"] = med(lambda k: per[k]["launches"])
         out["cuda_syncs_per_step"] = sum(per[k]["dev_syncs"] for k, _ in win) / len(win)
@@ -379,65 +314,54 @@ def profiled_pass(run: Callable[..., None], args: tuple, device: torch.device, w
 
 # ------------------------------------------------------------------------------------------ report
 def summarise(reps: dict[str, dict[str, list[dict]]]) -> dict[str, dict[str, dict[str, Any]]]:
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for cfg, loops in reps.items():
-        out[cfg] = {}
-        for loop, rs in loops.items():
-            keys = [k for k, v in rs[0].items() if isinstance(v, int | float) and not isinstance(v, bool)]
-            out[cfg][loop] = {k: stats([r[k] for r in rs]) for k in keys}
-            out[cfg][loop]["sync_callers"] = rs[-1].get("sync_callers", {})
-    return out
+    return {cfg: {loop: {**{k: bc.stats([r[k] for r in rs]) for k, v in rs[0].items()
+                            if isinstance(v, int | float) and not isinstance(v, bool)},
+                         "sync_callers": rs[-1].get("sync_callers", {})} for loop, rs in loops.items()}
+            for cfg, loops in reps.items()}  # fmt: skip
 
 
 def render(result: dict[str, Any]) -> str:
-    env = result["environment"]
-    cuda = env["device"].startswith("cuda")
-    parts = [
-        f"Host cost per training step on {env['device_name']} ({env['device']}), torch {env['torch']}, commit "
-        f"`{env['commit'][:12]}`, {env['time_utc']}, load average {fmt((result['loadavg_start'] or [None])[0], '.2f')} "
-        f"at the start; {result['config']['reps']} interleaved repetitions; medians over the steady steps, (min–max) "
-        f"over the repetitions; {result['config']['torch_threads']} torch thread(s). Command: `{result['command']}`."
-    ]  # fmt: skip
+    env, cfg = result["environment"], result["config"]
+    parts = [f"Host cost per training step on {env['device_name']} ({env['device']}), torch {env['torch']}, commit "
+             f"`{env['commit'][:12]}`, {env['time_utc']}, load average {bc.fmt((result['loadavg_start'] or [None])[0], '.2f')} "
+             f"at the start; {cfg['reps']} interleaved repetitions; medians over the steady steps, (min–max) over the "
+             f"repetitions; {cfg['torch_threads']} torch thread(s). Command: `{result['command']}`."]  # fmt: skip
     keys = [("step_us_median", ".0f", True), ("outside_ops_us_median", ".0f", True), ("in_ops_us_median", ".0f", False),
             ("ops_per_step", ".0f", False), ("outer_ops_per_step", ".0f", False),
             ("kernel_launches_per_step", ".0f", False), ("syncs_per_step", ".2f", False),
             ("syncs_per_step_incl_epoch_ends", ".2f", False), ("host_reads_per_step", ".2f", False)]  # fmt: skip
     header = ["loop", "step µs", "host µs outside ops", "µs inside ops", "aten ops/step", "outermost ops/step",
-              "kernel launches/step", "syncs/step" + ("" if cuda else " (loop's reads, syncs on a GPU)"),
-              "syncs/step incl. epoch ends", "all host reads/step"]  # fmt: skip
-    for cfg, loops in result["summary"].items():
-        c = result["configs"][cfg]
-        rows = []
-        for loop, s in loops.items():
-            row = [loop]
-            for k, spec, spread in keys:
-                v = s.get(k)
-                rng = f" ({v['min']:{spec}}–{v['max']:{spec}})" if v and spread and v["n"] > 1 else ""
-                row.append(f"{v['median']:{spec}}{rng}" if v else ("n/a (CPU)" if "kernel" in k else "n/a"))
-            rows.append(row)
-        parts.append(f"**{cfg}**: {c['describe']}, batch {c['batch']} (before: {c['before_batch']}), {c['steps']} timed "
-                     f"steps after {c['warmup']}\n\n" + md_table(header, rows))  # fmt: skip
+              "kernel launches/step", "syncs/step" + ("" if env["device"].startswith("cuda") else
+              " (loop's reads, syncs on a GPU)"), "syncs/step incl. epoch ends", "all host reads/step"]  # fmt: skip
+
+    def cell(v: dict[str, Any] | None, k: str, spec: str, spread: bool) -> str:
+        if not v:
+            return "n/a (CPU)" if "kernel" in k else "n/a"
+        return f"{v['median']:{spec}}" + (f" ({v['min']:{spec}}–{v['max']:{spec}})" if spread and v["n"] > 1 else "")
+
+    for name, loops in result["summary"].items():
+        c = result["configs"][name]
+        rows = [[loop, *(cell(s.get(k), k, spec, spread) for k, spec, spread in keys)] for loop, s in loops.items()]
+        parts.append(f"**{name}**: {c['describe']}, batch {c['batch']} (before: {c['before_batch']}), {c['steps']} "
+                     f"timed steps after {c['warmup']}\n\n" + bc.md_table(header, rows))  # fmt: skip
     return "\n\n".join(parts + [f"- {n}" for n in result["notes"]]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    # 1 thread: host cost is single-threaded, and on a shared machine a descheduled second OpenMP thread stalls
-    # every operator
-    ap = base_parser(__doc__, None, reps=3, threads=1, out_help="benchmarks/results/host_cost_<cpu|gpu>.json")
-    add = ap.add_argument
-    add("--configs", default="cpu,seed", help=f"comma list from {','.join(CONFIGS)} (default: cpu,seed)")
-    add("--loops", default=",".join(LOOPS), help=f"comma list from {','.join(LOOPS)} (default: all)")
-    add("--steps", type=int, default=None, help="timed steps per pass (default: 12 cpu, 6 seed, 4 tiny)")
-    add("--warmup", type=int, default=None, help="untimed steps first (default: 3 cpu, 2 seed/tiny)")
-    add(
-        "--seed-batch",
-        type=int,
-        default=None,
-        help="batch of the seed configuration (default: 150 on CUDA, 2 on a CPU)",
-    )
-    add("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    add("--cache-dir", default=None, help="netCDF + coarse cache (default: $PLAINLOOP_CACHE or ~/.cache/plainloop)")
-    add("--quick", action="store_true", help="the tiny configuration, 1 repetition, 4 steps (a test)")
+    # 1 thread: host cost is single-threaded, and on a shared machine a descheduled second thread stalls every op
+    ap = bc.base_parser(__doc__, None, reps=3, threads=1, out_help="benchmarks/results/host_cost_<cpu|gpu>.json")
+    for flag, default, what in (
+        ("--configs", "cpu,seed", f"comma list from {','.join(CONFIGS)}"),
+        ("--loops", ",".join(LOOPS), f"comma list from {','.join(LOOPS)}"),
+        ("--steps", None, "timed steps per pass (default: 12 cpu, 6 seed, 4 tiny)"),
+        ("--warmup", None, "untimed steps first (default: 3 cpu, 2 seed/tiny)"),
+        ("--seed-batch", None, "batch of the seed configuration (default: 150 on CUDA, 2 on a CPU)"),
+        ("--device", None, "cuda or cpu (default: cuda when available)"),
+        ("--cache-dir", None, "netCDF + coarse cache (default: $PLAINLOOP_CACHE or ~/.cache/plainloop)"),
+    ):
+        ap.add_argument(flag, default=default, type=int if flag in ("--steps", "--warmup", "--seed-batch") else str,
+                        help=what if default is None else f"{what} (default: {default})")  # fmt: skip
+    ap.add_argument("--quick", action="store_true", help="the tiny configuration, 1 repetition, 4 steps (a test)")
     a = ap.parse_args(argv)
     if a.quick:
         a.configs, a.reps = "tiny", 1
@@ -447,30 +371,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ap.error(f"{flag}: unknown {bad}; choose from {','.join(known)}")
     if (a.steps is not None and a.steps < 2) or (a.warmup is not None and a.warmup < 1):
         ap.error(f"--steps {a.steps} / --warmup {a.warmup}: need steps >= 2, warmup >= 1")
-    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    notes: list[str] = []
-    if "lightning_data" in loops and lightning_available() is None:
+    device, notes = bc.device_of(a.device), []
+    if "lightning_data" in loops and bc.lightning_available() is None:
         loops.remove("lightning_data")
         notes.append("lightning is not installed: its row is skipped (pip install lightning)")
     if device.type == "cuda" and "plainloop_gpu_path" in loops:
         loops.remove("plainloop_gpu_path")  # on CUDA, plainloop's own path is the GPU path
-    from datasets.era5 import default_cache_dir
-
-    cache_dir = Path(a.cache_dir).expanduser() if a.cache_dir else default_cache_dir()
-    seed_batch = a.seed_batch or (150 if device.type == "cuda" else 2)
+    cache_dir, seed_batch = bc.cache_dir_of(a.cache_dir), a.seed_batch or (150 if device.type == "cuda" else 2)
     cfgs = {k: dict(CONFIGS[k]) for k in configs}
     for c in cfgs.values():
-        c["steps"], c["warmup"] = a.steps or c["steps"], a.warmup or c["warmup"]
         m = c["model"]
-        c["describe"] = (f"d_model {m['d_model']}, {m['num_layers']} layers x {m['recursion_depth']} recursions, "
-                         f"{c['resolution']:g}° grid from a {c['file_grid']:g}° file")  # fmt: skip
+        c.update(steps=a.steps or c["steps"], warmup=a.warmup or c["warmup"],
+                 describe=f"d_model {m['d_model']}, {m['num_layers']} layers x {m['recursion_depth']} recursions, "
+                          f"{c['resolution']:g}° grid from a {c['file_grid']:g}° file")  # fmt: skip
     if "seed" in cfgs:
         cfgs["seed"]["batch"] = cfgs["seed"]["before_batch"] = seed_batch
         if seed_batch != 150:
             notes.append(f"seed configuration at batch {seed_batch} (the seed's is 150): a CPU step at 150 takes about "
                          "a minute; operator counts and host time outside operators do not depend on it")  # fmt: skip
-    env = environment(device)  # at the start: the commit that is measured
-    load_start = loadavg()
+    env, load_start = bc.environment(device), bc.loadavg()  # at the start: the commit that is measured
     reps: dict[str, dict[str, list[dict[str, Any]]]] = {k: {lp: [] for lp in loops} for k in cfgs}
     for r in range(a.reps):
         a.wait(r)
@@ -480,19 +399,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 run = functools.partial(RUNNERS[lp], seed=0)
                 rec = {**timed_pass(run, args, device, c["warmup"], c["steps"]),
                        **profiled_pass(run, args, device, c["warmup"], c["steps"]),
-                       "rep": r, "loadavg_1m": (loadavg() or [0.0])[0]}  # fmt: skip
+                       "rep": r, "loadavg_1m": (bc.loadavg() or [0.0])[0]}  # fmt: skip
                 reps[k][lp].append(rec)
                 print(f"[host_cost] rep {r + 1}/{a.reps} {k:5s} {lp:18s} step {rec['step_us_median']:9.0f} µs, "
                       f"outside ops {rec['outside_ops_us_median']:8.0f} µs, {rec['ops_per_step']:5.0f} ops, "
                       f"{rec['syncs_per_step']:.2f} reads/step", flush=True)  # fmt: skip
     result = {
-        "schema": "plainloop-bench-host-cost-1", "command": "python -m benchmarks.host_cost " + " ".join(a.argv),
-        "environment": env, "loadavg_start": load_start, "loadavg_end": loadavg(), "waited_for_quiet": a.waits,
+        "schema": "plainloop-bench-host-cost-1", "command": bc.command("host_cost", a.argv), "environment": env,
+        "loadavg_start": load_start, "loadavg_end": bc.loadavg(), "waited_for_quiet": a.waits,
         "config": {"reps": a.reps, "loops": loops, "torch_threads": torch.get_num_threads()},
         "configs": cfgs, "repetitions": reps, "summary": summarise(reps), "notes": notes,
     }  # fmt: skip
-    out = Path(a.out) if a.out else RESULTS_DIR / f"host_cost_{'gpu' if device.type == 'cuda' else 'cpu'}.json"
-    write_result(out, result, render(result))
+    out = Path(a.out) if a.out else bc.RESULTS_DIR / f"host_cost_{'gpu' if device.type == 'cuda' else 'cpu'}.json"
+    bc.write_result(out, result, render(result))
     return result
 
 

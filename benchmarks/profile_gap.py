@@ -2,25 +2,22 @@
 
     .venv/bin/python -m benchmarks.profile_gap --preset seed          # a GPU box (benchmarks/run_gpu.sh runs it)
     .venv/bin/python -m benchmarks.profile_gap --preset tiny          # any machine, a minute
-    .venv/bin/python -m benchmarks.profile_gap --trace T.json         # summarise a saved Chrome trace
 
-Each loop trains benchmarks.run's ERA5 task (plainloop's defaults; Lightning as SAME_DATA_PEER: the same split
-in memory, gathered in the same order, the same precision and AdamW). After --warmup-epochs untimed epochs the
-profiler records whole epochs until at least --steps steps are in, the last of them validating, and stops at
-the first step of the next epoch, so the trace holds every part of an epoch end. The summary:
-  busy        per step, the time the device computes: CUDA kernels, copies and sets, attributed to the step
-              that launched them; on a CPU run, the outermost operators of the main thread
-  gaps        each interval of at least --min-gap-us in which the device computes nothing, with its likely
-              cause, the first that applies: checkpoint (inside the save, or its copies), validation, data
-              (a DataLoader fetch), sync (a host read or synchronize just ended), allocator (cudaMalloc or
-              cudaFree), epoch end (between epochs, none of those), host launches (the host was still issuing
-              the next work: Python, the loop, launch latency)
+Each loop trains benchmarks.run's ERA5 task (plainloop's defaults; Lightning as SAME_DATA_PEER: the same split in
+memory, gathered in the same order, the same precision and AdamW). After --warmup-epochs untimed epochs the profiler
+records whole epochs until at least --steps steps are in, the last of them validating, and stops at the first step
+of the next epoch, so the trace holds every part of an epoch end. The summary:
+  busy        per step, the time the device computes: CUDA kernels, copies and sets, attributed to the step that
+              launched them; on a CPU run, the outermost operators of the main thread
+  gaps        each interval of at least --min-gap-us in which the device computes nothing, with its likely cause,
+              the first that applies: checkpoint (inside the save, or its copies), validation, data (a DataLoader
+              fetch), sync (a host read or synchronize just ended), allocator (cudaMalloc or cudaFree), epoch end
+              (between epochs, none of those), host launches (the host was still issuing the next work)
 Writes raw JSON (every gap, with the host operators that overlap it) and a Markdown table to --out.
 """
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import contextlib
 import heapq
@@ -35,35 +32,29 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from benchmarks.common import (
-    RESULTS_DIR,
-    SAME_DATA_PEER,
-    environment,
-    fmt,
-    lightning_available,
-    md_table,
-    quiet,
-    run_lightning,
-    stats,
-    write_result,
-)
+from benchmarks import common as bc
+from benchmarks.run import PRESETS, Bench, _build_task, prepare_data
 
-STEP, EPOCH, VAL, CKPT = (
-    "profile_gap::step_end",
-    "profile_gap::epoch_end",
-    "profile_gap::validation",
-    "profile_gap::checkpoint",
-)
+STEP, EPOCH, VAL, CKPT = (f"profile_gap::{k}" for k in ("step_end", "epoch_end", "validation", "checkpoint"))
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 CAUSES = ("checkpoint", "validation", "data", "sync", "allocator", "epoch end", "host launches")
 _SYNC = ("Synchronize", "cudaMemcpy ", "aten::item", "aten::_local_scalar_dense", "aten::is_nonzero")
+FLAGS = [("--preset", "tiny", "problem size", {"choices": sorted(PRESETS)}),
+         ("--device", None, "cuda or cpu (default: cuda when available)"),
+         ("--steps", 10, "least steps in the trace"), ("--warmup-epochs", 2, "untraced epochs first"),
+         ("--min-gap-us", 20.0, "shortest idle gap counted"),
+         ("--loops", "plainloop,lightning_data", "plainloop and/or lightning_data"),
+         ("--cache-dir", None, "generated data and cache (default: ~/.cache/plainloop)"),
+         ("--out", None, "JSON path (default: benchmarks/results/profile_gap_<device>.json)")]  # fmt: skip
 
 
 class Window:
-    """Starts the profiler at epoch `start`, stops it at the first step end after `stop_epoch` ended."""
+    """The profiler on from epoch `start` to the first step end after epoch `stop_epoch`, and the marks inside it."""
 
-    def __init__(self, prof: Any, start: int, stop_epoch: int) -> None:
-        self.prof, self.start, self.stop_epoch, self.on, self.done = prof, start, stop_epoch, False, False
+    def __init__(self, device: torch.device, start: int, stop_epoch: int) -> None:
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        self.prof, self.start, self.stop_epoch = profile(activities=acts), start, stop_epoch
+        self.on = self.done = False
         self.val: Any = None
 
     def epoch_start(self, epoch: int) -> None:
@@ -71,17 +62,15 @@ class Window:
             self.prof.start()
             self.on = True
 
-    def step_end(self, epoch: int) -> None:
+    def mark(self, name: str) -> None:
         if self.on:
-            with record_function(STEP):
+            with record_function(name):
                 pass
-            if epoch > self.stop_epoch:
-                self.finish()
 
-    def epoch_end(self) -> None:
-        if self.on:
-            with record_function(EPOCH):
-                pass
+    def step_end(self, epoch: int) -> None:
+        self.mark(STEP)
+        if epoch > self.stop_epoch:
+            self.finish()
 
     def val_start(self) -> None:
         if self.on:
@@ -101,11 +90,8 @@ class Window:
 
 @contextlib.contextmanager
 def labelled(obj: Any, name: str, label: str) -> Iterator[None]:
-    """obj.name runs inside record_function(label) while the block runs (skipped when it is absent)."""
-    orig = getattr(obj, name, None)
-    if orig is None:
-        yield
-        return
+    """obj.name runs inside record_function(label) while the block runs."""
+    orig = getattr(obj, name)
 
     def wrapped(*a: Any, **k: Any) -> Any:
         with record_function(label):
@@ -118,23 +104,9 @@ def labelled(obj: Any, name: str, label: str) -> Iterator[None]:
         setattr(obj, name, orig)
 
 
-def _plan(b: Any, steps: int, warmup: int) -> tuple[int, int]:
-    """(steps per epoch, epochs to record) for at least `steps` profiled steps."""
-    from benchmarks.run import _build_task
-
-    n = len(_build_task(b, None).train_set) // b.p["batch"]
-    if n < 1:
-        raise SystemExit(f"profile_gap: fewer training samples than one batch of {b.p['batch']}; use a larger preset")
-    return n, max(1, math.ceil(steps / n))
-
-
-def trace_plainloop(b: Any, warmup: int, n_ep: int, path: Path) -> None:
-    from benchmarks.run import _build_task
+def trace_plainloop(b: Bench, w: Window, epochs: int) -> None:
     from trainer import Callback, TrainConfig, Trainer
     from trainer.state import Checkpointer
-
-    prof = profile(activities=_activities(b.device))
-    w = Window(prof, warmup, warmup + n_ep - 1)
 
     class Hooks(Callback):
         def on_train_epoch_start(self, trainer: Any, epoch: int) -> None:
@@ -144,7 +116,7 @@ def trace_plainloop(b: Any, warmup: int, n_ep: int, path: Path) -> None:
             w.step_end(trainer.progress.epoch)
 
         def on_train_epoch_end(self, trainer: Any, epoch: int) -> None:
-            w.epoch_end()
+            w.mark(EPOCH)
 
         def on_validation_start(self, trainer: Any) -> None:
             w.val_start()
@@ -153,21 +125,15 @@ def trace_plainloop(b: Any, warmup: int, n_ep: int, path: Path) -> None:
             w.val_end()
 
     with tempfile.TemporaryDirectory() as tmp, labelled(Checkpointer, "save", CKPT):
-        cfg = TrainConfig(epochs=warmup + n_ep + 1, batch_size=b.p["batch"], output_dir=tmp, run_name="profile",
-                          seed=b.seed, device=str(b.device), validation_interval=warmup + n_ep, progress_bar=False)  # fmt: skip
+        cfg = TrainConfig(epochs=epochs + 1, batch_size=b.p["batch"], output_dir=tmp, run_name="profile", seed=b.seed,
+                          device=str(b.device), validation_interval=epochs, progress_bar=False)  # fmt: skip
         Trainer(cfg, _build_task(b, None), log=lambda _s: None, callbacks=[Hooks()]).fit()
-    w.finish()
-    prof.export_chrome_trace(str(path))
 
 
-def trace_lightning(b: Any, warmup: int, n_ep: int, path: Path) -> None:
+def trace_lightning(b: Bench, w: Window, epochs: int) -> None:
     import lightning as L
 
-    from benchmarks.run import _build_task
     from trainer.runtime import resolve_runtime
-
-    prof = profile(activities=_activities(b.device))
-    w = Window(prof, warmup, warmup + n_ep - 1)
 
     class Hooks(L.Callback):
         def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
@@ -177,7 +143,7 @@ def trace_lightning(b: Any, warmup: int, n_ep: int, path: Path) -> None:
             w.step_end(trainer.current_epoch)
 
         def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-            w.epoch_end()
+            w.mark(EPOCH)
 
         def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
             w.val_start()
@@ -185,20 +151,12 @@ def trace_lightning(b: Any, warmup: int, n_ep: int, path: Path) -> None:
         def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
             w.val_end()
 
-    from benchmarks.common import LIGHTNING_PRECISION
-
-    task = _build_task(b, None)
-    precision = LIGHTNING_PRECISION[resolve_runtime("auto", str(b.device)).precision]
-    peer = dict(SAME_DATA_PEER, val_every=warmup + n_ep)
+    task, warmup = _build_task(b, None), w.start
+    precision = bc.LIGHTNING_PRECISION[resolve_runtime("auto", str(b.device)).precision]
     with labelled(L.Trainer, "save_checkpoint", CKPT):
-        run_lightning(task.model, task.train_set, task.val_set, b.device, epochs=n_ep + 1, warmup_epochs=warmup,
-                      batch_size=b.p["batch"], precision=precision, seed=b.seed, peer=peer, callbacks=[Hooks()])  # fmt: skip
-    w.finish()
-    prof.export_chrome_trace(str(path))
-
-
-def _activities(device: torch.device) -> list[ProfilerActivity]:
-    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        bc.run_lightning(task.model, task.train_set, task.val_set, b.device, epochs=epochs + 1 - warmup,
+                         warmup_epochs=warmup, batch_size=b.p["batch"], precision=precision, seed=b.seed,
+                         peer=dict(bc.SAME_DATA_PEER, val_every=epochs), callbacks=[Hooks()])  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ the summary
@@ -212,14 +170,11 @@ def _outermost(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _cause(g0: float, g1: float, over: list[dict[str, Any]], sync_ends: list[float],
-           epoch_ends: list[float]) -> str:  # fmt: skip
+def _cause(g0: float, g1: float, over: list[dict[str, Any]], sync_ends: list[float], epoch_ends: list[float]) -> str:
     """The likely cause of the device idling over [g0, g1], from the host events `over` that overlap it."""
     names = {e["name"] for e in over}
-    if CKPT in names:
-        return "checkpoint"
-    if VAL in names:
-        return "validation"
+    if CKPT in names or VAL in names:
+        return "checkpoint" if CKPT in names else "validation"
     if any("DataLoader" in n for n in names):
         return "data"
     # a read or synchronize that ended just before or inside the gap: the queue drained while the host waited
@@ -227,9 +182,7 @@ def _cause(g0: float, g1: float, over: list[dict[str, Any]], sync_ends: list[flo
         return "sync"
     if any(n.startswith(("cudaMalloc", "cudaFree", "cudaHostAlloc")) for n in names):
         return "allocator"
-    if bisect.bisect_right(epoch_ends, g1) > bisect.bisect_left(epoch_ends, g0):
-        return "epoch end"
-    return "host launches"
+    return "epoch end" if bisect.bisect_right(epoch_ends, g1) > bisect.bisect_left(epoch_ends, g0) else "host launches"
 
 
 def summarise_trace(trace: dict[str, Any], min_gap_us: float = 20.0) -> dict[str, Any]:
@@ -271,117 +224,76 @@ def summarise_trace(trace: dict[str, Any], min_gap_us: float = 20.0) -> dict[str
             over = [host[i] for _, i in active]
             names = [e["name"] for e in over if e["name"] not in (STEP, EPOCH)]
             top = sorted(set(names), key=names.count, reverse=True)[:5]
-            cause = _cause(end, s0, over, sync_ends, epoch_ends)
-            gaps.append({"start_us": end - lo, "us": s0 - end, "cause": cause, "host": top})
+            gaps.append({"start_us": end - lo, "us": s0 - end, "cause": _cause(end, s0, over, sync_ends, epoch_ends),
+                         "host": top})  # fmt: skip
         end = max(end, f)
     by: dict[str, list[float]] = defaultdict(list)
     for g in gaps:
         by[g["cause"]].append(g["us"])
     steps = len(marks) - 1
     return {
-        "device": on,
-        "steps": steps,
+        "device": on, "steps": steps,
         "epoch_ends": bisect.bisect_right(epoch_ends, hi) - bisect.bisect_left(epoch_ends, lo),
-        "window_ms": (hi - lo) / 1e3,
-        "step_ms": stats([(b - a) / 1e3 for a, b in zip(marks, marks[1:])]),
-        "busy_ms_per_step": stats([v / 1e3 for v in busy]),
-        "busy_frac": sum(busy) / (hi - lo),
-        "idle_frac": sum(g["us"] for g in gaps) / (hi - lo),
-        "min_gap_us": min_gap_us,
-        "by_cause": {
-            c: {"gaps": len(v), "ms": sum(v) / 1e3, "ms_per_step": sum(v) / 1e3 / steps, "largest_ms": max(v) / 1e3}
-            for c in CAUSES
-            if (v := by.get(c))
-        },  # fmt: skip
+        "window_ms": (hi - lo) / 1e3, "step_ms": bc.stats([(b - a) / 1e3 for a, b in zip(marks, marks[1:])]),
+        "busy_ms_per_step": bc.stats([v / 1e3 for v in busy]), "busy_frac": sum(busy) / (hi - lo),
+        "idle_frac": sum(g["us"] for g in gaps) / (hi - lo), "min_gap_us": min_gap_us,
+        "by_cause": {c: {"gaps": len(v), "ms": sum(v) / 1e3, "ms_per_step": sum(v) / 1e3 / steps,
+                         "largest_ms": max(v) / 1e3} for c in CAUSES if (v := by.get(c))},
         "gaps": gaps,
-    }
+    }  # fmt: skip
 
 
 def render(result: dict[str, Any]) -> str:
-    env = result["environment"]
+    env, fmt = result["environment"], bc.fmt
     head = (f"Device idle gaps, **{result['preset']}** preset on {env['device_name']} ({env['device']}), torch "
             f"{env['torch']}, commit `{env['commit'][:12]}`. Busy = the device computing (on a CPU: the outermost "
             f"operators); gaps of at least {result['min_gap_us']:g} µs, each given its likely cause.")  # fmt: skip
     rows = [[name, s["steps"], s["epoch_ends"], fmt(s["step_ms"]["median"], ".2f"),
              fmt(s["busy_ms_per_step"]["median"], ".2f"), fmt(100 * s["busy_frac"], ".0f", "%"),
              fmt(100 * s["idle_frac"], ".0f", "%")] for name, s in result["loops"].items()]  # fmt: skip
-    t1 = md_table(["loop", "steps", "epoch ends", "step ms (median)", "busy ms/step (median)", "busy", "idle"], rows)
+    t1 = bc.md_table(["loop", "steps", "epoch ends", "step ms (median)", "busy ms/step (median)", "busy", "idle"], rows)
     rows = [[name, c, d["gaps"], fmt(d["ms_per_step"], ".3f"), fmt(d["largest_ms"], ".3f"),
              ", ".join(next((g["host"][:3] for g in s["gaps"] if g["cause"] == c), []))]
             for name, s in result["loops"].items() for c, d in s["by_cause"].items()]  # fmt: skip
-    t2 = md_table(["loop", "cause", "gaps", "idle ms per step", "largest ms", "host work in the first such gap"], rows)
+    t2 = bc.md_table(["loop", "cause", "gaps", "idle ms per step", "largest ms", "host work in the first such gap"],
+                     rows)  # fmt: skip
     return f"{head}\n\n{t1}\n\n{t2}\n" + "".join(f"\n- {n}" for n in result["notes"]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from benchmarks.run import PRESETS, Bench
-
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], epilog=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="problem size (default: tiny)")
-    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    ap.add_argument("--steps", type=int, default=10, help="least steps in the trace (default: 10)")
-    ap.add_argument("--warmup-epochs", type=int, default=2, help="untraced epochs first (default: 2)")
-    ap.add_argument("--min-gap-us", type=float, default=20.0, help="shortest idle gap counted (default: 20)")
-    ap.add_argument("--loops", default="plainloop,lightning_data", help="plainloop and/or lightning_data")
-    ap.add_argument("--cache-dir", default=None, help="generated data and cache (default: ~/.cache/plainloop)")
-    ap.add_argument("--trace", nargs="+", default=None, metavar="JSON", help="summarise saved Chrome traces instead")
-    ap.add_argument("--trace-dir", default=None, help="keep the Chrome traces here (default: not kept)")
-    ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/profile_gap_<device>.json)")
+    ap = bc.parser(__doc__, FLAGS)
     a = ap.parse_args(argv)
-    if a.steps < 1 or a.warmup_epochs < 1 or a.min_gap_us <= 0:
-        ap.error(
-            f"--steps {a.steps} / --warmup-epochs {a.warmup_epochs} / --min-gap-us {a.min_gap_us}: need >= 1, >= 1, > 0"
-        )
-    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    notes: list[str] = []
-    traces: dict[str, Path] = {}
+    loops = [x for x in a.loops.split(",") if x]
+    if a.steps < 1 or a.warmup_epochs < 1 or a.min_gap_us <= 0 or set(loops) - {"plainloop", "lightning_data"}:
+        ap.error("need --steps >= 1, --warmup-epochs >= 1, --min-gap-us > 0, --loops from plainloop,lightning_data")
+    device, notes = bc.device_of(a.device), []
+    if "lightning_data" in loops and bc.lightning_available() is None:
+        loops.remove("lightning_data")
+        notes.append("lightning is not installed: its trace is skipped (pip install lightning)")
+    p = dict(PRESETS[a.preset])
+    cache_dir, data = prepare_data(a.cache_dir, p)
+    b = Bench(data, p, cache_dir, device, 0)
+    per_epoch = len(_build_task(b, None).train_set) // p["batch"]
+    if per_epoch < 1:
+        raise SystemExit(f"profile_gap: fewer training samples than one batch of {p['batch']}; use a larger preset")
+    n_ep = max(1, math.ceil(a.steps / per_epoch))
+    notes.append(f"{per_epoch} steps per epoch, batch {p['batch']}; traced epochs {a.warmup_epochs + 1}.."
+                 f"{a.warmup_epochs + n_ep} (the last validates) and the next epoch's first step")  # fmt: skip
+    out_loops = {}
     with tempfile.TemporaryDirectory() as tmp:
-        if a.trace:
-            for t in a.trace:
-                if not Path(t).is_file():
-                    ap.error(f"--trace {t}: no such file")
-                traces[Path(t).stem] = Path(t)
-        else:
-            from benchmarks.run import prepare_data
-
-            loops = [x for x in a.loops.split(",") if x]
-            if set(loops) - {"plainloop", "lightning_data"}:
-                ap.error(f"--loops {a.loops}: choose from plainloop,lightning_data")
-            if "lightning_data" in loops and lightning_available() is None:
-                loops.remove("lightning_data")
-                notes.append("lightning is not installed: its trace is skipped (pip install lightning)")
-            p = dict(PRESETS[a.preset])
-            cache_dir, data = prepare_data(ap, argparse.Namespace(cache_dir=a.cache_dir, data_path=None), p)
-            b = Bench(data, p, cache_dir, device, 0)
-            per_epoch, n_ep = _plan(b, a.steps, a.warmup_epochs)
-            notes.append(f"{per_epoch} steps per epoch, batch {p['batch']}; traced epochs {a.warmup_epochs + 1}.."
-                         f"{a.warmup_epochs + n_ep} (the last validates) and the next epoch's first step")  # fmt: skip
-            keep = Path(a.trace_dir) if a.trace_dir else Path(tmp)
-            keep.mkdir(parents=True, exist_ok=True)
-            for loop in loops:
-                traces[loop] = keep / f"trace_{loop}_{device.type}.json"
-                with quiet():  # the loops' own console lines; the profile is what this prints
-                    (trace_plainloop if loop == "plainloop" else trace_lightning)(
-                        b, a.warmup_epochs, n_ep, traces[loop]
-                    )
-                print(f"[gap] traced {loop} -> {traces[loop]}", flush=True)
-        loops_out = {k: summarise_trace(json.loads(v.read_text()), a.min_gap_us) for k, v in traces.items()}
-    result = {
-        "schema": "plainloop-bench-profile-gap-1",
-        "preset": a.preset if not a.trace else "saved trace",
-        "command": "python -m benchmarks.profile_gap "
-        + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
-        "environment": environment(device),
-        "config": {k: v for k, v in vars(a).items()},
-        "min_gap_us": a.min_gap_us,
-        "loops": loops_out,
-        "notes": notes,
-    }
+        for loop in loops:
+            w, path = Window(device, a.warmup_epochs, a.warmup_epochs + n_ep - 1), Path(tmp) / f"{loop}.json"
+            with bc.quiet():  # the loops' own console lines; the profile is what this prints
+                (trace_plainloop if loop == "plainloop" else trace_lightning)(b, w, a.warmup_epochs + n_ep)
+            w.finish()
+            w.prof.export_chrome_trace(str(path))
+            out_loops[loop] = summarise_trace(json.loads(path.read_text()), a.min_gap_us)
+            print(f"[gap] traced {loop}", flush=True)
+    result = {"schema": "plainloop-bench-profile-gap-1", "preset": a.preset, "command": bc.command("profile_gap", argv),
+              "environment": bc.environment(device), "config": vars(a), "min_gap_us": a.min_gap_us,
+              "loops": out_loops, "notes": notes}  # fmt: skip
     name = "cpu" if device.type == "cpu" else torch.cuda.get_device_name(device).split()[-1].lower()
-    out = Path(a.out) if a.out else RESULTS_DIR / f"profile_gap_{name}.json"
-    write_result(out, result, render(result))
-    print(f"[gap] wrote {out} and {out.with_suffix('.md')}")
+    bc.write_result(Path(a.out) if a.out else bc.RESULTS_DIR / f"profile_gap_{name}.json", result, render(result))
     return result
 
 

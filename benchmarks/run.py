@@ -24,10 +24,7 @@ repetition) and a Markdown table to --out and its .md.
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
-import math
 import resource
 import sys
 import tempfile
@@ -39,39 +36,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from benchmarks.common import (
-    LIGHTNING_PRECISION,
-    MODEL_SIZES,
-    RESULTS_DIR,
-    SAME_DATA_PEER,
-    SEED_LOADER,
-    SEED_PEER,
-    base_parser,
-    environment,
-    fmt,
-    lightning_available,
-    loadavg,
-    matmul_peak_flops,
-    md_table,
-    paired,
-    run_lightning,
-    stats,
-    sync,
-    target_check,
-    write_result,
-)
+from benchmarks import common as bc
+from benchmarks.common import fmt, md_table, stats
 
 LABELS = {
-    "before": "before (seed loop)",
-    "defaults": "plainloop defaults",
-    "seed_loader": "plainloop, seed's loader",
-    "tuned": "plainloop tuned",
-    "user_trainer": "user model, Trainer",
-    "user_base": "user model, BaseTrainer",
-    "lightning": "Lightning (seed BaseTrainer)",
-    "lightning_data": "Lightning, plainloop's data path",
+    "before": "before (seed loop)", "defaults": "plainloop defaults", "seed_loader": "plainloop, seed's loader",
+    "tuned": "plainloop tuned", "user_trainer": "user model, Trainer", "user_base": "user model, BaseTrainer",
+    "lightning": "Lightning (seed BaseTrainer)", "lightning_data": "Lightning, plainloop's data path",
     "lightning_fp32": "Lightning, precision 32",
-}
+}  # fmt: skip
 ALL_CONFIGS = tuple(LABELS)
 _CPU_ROWS = ("before", "defaults", "seed_loader", "user_trainer", "user_base", "lightning", "lightning_data")
 _KEYS = ("file_grid", "years", "resolution", "before_batch", "batch", "reps", "warmup_epochs", "epochs",
@@ -79,11 +52,11 @@ _KEYS = ("file_grid", "years", "resolution", "before_batch", "batch", "reps", "w
 # file_grid: the generated ERA5-format file's grid (0.25 = ERA5 native 1440 x 721); years of data; resolution: the
 # training grid. Batches follow the seeds (50 before, 150 after) except in `tiny`, whose few samples need smaller ones.
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {**dict(zip(_KEYS, (5.0, 25, 10.0, 20, 60, 2, 1, 1, 1, 2))), "model": MODEL_SIZES["tiny"],
+    "tiny": {**dict(zip(_KEYS, (5.0, 25, 10.0, 20, 60, 2, 1, 1, 1, 2))), "model": bc.MODEL_SIZES["tiny"],
              "configs": ("before", "defaults", "lightning")},
-    "cpu": {**dict(zip(_KEYS, (1.0, 50, 5.0, 50, 150, 3, 1, 2, 1, 8))), "model": MODEL_SIZES["cpu"],
+    "cpu": {**dict(zip(_KEYS, (1.0, 50, 5.0, 50, 150, 3, 1, 2, 1, 8))), "model": bc.MODEL_SIZES["cpu"],
             "configs": (*_CPU_ROWS, "lightning_fp32")},
-    "seed": {**dict(zip(_KEYS, (0.25, 50, 2.0, 50, 150, 3, 2, 20, 1, 8))), "model": MODEL_SIZES["seed"],
+    "seed": {**dict(zip(_KEYS, (0.25, 50, 2.0, 50, 150, 3, 2, 20, 1, 8))), "model": bc.MODEL_SIZES["seed"],
              "configs": (*_CPU_ROWS[:3], "tuned", *_CPU_ROWS[3:])},
 }  # fmt: skip
 # The seed's whole job: 500 epochs over 252 months (seq_len 2, split 0.8/0.1/0.1 -> 200 training samples).
@@ -95,13 +68,10 @@ TARGETS = {
     "cpu": {"defaults_vs_before": 5.0, "defaults_vs_lightning": 1.3},
 }  # fmt: skip
 AREA = {"lon": (-180, 180), "lat": (-80, 80)}  # build_era5_task's default area, used by every row
-# per-row TrainConfig overrides of plainloop's defaults
-PLAINLOOP_ROWS: dict[str, dict[str, Any]] = {
-    "defaults": {},
-    "user_trainer": {},
+PLAINLOOP_ROWS: dict[str, dict[str, Any]] = {  # per-row TrainConfig overrides of plainloop's defaults
+    "defaults": {}, "user_trainer": {}, "tuned": {"compile_model": True},
     "seed_loader": {"device_cache": False, "pin_memory": True, "persistent_workers": True, "prefetch_factor": 2},
-    "tuned": {"compile_model": True},
-}
+}  # fmt: skip
 
 
 @dataclass
@@ -126,17 +96,15 @@ def _job_train_samples() -> int:
 def _build_task(b: Bench, device_cache: bool | None) -> Any:
     from tasks.era5 import build_era5_task
 
-    return build_era5_task(
-        data_path=str(b.data_path), resolution=b.p["resolution"], seq_len=2, device_cache=device_cache, seed=b.seed,
-        cache_dir=str(b.cache_dir), learning_rate=1e-3,
-        calendar=False,  # the benchmark's work stays that of its recorded results (the seed's inputs)
-        **b.p["model"],
-    )  # fmt: skip
+    # calendar planes off: the seed's inputs, as the recorded results had them
+    return build_era5_task(data_path=str(b.data_path), resolution=b.p["resolution"], seq_len=2,
+                           device_cache=device_cache, seed=b.seed, cache_dir=str(b.cache_dir), learning_rate=1e-3,
+                           calendar=False, **b.p["model"])  # fmt: skip
 
 
 class UserSSTModel(nn.Module):
-    """A user's own model as they would bring it: the seed's network, forward only. No `loss` method (so
-    plainloop picks its default MSE), no ocean mask, no FLOP count: nothing plainloop-specific."""
+    """A user's own model as they would bring it: the seed's network, forward only. No `loss` method (so plainloop
+    picks its default MSE), no ocean mask, no FLOP count: nothing plainloop-specific."""
 
     def __init__(self, **kw: Any) -> None:
         super().__init__()
@@ -168,14 +136,12 @@ def _rep_record(name: str, r: dict[str, Any], device: torch.device, mon: dict[st
     """One repetition from its raw timing `r` (wall_s, samples, steps, data_wait_s, step_s)."""
     mon = mon or {}
     if device.type == "cuda":  # the allocator's peak; on a CPU the harness process's peak RSS (an upper bound)
-        peak = float(mon.get("peak_gpu_mem_mb") or torch.cuda.max_memory_allocated(device) / 2**20)
-        src = "cuda max_memory_allocated"
+        peak, src = float(mon.get("peak_gpu_mem_mb") or torch.cuda.max_memory_allocated(device) / 2**20), "cuda"
     elif mon.get("process_rss_gb_max"):
         peak, src = float(mon["process_rss_gb_max"]) * 1024, "process RSS max (harness process)"
     else:
         peak, src = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process ru_maxrss (harness process)"
-    wall, data_s, step_s, steps = r["wall_s"], r["data_wait_s"], r["step_s"], r["steps"]
-    la = loadavg()
+    wall, data_s, step_s, steps, la = r["wall_s"], r["data_wait_s"], r["step_s"], r["steps"], bc.loadavg()
     return {
         "config": name, "wall_s": wall, "samples": r["samples"], "steps": steps,
         "samples_per_s": r["samples"] / wall, "step_time_s": step_s / max(steps, 1),
@@ -183,19 +149,14 @@ def _rep_record(name: str, r: dict[str, Any], device: torch.device, mon: dict[st
         "compute_frac": 1.0 - data_s / step_s if step_s > 0 else 1.0,
         "outside_steps_frac": max(0.0, 1.0 - step_s / wall),  # validation, checkpoints, epoch start-up
         "gpu_util_mean": mon.get("gpu_util_mean"), "peak_memory_mb": peak, "peak_memory_source": src,
-        "loadavg_1m": la[0] if la else None,  # the machine is shared: high load explains a slow repetition
-        **extra,
+        "loadavg_1m": la[0] if la else None, **extra,  # the machine is shared: high load explains a slow repetition
     }  # fmt: skip
 
 
 def epochs_from_metrics(metrics: Path, warmup: int, epochs: int, batch: int, name: str) -> dict[str, Any]:
-    """Timing of epochs warmup+1 .. warmup+epochs from a run's metrics.jsonl (every epoch ends in a row): wall
-    time between the last rows of epoch `warmup` and of the final epoch; step time and data wait summed from the
-    per-interval rows of the timed epochs."""
-    rows = [r for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "train"]
-    ends: dict[int, float] = {}
-    for r in rows:
-        ends[r["epoch"]] = max(ends.get(r["epoch"], -math.inf), r["time"])
+    """Timing of epochs warmup+1 .. warmup+epochs from a run's metrics.jsonl: wall time between the last rows of
+    epoch `warmup` and of the final epoch; step time and data wait summed from the timed epochs' rows."""
+    rows, ends = bc.epoch_ends(metrics)
     if len(ends) < warmup + epochs:
         raise RuntimeError(f"{name}: plainloop logged {len(ends)} epochs, expected {warmup + epochs}")
     step_s = data_s = 0.0
@@ -213,13 +174,13 @@ def epochs_from_metrics(metrics: Path, warmup: int, epochs: int, batch: int, nam
 def run_before_config(b: Bench, name: str) -> dict[str, Any]:
     from benchmarks.before_loop import NetCDFPerSampleDataset, run_before
 
-    task = _build_task(b, False)
+    task, batch = _build_task(b, False), b.p["before_batch"]
     train, val = (NetCDFPerSampleDataset(s, b.data_path) for s in (task.train_set, task.val_set))
-    mon = _monitor(b.device, b.p["before_batch"])
-    r = run_before(task.model, train, val, b.device, epochs=b.p["before_epochs"], batch_size=b.p["before_batch"],
-                   monitor=mon, seed=b.seed)  # fmt: skip
-    extra = {"batch_size": b.p["before_batch"], "precision": "32", "epochs_timed": b.p["before_epochs"]}
-    return _rep_record(name, r, b.device, mon.get_summary() if mon else None, {**extra, "val_s": r["val_s"]})
+    mon = _monitor(b.device, batch)
+    r = run_before(task.model, train, val, b.device, epochs=b.p["before_epochs"], batch_size=batch, monitor=mon,
+                   seed=b.seed)  # fmt: skip
+    extra = {"batch_size": batch, "precision": "32", "epochs_timed": b.p["before_epochs"], "val_s": r["val_s"]}
+    return _rep_record(name, r, b.device, mon.get_summary() if mon else None, extra)
 
 
 def run_plainloop_config(b: Bench, name: str) -> dict[str, Any]:
@@ -238,20 +199,20 @@ def run_plainloop_config(b: Bench, name: str) -> dict[str, Any]:
         model = UserSSTModel(**_user_model_params(b, task.train_set.width, task.train_set.height))
         task = Task("user_model", model, task.train_set, task.val_set)
     W, E = b.p["warmup_epochs"], b.p["epochs"]
-    mon = _monitor(b.device, batch)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = TrainConfig(epochs=W + E, batch_size=batch, output_dir=tmp, run_name=name, seed=b.seed,
                           device=str(b.device), **over)  # fmt: skip
-        trainer = Trainer(cfg, task, log=lambda _s: None, monitor=mon, callbacks=[VerdictCallback()])
-        summary = trainer.fit()
-        r = epochs_from_metrics(Path(summary["run_dir"]) / "metrics.jsonl", W, E, batch, name)
+        trainer = Trainer(cfg, task, log=lambda _s: None, monitor=_monitor(b.device, batch),
+                          callbacks=[VerdictCallback()])  # fmt: skip
+        s = trainer.fit()
+        r = epochs_from_metrics(Path(s["run_dir"]) / "metrics.jsonl", W, E, batch, name)
     extra = {
-        "batch_size": batch, "precision": summary["precision"], "epochs_timed": E,
+        "batch_size": batch, "precision": s["precision"], "epochs_timed": E,
         "compile_mode": over.get("compile_mode") if over.get("compile_model") else None,
-        "data_path": "held on the device" if trainer.on_device else f"DataLoader {trainer.loader_kw}",
-        "verdict": (summary.get("verdict") or {}).get("verdict"), "notes": summary.get("notes", []),
+        "data_path": "held on the device" if trainer.data.on_device else f"DataLoader {trainer.data.loader_kw}",
+        "verdict": (s.get("verdict") or {}).get("verdict"), "notes": s.get("notes", []),
     }  # fmt: skip
-    return _rep_record(name, r, b.device, summary.get("monitor"), extra)
+    return _rep_record(name, r, b.device, s.get("monitor"), extra)
 
 
 def run_base_trainer_config(b: Bench, name: str) -> dict[str, Any]:
@@ -274,35 +235,31 @@ def run_base_trainer_config(b: Bench, name: str) -> dict[str, Any]:
         bt.train()
         assert bt.trainer is not None and bt.trainer.run_dir is not None and bt.summary is not None
         r = epochs_from_metrics(Path(bt.trainer.run_dir) / "metrics.jsonl", W, E, batch, name)
-        precision = bt.summary["precision"]
-    extra = {"batch_size": batch, "precision": precision, "epochs_timed": E}
+    extra = {"batch_size": batch, "precision": bt.summary["precision"], "epochs_timed": E}
     return _rep_record(name, r, b.device, mon.get_summary() if mon else None, extra)
 
 
 def run_lightning_config(b: Bench, name: str) -> dict[str, Any]:
     from trainer.runtime import resolve_runtime
 
-    same = name == "lightning_data"
+    same = name == "lightning_data"  # plainloop's own resolved precision; the seed's 16-mixed or 32 otherwise
     precision = "32" if name == "lightning_fp32" else "16-mixed"
-    if same:  # plainloop's own resolved precision
-        precision = LIGHTNING_PRECISION[resolve_runtime("auto", str(b.device)).precision]
-    task = _build_task(b, None if same else False)
-    mon = _monitor(b.device, b.p["batch"])
-    r = run_lightning(task.model, task.train_set, task.val_set, b.device, epochs=b.p["epochs"],
-                      warmup_epochs=b.p["warmup_epochs"], batch_size=b.p["batch"], precision=precision,
-                      loader=dict(SEED_LOADER, num_workers=b.p["lightning_workers"]), monitor=mon, seed=b.seed,
-                      peer=SAME_DATA_PEER if same else SEED_PEER)  # fmt: skip
+    if same:
+        precision = bc.LIGHTNING_PRECISION[resolve_runtime("auto", str(b.device)).precision]
+    task, mon = _build_task(b, None if same else False), _monitor(b.device, b.p["batch"])
+    r = bc.run_lightning(task.model, task.train_set, task.val_set, b.device, epochs=b.p["epochs"],
+                         warmup_epochs=b.p["warmup_epochs"], batch_size=b.p["batch"], precision=precision,
+                         loader=dict(bc.SEED_LOADER, num_workers=b.p["lightning_workers"]), monitor=mon, seed=b.seed,
+                         peer=bc.SAME_DATA_PEER if same else bc.SEED_PEER)  # fmt: skip
     extra = {"batch_size": b.p["batch"], "precision": r["precision_resolved"], "precision_requested": precision,
              "epochs_timed": b.p["epochs"], "loader": r["loader"]}  # fmt: skip
     return _rep_record(name, r, b.device, mon.get_summary() if mon else None, extra)
 
 
 RUNNERS = {
-    "before": run_before_config,
-    **{k: run_plainloop_config for k in PLAINLOOP_ROWS},
-    "user_base": run_base_trainer_config,
+    "before": run_before_config, **{k: run_plainloop_config for k in PLAINLOOP_ROWS}, "user_base": run_base_trainer_config,
     **{k: run_lightning_config for k in ("lightning", "lightning_data", "lightning_fp32")},
-}
+}  # fmt: skip
 
 
 def autotune_batch(b: Bench) -> dict[str, Any]:
@@ -311,20 +268,17 @@ def autotune_batch(b: Bench) -> dict[str, Any]:
     from trainer.extras.autobatch import find_max_batch_size
     from trainer.runtime import resolve_runtime
 
-    task = _build_task(b, False)
-    rt = resolve_runtime("auto", str(b.device))
+    task, rt = _build_task(b, False), resolve_runtime("auto", str(b.device))
     model = copy.deepcopy(task.model).to(b.device)
-    x1, y1 = task.train_set[0]
-    cap = max(b.p["batch"], len(task.train_set) // 2)
+    (x1, y1), cap = task.train_set[0], max(b.p["batch"], len(task.train_set) // 2)
 
     def try_batch(bs: int) -> None:
-        x = x1.expand(bs, *x1.shape).contiguous().to(b.device)
-        y = y1.expand(bs, *y1.shape).contiguous().to(b.device)
+        x, y = (t.expand(bs, *t.shape).contiguous().to(b.device) for t in (x1, y1))
         with rt.autocast():
             loss = model.loss(model(x), y)
         loss.backward()
         model.zero_grad(set_to_none=True)
-        sync(b.device)
+        bc.sync(b.device)
 
     res = find_max_batch_size(try_batch, start=b.p["batch"], max_batch=cap)
     model.cpu()  # free the trial model's GPU memory before the timed runs
@@ -342,33 +296,26 @@ def _paired(a: list[dict[str, Any]], b: list[dict[str, Any]] | None) -> float | 
     """The median of the per-repetition ratios of two rows (matched by repetition)."""
     by_rep = {r["rep"]: r["samples_per_s"] for r in b or []}
     both = [(r["samples_per_s"], by_rep[r["rep"]]) for r in a if r["rep"] in by_rep]
-    return paired([x for x, _ in both], [y for _, y in both])
+    return bc.paired([x for x, _ in both], [y for _, y in both])
 
 
 def summarise(reps: dict[str, list[dict[str, Any]]], flops_per_sample: float, peak_flops: float,
               job_samples: int) -> dict[str, dict[str, Any]]:  # fmt: skip
     out: dict[str, dict[str, Any]] = {}
-    for name, rs in reps.items():
-        if not rs:
-            continue
-        sps = stats(_rates(rs))
-        util = [r["gpu_util_mean"] for r in rs if r.get("gpu_util_mean") is not None]
-        med = {k: stats([r[k] for r in rs])["median"] for k in ("step_time_s", "data_wait_frac", "compute_frac",
-                                                                "outside_steps_frac")}  # fmt: skip
+    for name, rs in ((n, rs) for n, rs in reps.items() if rs):
+        sps, util = stats(_rates(rs)), [r["gpu_util_mean"] for r in rs if r.get("gpu_util_mean") is not None]
+        med = {k: stats([r[k] for r in rs])["median"]
+               for k in ("step_time_s", "data_wait_frac", "compute_frac", "outside_steps_frac")}  # fmt: skip
         out[name] = {
             "samples_per_s": sps, **med, "gpu_util_mean": stats(util)["median"] if util else None,
             "peak_memory_mb": max(r["peak_memory_mb"] for r in rs), "mfu": flops_per_sample * sps["median"] / peak_flops,
             "job_s": job_samples / sps["median"], "batch_size": rs[0]["batch_size"], "precision": rs[0]["precision"],
         }  # fmt: skip
     for name, s in out.items():
-        for peer, key in (
-            ("before", "vs_before"),
-            ("lightning", "vs_lightning"),
-            ("lightning_data", "vs_lightning_data"),
-        ):
+        for peer in ("before", "lightning", "lightning_data"):
             other = out.get(peer, {}).get("samples_per_s", {}).get("median")
-            s[key] = s["samples_per_s"]["median"] / other if other else None
-            s[key + "_paired"] = _paired(reps[name], reps.get(peer))
+            s[f"vs_{peer}"] = s["samples_per_s"]["median"] / other if other else None
+            s[f"vs_{peer}_paired"] = _paired(reps[name], reps.get(peer))
     return out
 
 
@@ -391,12 +338,9 @@ SPLIT = {
 def speedup_split(reps: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """plainloop defaults over Lightning (seed) as a product of shares: total = loop x Lightning's seed set-up,
     and the set-up = its data path and schedule x its precision; each of the medians and paired."""
-    out: dict[str, Any] = {}
-    for key, (a, b, what) in SPLIT.items():
-        if reps.get(a) and reps.get(b):
-            ratio = stats(_rates(reps[a]))["median"] / stats(_rates(reps[b]))["median"]
-            out[key] = {"ratio": ratio, "paired": _paired(reps[a], reps[b]), "rows": [a, b], "what": what}
-    return out
+    return {key: {"ratio": stats(_rates(reps[a]))["median"] / stats(_rates(reps[b]))["median"],
+                  "paired": _paired(reps[a], reps[b]), "rows": [a, b], "what": what}
+            for key, (a, b, what) in SPLIT.items() if reps.get(a) and reps.get(b)}  # fmt: skip
 
 
 def _where(name: str, s: dict[str, Any]) -> str:
@@ -410,21 +354,22 @@ def _where(name: str, s: dict[str, Any]) -> str:
 
 def check_targets(summary: dict[str, dict[str, Any]], device: torch.device) -> list[dict[str, Any]]:
     """Each target with the measured value, met or missed (a ratio also paired), and where the time went if missed."""
-    t = TARGETS["gpu" if device.type == "cuda" else "cpu"]
     if device.type == "cuda":
-        wanted = [("tuned vs before", "tuned", "vs_before", t["tuned_vs_before"], True, "x"),
-                  ("tuned vs lightning", "tuned", "vs_lightning", t["tuned_vs_lightning"], True, "x"),
-                  ("MFU of the measured bf16 peak", "tuned", "mfu", t["mfu"], True, ""),
-                  ("GPU utilisation", "tuned", "gpu_util_mean", t["gpu_util"], True, "%"),
-                  ("data wait of step time", "tuned", "data_wait_frac", t["data_wait_frac"], False, ""),
-                  ("seed job (500 epochs)", "tuned", "job_s", t["job_s"], False, "s")]  # fmt: skip
+        t = TARGETS["gpu"]
+        wanted = [("tuned vs before", "vs_before", t["tuned_vs_before"], True, "x"),
+                  ("tuned vs lightning", "vs_lightning", t["tuned_vs_lightning"], True, "x"),
+                  ("MFU of the measured bf16 peak", "mfu", t["mfu"], True, ""),
+                  ("GPU utilisation", "gpu_util_mean", t["gpu_util"], True, "%"),
+                  ("data wait of step time", "data_wait_frac", t["data_wait_frac"], False, ""),
+                  ("seed job (500 epochs)", "job_s", t["job_s"], False, "s")]  # fmt: skip
     else:
-        wanted = [("defaults vs before", "defaults", "vs_before", t["defaults_vs_before"], True, "x"),
-                  ("defaults vs lightning", "defaults", "vs_lightning", t["defaults_vs_lightning"], True, "x")]  # fmt: skip
-    checks = []
-    for what, cfg, key, goal, higher, unit in wanted:
+        t = TARGETS["cpu"]
+        wanted = [("defaults vs before", "vs_before", t["defaults_vs_before"], True, "x"),
+                  ("defaults vs lightning", "vs_lightning", t["defaults_vs_lightning"], True, "x")]  # fmt: skip
+    checks, cfg = [], "tuned" if device.type == "cuda" else "defaults"
+    for what, key, goal, higher, unit in wanted:
         s = summary.get(cfg, {})
-        c = target_check(what, s.get(key), s.get(key + "_paired"), goal, higher, unit, cfg)
+        c = bc.target_check(what, s.get(key), s.get(key + "_paired"), goal, higher, unit, cfg)
         why = None
         if not c["met"] and s:
             why = "; ".join([_where(cfg, s)] + [_where(p, summary[p]) for p in ("before", "lightning")
@@ -438,11 +383,10 @@ def headline(summary: dict[str, dict[str, Any]], device: torch.device) -> dict[s
     best = "tuned" if "tuned" in summary else "defaults"
     s = summary.get(best, {})
     keys = ("vs_before", "vs_lightning", "vs_lightning_data", "mfu", "gpu_util_mean", "data_wait_frac", "job_s")
-    out: dict[str, Any] = {"config": best, "samples_per_s": (s.get("samples_per_s") or {}).get("median")}
-    out.update({k: s.get(k) for k in keys} | {k + "_paired": s.get(k + "_paired") for k in keys[:3]})
-    out["job_s_source"] = f"{JOB_EPOCHS} epochs x {_job_train_samples()} samples at the {best} row's median rate"
-    out["gpu_util_mean_note"] = None if device.type == "cuda" else "n/a: no GPU in this run"
-    return out
+    return {"config": best, "samples_per_s": (s.get("samples_per_s") or {}).get("median"),
+            **{k: s.get(k) for k in keys}, **{k + "_paired": s.get(k + "_paired") for k in keys[:3]},
+            "job_s_source": f"{JOB_EPOCHS} epochs x {_job_train_samples()} samples at the {best} row's median rate",
+            "gpu_util_mean_note": None if device.type == "cuda" else "n/a: no GPU in this run"}  # fmt: skip
 
 
 def _dur(s: float | None) -> str:
@@ -462,7 +406,7 @@ def render(result: dict[str, Any]) -> str:
         f"per-repetition ratios); measured {peak['dtype']} matmul peak {peak['tflops']:.2f} TFLOP/s (best of "
         f"{len(peak.get('measurements_tflops', [1]))} measurements); model "
         f"{result['flops_per_sample'] / 1e9:.2f} GFLOP/sample (training)."
-    )
+    )  # fmt: skip
 
     def ratio(x: dict[str, Any], key: str) -> str:
         return f"{fmt(x[key], '.2f', '×')} ({fmt(x[key + '_paired'], '.2f', '×')})"
@@ -501,33 +445,26 @@ def render(result: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------ main
-def prepare_data(ap: argparse.ArgumentParser, args: argparse.Namespace, p: dict[str, Any]) -> tuple[Path, Path]:
-    """(cache_dir, data_path): the generated ERA5-format file (made once) or the user's own."""
+def prepare_data(cache_dir_arg: str | None, p: dict[str, Any]) -> tuple[Path, Path]:
+    """(cache_dir, data_path): the generated ERA5-format file of the preset, made once."""
     try:
         import netCDF4  # noqa: F401
     except ImportError:
         sys.exit("benchmarks: netCDF4 is missing; the ERA5 data (and the 'before' loop) need it: pip install netCDF4")
-    from datasets.era5 import default_cache_dir
     from datasets.era5_sample import ensure_sample_file
 
-    cache_dir = Path(args.cache_dir).expanduser() if args.cache_dir else default_cache_dir()
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    cache_dir = bc.cache_dir_of(cache_dir_arg)
     t0 = time.perf_counter()
-    if args.data_path:
-        data_path = Path(args.data_path)
-        if not data_path.is_file():
-            ap.error(f"--data-path {data_path}: no such file")
-    else:
-        data_path = ensure_sample_file(cache_dir, years=p["years"], grid=p["file_grid"])
-    mb = data_path.stat().st_size / 1e6
-    print(f"[bench] data {data_path} ({mb:.0f} MB, {time.perf_counter() - t0:.0f} s to make/find)", flush=True)
+    data_path = ensure_sample_file(cache_dir, years=p["years"], grid=p["file_grid"])
+    print(f"[bench] data {data_path} ({data_path.stat().st_size / 1e6:.0f} MB, {time.perf_counter() - t0:.0f} s to "
+          "make/find)", flush=True)  # fmt: skip
     return cache_dir, data_path
 
 
 def setup_notes(b: Bench, configs: tuple[str, ...]) -> tuple[tuple[str, ...], list[str]]:
     """Drop the rows that cannot run here (Lightning missing) and say what each preset choice means."""
     notes: list[str] = []
-    if any(c.startswith("lightning") for c in configs) and lightning_available() is None:
+    if any(c.startswith("lightning") for c in configs) and bc.lightning_available() is None:
         configs = tuple(c for c in configs if not c.startswith("lightning"))
         notes.append("lightning is not installed: the Lightning rows are skipped (pip install lightning)")
     if b.device.type == "cpu":
@@ -554,7 +491,7 @@ def setup_notes(b: Bench, configs: tuple[str, ...]) -> tuple[tuple[str, ...], li
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = base_parser(__doc__, None, reps=None, threads=0, out_help="benchmarks/results/run_<cpu|gpu>.json")
+    ap = bc.base_parser(__doc__, None, reps=None, threads=0, out_help="benchmarks/results/run_<cpu|gpu>.json")
     add = ap.add_argument
     add("--preset", choices=sorted(PRESETS), default="cpu", help="problem size (default: cpu)")
     add("--file-grid", type=float, default=None, help="grid (degrees) of the generated ERA5-format file, e.g. 0.25 = "
@@ -564,14 +501,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     add("--device", default=None, help="cuda or cpu (default: cuda when available)")
     add("--cache-dir", default=None, help="the generated netCDF and the coarse cache (default: $PLAINLOOP_CACHE or "
         "~/.cache/plainloop)")  # fmt: skip
-    add("--data-path", default=None, help="an existing ERA5-format netCDF file instead of the generated one")
     add("--compile-mode", default="default", choices=("default", "reduce-overhead", "max-autotune", "none"),
         help="torch.compile mode of the tuned row; none = autotuned batch without compile (default: default)")  # fmt: skip
     add("--seed", type=int, default=0, help="model/data-order seed (default: 0)")
     args = ap.parse_args(argv)
-    p = dict(PRESETS[args.preset])
-    if args.file_grid is not None:
-        p["file_grid"] = args.file_grid
+    p = dict(PRESETS[args.preset], **({"file_grid": args.file_grid} if args.file_grid is not None else {}))
     configs = tuple(args.configs.split(",")) if args.configs else p["configs"]
     if unknown := [c for c in configs if c not in ALL_CONFIGS]:
         ap.error(f"--configs: unknown {unknown}; choose from {ALL_CONFIGS}")
@@ -580,43 +514,41 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if v < 1:
                 ap.error(f"--{key} {v}: must be >= 1")
             p[key] = v
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = bc.device_of(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda but CUDA is not available here; drop --device or use cpu")
-    env = environment(device)  # at the start: the commit that is measured, not one edited meanwhile
+    env = bc.environment(device)  # at the start: the commit that is measured, not one edited meanwhile
     t0 = time.perf_counter()
-    cache_dir, data_path = prepare_data(ap, args, p)
+    cache_dir, data_path = prepare_data(args.cache_dir, p)
     b = Bench(data_path, p, cache_dir, device, args.seed, args.compile_mode)
     probe = _build_task(b, False)
     flops, ds = float(probe.flops_per_sample), probe.train_set
-    source = f"a {p['file_grid']:g}° file" if not args.data_path else data_path.name
-    grid = f"{ds.height} x {ds.width} at {p['resolution']:g}° from {source} ({ds.info['months']})"
+    grid = f"{ds.height} x {ds.width} at {p['resolution']:g}° from a {p['file_grid']:g}° file ({ds.info['months']})"
     n_train = len(ds)
     del probe, ds
-    peaks = [matmul_peak_flops(device)]
+    peaks = [bc.matmul_peak_flops(device)]
     print(f"[bench] {n_train} training samples, grid {grid}; measured {peaks[0]['dtype']} matmul peak "
           f"{peaks[0]['tflops']:.2f} TFLOP/s", flush=True)  # fmt: skip
     configs, notes = setup_notes(b, configs)
-    load_start = loadavg()
+    load_start = bc.loadavg()
     reps: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
     for rep in range(p["reps"]):  # interleaved; the peak is re-measured each time and the best one kept
         args.wait(rep)
         if rep:
-            peaks.append(matmul_peak_flops(device))
+            peaks.append(bc.matmul_peak_flops(device))
         for c in configs:
             t = time.perf_counter()
-            reps[c].append({**RUNNERS[c](b, c), "rep": rep})
-            r = reps[c][-1]
+            r = {**RUNNERS[c](b, c), "rep": rep}
+            reps[c].append(r)
             print(f"[bench] rep {rep + 1}/{p['reps']} {c:15s} {r['samples_per_s']:9.1f} samples/s ({r['samples']} "
                   f"samples in {r['wall_s']:.2f} s; harness {time.perf_counter() - t:.0f} s)", flush=True)  # fmt: skip
     peak = dict(max(peaks, key=lambda q: q["flops"]), measurements_tflops=[q["tflops"] for q in peaks])
     job = _job_train_samples()
     result: dict[str, Any] = {
-        "schema": "plainloop-bench-run-2", "preset": args.preset,
-        "command": "python -m benchmarks.run " + " ".join(args.argv), "environment": env,
-        "loadavg_start": load_start, "loadavg_end": loadavg(), "waited_for_quiet": args.waits,
+        "schema": "plainloop-bench-run-2", "preset": args.preset, "command": bc.command("run", args.argv),
+        "environment": env, "loadavg_start": load_start, "loadavg_end": bc.loadavg(), "waited_for_quiet": args.waits,
         "config": {**{k: v for k, v in p.items() if k != "configs"}, "configs": list(configs),
-                   "data_path": str(data_path), "compile_mode": args.compile_mode, "seed": args.seed,
+                   "data_path": str(b.data_path), "compile_mode": args.compile_mode, "seed": args.seed,
                    "optimizer": "AdamW(lr=1e-3, weight_decay=0.01)", "tuned_batch": b.tuned_batch,
                    "torch_threads": torch.get_num_threads()},
         "grid": grid, "train_samples": n_train, "reps": p["reps"], "flops_per_sample": flops,
@@ -628,8 +560,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result["split"] = speedup_split(reps)
     result["targets"] = check_targets(summary, device)
     result["headline"] = headline(summary, device)
-    out = Path(args.out) if args.out else RESULTS_DIR / f"run_{'gpu' if device.type == 'cuda' else 'cpu'}.json"
-    write_result(out, result, render(result))
+    out = Path(args.out) if args.out else bc.RESULTS_DIR / f"run_{'gpu' if device.type == 'cuda' else 'cpu'}.json"
+    bc.write_result(out, result, render(result))
     print(f"[bench] wrote {out} and {out.with_suffix('.md')} ({time.perf_counter() - t0:.0f} s)")
     return result
 

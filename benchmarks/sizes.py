@@ -1,24 +1,8 @@
-"""Model sizes of the benchmark configurations, in a module without torch: benchmarks/scaling.py measures the
-memory of processes that must not have imported it."""
-
-from __future__ import annotations
+"""Model sizes (RecursiveAttentionTransformer keyword arguments) in a module without torch: benchmarks/scaling.py
+measures the memory of processes that must not have imported it."""
 
 from typing import Any
 
-# RecursiveAttentionTransformer keyword arguments
-TINY_MODEL: dict[str, Any] = {
-    "d_model": 32,
-    "num_heads": 2,
-    "num_layers": 1,
-    "dim_feedforward": 64,
-    "recursion_depth": 1,
-    "dropout": 0.0,
-}
-CPU_MODEL: dict[str, Any] = {
-    "d_model": 128,
-    "num_heads": 4,
-    "num_layers": 2,
-    "dim_feedforward": 256,
-    "recursion_depth": 2,
-    "dropout": 0.0,
-}
+_KEYS = ("d_model", "num_heads", "num_layers", "dim_feedforward", "recursion_depth", "dropout")
+TINY_MODEL: dict[str, Any] = dict(zip(_KEYS, (32, 2, 1, 64, 1, 0.0)))
+CPU_MODEL: dict[str, Any] = dict(zip(_KEYS, (128, 4, 2, 256, 2, 0.0)))

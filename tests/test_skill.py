@@ -304,7 +304,7 @@ def test_rolling_hindcast_never_fits_or_chooses_on_a_test_month(sample_file, tmp
 
 
 def _wide_case(data_file, tmp_path, area_lats, area_lons):
-    from benchmarks.skill import WideRegion, wide_region
+    from utils.baselines import WideRegion, wide_region
 
     (wlon, wlat) = wide_region((-20.0, 20.0))
     assert wlon == (-180.0, 180.0) and wlat == (-30.0, 30.0)
@@ -315,7 +315,7 @@ def _wide_case(data_file, tmp_path, area_lats, area_lons):
 
 
 def test_wide_region_rule_and_cell_index(sample_file, tmp_path):
-    from benchmarks.skill import WideRegion, wide_region
+    from utils.baselines import WideRegion, wide_region
 
     assert wide_region((25.0, 55.0)) == ((-180.0, 180.0), (-30.0, 55.0))  # widened, never narrowed
     assert wide_region((-50.0, -25.0))[1] == (-50.0, 30.0)
@@ -332,7 +332,8 @@ def test_wide_region_rule_and_cell_index(sample_file, tmp_path):
 
 
 def test_wide_predictors_never_see_a_test_month(sample_file, tmp_path):
-    from benchmarks.skill import WideRegion, rolling_statistical
+    from benchmarks.skill import rolling_statistical
+    from utils.baselines import WideRegion
 
     data, months, lats, mask = _rolling_case(sample_file, tmp_path / "c")
     ds = ERA5SSTMonthlyDataset(
@@ -377,83 +378,6 @@ def test_small_rolling_skill_run(sample_file, tmp_path):
     r = bootstrap_ratio(per_year, "hybrid", "lim")
     assert r["lo"] <= r["ratio"] <= r["hi"] and np.isfinite(list(rmse.values())).all()
     assert r["ratio"] == pytest.approx(rmse["hybrid"] / rmse["lim"] - 1)
-
-
-def _ridge_case(anom, split_at=(280, 340)):
-    """Samples with one input month and lead 1, split in time order; plain RMSE over all cells."""
-    t = np.arange(len(anom) - 1)
-    a, b = split_at
-    samples = {"train": (t[:a], t[:a] + 1), "val": (t[a:b], t[a:b] + 1), "test": (t[b:], t[b:] + 1)}
-    flat = anom.reshape(len(anom), -1)
-
-    def score(split, pred):
-        return {"rmse": float(np.sqrt(np.mean((pred - flat[samples[split][1]]) ** 2))), "acc": 0.0}
-
-    return samples, score
-
-
-def test_ridge_ceiling_recovers_a_known_linear_forecast():
-    from benchmarks.skill_ceiling import principal_components, ridge_ceiling
-
-    rng = np.random.default_rng(0)
-    T, H, W = 400, 6, 10
-    patterns = np.linalg.qr(rng.normal(size=(H * W, 3)))[0].T * 4  # 3 spatial modes
-    prop = np.array([[0.9, 0.2, 0.0], [-0.2, 0.6, 0.0], [0.0, 0.0, -0.3]])
-    z = np.zeros((T, 3))
-    for k in range(1, T):
-        z[k] = prop @ z[k - 1] + rng.normal(size=3)
-    anom = (z @ patterns + 0.05 * rng.normal(size=(T, H * W))).reshape(T, H, W)
-    mask = np.ones((H, W), dtype=bool)
-    samples, score = _ridge_case(anom)
-    pcs = principal_components(anom, np.zeros(H), mask, train_stop=281)
-    res = ridge_ceiling(anom, mask, samples, score, pcs, modes=(1, 3, 6), lags=(1, 2), alphas=(0.1, 10.0, 1000.0))
-    last, target = samples["test"]
-    oracle = np.sqrt(np.mean(((z[last] @ prop.T) @ patterns - anom.reshape(T, -1)[target]) ** 2))
-    persistence = np.sqrt(np.mean((anom.reshape(T, -1)[last] - anom.reshape(T, -1)[target]) ** 2))
-    assert res["modes"] >= 3  # the three modes that carry the signal
-    assert res["test"]["rmse"] < 1.1 * oracle < persistence
-    # chosen on the validation months; the hindsight bound on the test months
-    assert res["val"]["rmse"] <= res["hindsight"]["val"]["rmse"]
-    assert res["hindsight"]["test"]["rmse"] <= res["test"]["rmse"]
-
-
-def test_kernel_ceiling_finds_a_nonlinear_signal_the_prior_misses():
-    from benchmarks.skill_ceiling import kernel_ceiling, principal_components
-
-    rng = np.random.default_rng(2)
-    T, H, W = 400, 4, 5
-    pattern = rng.normal(size=H * W)
-    pattern /= np.linalg.norm(pattern)
-    z = rng.normal(size=T)  # the one mode's amplitude, independent month to month
-    amp = np.zeros(T)
-    amp[1:] = 0.8 * z[:-1] + (z[:-1] ** 2 - 1)  # next month: a linear and a quadratic response
-    amp[0] = z[0]
-    amp = np.where(np.arange(T) % 2 == 0, z, amp)  # even months are inputs, odd months their targets
-    anom = (amp[:, None] * pattern + 0.05 * rng.normal(size=(T, H * W))).reshape(T, H, W)
-    t = np.arange(0, T - 1, 2)
-    samples = {"train": (t[:140], t[:140] + 1), "val": (t[140:170], t[140:170] + 1), "test": (t[170:], t[170:] + 1)}
-    flat = anom.reshape(T, -1)
-    linear = {s: np.outer(0.8 * amp[i], pattern) for s, (i, _) in samples.items()}  # the prior knows the linear part
-
-    def score(split, pred):
-        return {"rmse": float(np.sqrt(np.mean((pred - flat[samples[split][1]]) ** 2))), "acc": 0.0}
-
-    pcs = principal_components(anom, np.zeros(H), np.ones((H, W), dtype=bool), train_stop=281)
-    res = kernel_ceiling(anom, np.ones((H, W), dtype=bool), samples, score, pcs, linear, modes=(2,), lags=(1,))
-    assert res["test"]["rmse"] < 0.5 * score("test", linear["test"])["rmse"]
-
-
-@pytest.mark.slow
-def test_quick_skill_ceiling_run_writes_json_and_table(tmp_path):
-    from benchmarks.skill_ceiling import main
-
-    out = tmp_path / "ceiling.json"
-    assert main(["--quick", "--out", str(out)]) == 0
-    ((name, block),) = json.loads(out.read_text())["datasets"].items()
-    (row,) = block["leads"]
-    for k in ("damped_persistence", "lim", "ridge_area", "ridge_wide", "kernel_lim"):
-        assert np.isfinite(row[k]["test"]["rmse"]) and np.isfinite(row[k]["val"]["rmse"]), k
-    assert "| data | lead |" in out.with_suffix(".md").read_text()
 
 
 def remote_driven_file(path, lats=(-37.5, 37.5), months=240, bump_from=None):
