@@ -209,12 +209,6 @@ def command(module: str, argv: Sequence[str] | None) -> str:
     return f"python -m benchmarks.{module} " + " ".join(sys.argv[1:] if argv is None else argv)
 
 
-def about(env: dict[str, Any]) -> str:
-    """Where a table's figures come from, for its heading."""
-    return (f"{env['device_name']} ({env['device']}, {env['cpu_count']} cores), torch {env['torch']}, commit "
-            f"`{str(env['commit'])[:12]}`, {env['time_utc']}, load average {env['loadavg']}")  # fmt: skip
-
-
 def epoch_ends(metrics: Path) -> tuple[list[dict[str, Any]], dict[int, float]]:
     """A run's train rows from its metrics.jsonl and the time of each epoch's last row (every epoch ends in one)."""
     rows = [r for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "train"]

@@ -87,8 +87,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rates = [_rate(epoch, a.epochs) for _ in range(a.repeats + 1)]  # the first pass is a warm-up
             res["b2_gather_cpu" if dev.type == "cpu" else "c_gather_cuda"] = rates[1:]
     base = stats(res["a_netcdf_per_sample"])["median"]
-    summary: dict[str, dict[str, Any]] = {k: {"median_samples_per_s": stats(v)["median"], "reps": v, "speedup_vs_a": stats(v)["median"] / base}
-               for k, v in res.items()}  # fmt: skip
+    summary: dict[str, dict[str, Any]] = {}
+    for k, v in res.items():
+        summary[k] = {"median_samples_per_s": stats(v)["median"], "reps": v, "speedup_vs_a": stats(v)["median"] / base}
     env = environment(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     report: dict[str, Any] = {
         "benchmark": "data_pipeline", "environment": env,

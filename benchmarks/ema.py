@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     md = (f"# EMA of the weights on the CPU demos\n\nEMA runs: `--ema_decay {a.decay:g}` (timm warm-up, power 0.75). "
           f"re-ID runs {a.reid_epochs} epochs (the demo: 60). One machine with {env['cpu_count']} shared cores, load "
           f"average {load_start} at the start; torch {torch.__version__}.\n\n{table}\n\nRMSE: lower is better; ACC, "
-          f"mAP and rank-1: higher is better. Commands (each with --output_dir and --run_name):\n\n{commands}\n")  # fmt: skip
+          "mAP and rank-1: higher is better. Commands (each with --output_dir and --run_name):\n\n"
+          f"{commands}\n")  # fmt: skip
     result = {"environment": env, "config": vars(a), "load": {"start": load_start, "end": loadavg()},
               "runs": list(runs.values())}  # fmt: skip
     write_result(a.out, result, md)

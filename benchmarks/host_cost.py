@@ -322,8 +322,9 @@ def summarise(reps: dict[str, dict[str, list[dict]]]) -> dict[str, dict[str, dic
 
 def render(result: dict[str, Any]) -> str:
     env, cfg = result["environment"], result["config"]
+    load = bc.fmt((result["loadavg_start"] or [None])[0], ".2f")
     parts = [f"Host cost per training step on {env['device_name']} ({env['device']}), torch {env['torch']}, commit "
-             f"`{env['commit'][:12]}`, {env['time_utc']}, load average {bc.fmt((result['loadavg_start'] or [None])[0], '.2f')} "
+             f"`{env['commit'][:12]}`, {env['time_utc']}, load average {load} "
              f"at the start; {cfg['reps']} interleaved repetitions; medians over the steady steps, (min–max) over the "
              f"repetitions; {cfg['torch_threads']} torch thread(s). Command: `{result['command']}`."]  # fmt: skip
     keys = [("step_us_median", ".0f", True), ("outside_ops_us_median", ".0f", True), ("in_ops_us_median", ".0f", False),

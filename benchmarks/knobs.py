@@ -44,7 +44,8 @@ def sst_case(batch: int) -> Case:
     sizes: dict[str, Any] = {k: CPU_PRESET[k] for k in keys}
     model = RecursiveAttentionTransformer(width=w, height=h, seq_len=seq, dropout=0.0, **sizes)
     g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(batch, seq - 1, h, w, generator=g), torch.randn(batch, h, w, generator=g)) for _ in range(4)]  # fmt: skip
+    batches = [(torch.randn(batch, seq - 1, h, w, generator=g), torch.randn(batch, h, w, generator=g))
+               for _ in range(4)]  # fmt: skip
     return model, lambda m, b: F.mse_loss(m(b[0]), b[1]), batches
 
 

@@ -310,7 +310,8 @@ def render(result: dict[str, Any]) -> str:
         cells = [f"{b['seconds']:.1f}", f"{b['seconds'] / r['years']:.2f}", f"{b['peak_rss_mb']:.0f}",
                  f"{b['rss_above_start_mb']:.0f}", f"{b['cache_bytes'] / 1e6:.1f}"] if "error" not in b else \
             ["failed", "", "", "", ""]  # fmt: skip
-        rows.append([r["layout"], r["years"], f"{r['file_bytes'] / 1e9:.2f}", *cells, *(_cell(r.get(p)) for p in cfg["peers"])])  # fmt: skip
+        rows.append([r["layout"], r["years"], f"{r['file_bytes'] / 1e9:.2f}", *cells,
+                     *(_cell(r.get(p)) for p in cfg["peers"])])  # fmt: skip
     header = ["layout", "years", "file GB", "build s", "build s/year", "peak RSS MB", "RSS above start MB", "cache MB",
               *(f"{p} (time / peak RSS)" for p in cfg["peers"])]  # fmt: skip
     parts.append("**Cache build** (plainloop) and the xarray peer doing the same area mean:\n\n"

@@ -120,7 +120,8 @@ def train_task(kw: dict[str, Any], seed: int, out_dir: Path, name: str, sample: 
 
     task: Any = build_era5_task(**{**CPU_PRESET, "seed": seed, **kw})
     cfg_kw = {**era5_train_defaults(False, sample, len(task.train_set)), "seed": seed, "output_dir": str(out_dir),
-              "run_name": name, "progress_bar": False, "device": "cpu", "save_best": True, **(train_overrides or {})}  # fmt: skip
+              "run_name": name, "progress_bar": False, "device": "cpu", "save_best": True,
+              **(train_overrides or {})}  # fmt: skip
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     trainer = Trainer(TrainConfig(**{k: v for k, v in cfg_kw.items() if k in known}), task, log=lambda m: None)
     summary = trainer.fit()
@@ -183,7 +184,8 @@ def render(result: dict[str, Any]) -> str:
              f"{100 * r['model_vs_prior_rmse']['mean']:+.1f}% ({100 * r['model_vs_prior_rmse']['max']:+.1f}%)"]
             for ds, block in result["datasets"].items() for r in block["summary"] if "model_vs_prior_rmse" in r]  # fmt: skip
     parts = ["Single split (train/val/test = 80/10/10 % of the samples in time order), test RMSE (°C); AP/DP/LIM = "
-             "anomaly persistence, damped persistence, linear inverse model.\n\n" + md_table(header, rows) + "\n"]  # fmt: skip
+             "anomaly persistence, damped persistence, linear inverse model.\n\n"
+             + md_table(header, rows) + "\n"]  # fmt: skip
     header = ["lead", "context", "seeds", "model RMSE (± std)", *BASELINE_NAMES, "model vs best", "model ACC",
               "LIM ACC"]  # fmt: skip
     for ds, block in result["datasets"].items():
@@ -417,8 +419,8 @@ def rolling_network_year(data_path: str, lon: tuple[float, float], lat: tuple[fl
     with torch.no_grad():
         base, corr = m.parts(ds.gather(sel)[0])
     truth, mask, w = ds.reference_c()["truth_c"][: len(sel)], ds.ocean_mask.numpy(), lat_weights(ds.lats)
-    out: dict[str, Any] = {name: _sse(ds.denormalize(z, sel).numpy(), truth, w, mask)
-                           for name, z in (("network", base + m.correction_scale * corr), ("network_prior", base))}  # fmt: skip
+    preds = {"network": base + m.correction_scale * corr, "network_prior": base}
+    out: dict[str, Any] = {k: _sse(ds.denormalize(z, sel).numpy(), truth, w, mask) for k, z in preds.items()}
     out["_info"] = {"prior": task.info["prior"], "prior_choice": task.info["prior_choice"],
                     "correction_scale": float(m.correction_scale)}  # fmt: skip
     return out
@@ -476,9 +478,10 @@ def run_rolling(args: argparse.Namespace) -> int:
             if "network" in names:
                 ratios["network_vs_prior"] = bootstrap_ratio(per_year, "network", "network_prior")
             block["leads"][str(lead)] = {
-                "rmse": rmse, "best_baseline": best, "ratios": ratios, "chosen": {str(y): c for y, c in r["chosen"].items()},
-                "stages": {str(y): st for y, st in r["stages"].items()}, "per_year": {str(y): v for y, v in per_year.items()},
-                "network_runs": net_info, "seconds": time.perf_counter() - t0,
+                "rmse": rmse, "best_baseline": best, "ratios": ratios, "network_runs": net_info,
+                **{k: {str(y): v for y, v in d.items()} for k, d in (("chosen", r["chosen"]), ("stages", r["stages"]),
+                                                                    ("per_year", per_year))},
+                "seconds": time.perf_counter() - t0,
             }  # fmt: skip
             print(f"[rolling] {box} lead {lead}: corrected {rmse['corrected']:.4f} vs LIM "
                   f"{_pct(ratios['corrected_vs_lim'])}", flush=True)  # fmt: skip
@@ -502,7 +505,7 @@ def render_rolling(result: dict[str, Any]) -> str:
             rm, ra = r["rmse"], r["ratios"]
             rows.append([box, lead, *(f"{rm[k]:.4f}" if k in rm else "-" for k in ("corrected", "blend", "wide_hybrid",
                          "hybrid", "lim", "damped_persistence", "anomaly_persistence")), r["best_baseline"],
-                         _pct(ra["corrected_vs_best"]), _pct(ra["corrected_vs_lim"]), _pct(ra["hybrid_vs_lim"])])  # fmt: skip
+                         *(_pct(ra[k]) for k in ("corrected_vs_best", "corrected_vs_lim", "hybrid_vs_lim"))])  # fmt: skip
             if "network" in rm:
                 net_rows.append([box, lead, f"{rm['network']:.4f}", f"{rm['network_prior']:.4f}",
                                  *(_pct(ra[f"network_vs_{k}"]) for k in ("prior", "best", "lim"))])  # fmt: skip

@@ -1,11 +1,11 @@
-"""The fault campaign of benchmarks/faults.py with small N: no fault may lose a run.
+"""The fault campaign of tests/fault_campaign.py with small N: no fault may lose a run.
 
 kill -9 and SIGTERM at random moments (each resumed with `--resume RUN_DIR` alone / the printed command and
 compared bit for bit with an uninterrupted run), NaN input / NaN forward / NaN every step / --lr 1000, the
 run-name collisions and the lock, every kind of bad input, and the elastic restart under torchrun (gloo).
 The cases that run subprocesses run side by side in threads (they mostly wait); the in-process ones run in the
 main thread meanwhile. The kill/signal moments are random: the seed is printed on failure
-(PLAINLOOP_FAULTS_SEED repeats it). The larger campaign: `python -m benchmarks.faults`
+(PLAINLOOP_FAULTS_SEED repeats it). The larger campaign: `python -m tests.fault_campaign`
 (benchmarks/results/faults_cpu.md).
 """
 
@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from benchmarks.faults import Campaign, Case, message_lines
+from tests.fault_campaign import Campaign, Case, message_lines
 
 pytest.importorskip("netCDF4")
 pytestmark = pytest.mark.slow

@@ -1,7 +1,8 @@
-"""Fault-injection campaign on the CLI (CPU): does any fault lose a run?
+"""Fault-injection campaign on the CLI (CPU): does any fault lose a run? tests/test_faults.py runs it with small N;
+run here, at full size, it writes the table docs/guides/never-lose-a-run.md shows.
 
-    .venv/bin/python -m benchmarks.faults                              # the committed table (~10 min, 2 cores)
-    .venv/bin/python -m benchmarks.faults --kills 3 --signals 3 --no-elastic   # a quick look
+    .venv/bin/python -m tests.fault_campaign                              # the committed table (~10 min, 2 cores)
+    .venv/bin/python -m tests.fault_campaign --kills 3 --signals 3 --no-elastic   # a quick look
 
 Every case drives `train_optimized.py` (or `optimize_training.sh`) as a user would, in a subprocess, with tiny
 settings (10 deg grid, d_model 32, 1 layer, a checkpoint every 2 steps), one thread per process:
@@ -29,8 +30,8 @@ settings (10 deg grid, d_model 32, 1 layer, a checkpoint every 2 steps), one thr
   elastic    optimize_training.sh with NPROC_PER_NODE=2 MAX_RESTARTS=1 (torchrun, gloo): one worker killed
              mid-run, torchrun restarts both, they resume from last.pt; final weights must equal an
              uninterrupted two-process run's
-It also measures the checkpoint digest's cost on a ~100 MB state dict. "Runs lost" counts every case whose
-training could not be continued to the uninterrupted result, or whose files another run overwrote: goal 0.
+"Runs lost" counts every case whose training could not be continued to the uninterrupted result, or whose files
+another run overwrote: goal 0.
 Writes benchmarks/results/faults_cpu.json and the table beside it (faults_cpu.md).
 """
 
@@ -55,8 +56,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import RESULTS_DIR, environment, md_table, stats, write_result
-from trainer.checkpoint import CheckpointError, atomic_save, load_checkpoint, state_digest
+from benchmarks.common import RESULTS_DIR, environment, md_table, write_result
+from trainer.checkpoint import CheckpointError, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--d_model", "32", "--num_layers", "1", "--dim_feedforward", "64", "--resolution", "10", "--no-plots",
@@ -99,7 +100,7 @@ def install_nan_injector(mode: str, steps: str) -> Callable[[], None]:
 # the CLI in a subprocess with the injector installed: argv MODE STEPS CLI-ARGS...
 NAN_INJECTOR = (
     "import sys\n"
-    "from benchmarks.faults import install_nan_injector\n"
+    "from tests.fault_campaign import install_nan_injector\n"
     "install_nan_injector(sys.argv[1], sys.argv[2])\n"
     "import train_optimized\n"
     "sys.exit(train_optimized.main(sys.argv[3:]))\n"
@@ -1086,55 +1087,6 @@ def _snapshot(run_dir: Path) -> dict[str, bytes]:
     return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
-# -------------------------------------------------------------------------------------- digest cost
-
-
-def digest_cost(work: Path, mb: int = 100, reps: int = 5) -> dict[str, Any]:
-    """What the digest adds to saving and loading a ~`mb` MB checkpoint: a transformer-like state dict
-    (a few large matrices and many small vectors), fp32, with AdamW-shaped optimizer state; medians."""
-    n_big = 8
-    big = int(mb * 2**20 / 4 / 3 / n_big) // 1024 * 1024  # model + exp_avg + exp_avg_sq = 3 copies
-    g = torch.Generator().manual_seed(0)
-    model = {f"layer{i}.weight": torch.randn(big // 1024, 1024, generator=g) for i in range(n_big)}
-    model.update({f"layer{i}.norm{j}": torch.randn(1024, generator=g) for i in range(n_big) for j in range(40)})
-    opt = {
-        "state": {
-            i: {"step": torch.tensor(10.0), "exp_avg": torch.randn_like(t), "exp_avg_sq": torch.rand_like(t)}
-            for i, t in enumerate(model.values())
-        },
-        "param_groups": [{"lr": 1e-3, "params": list(range(len(model)))}],
-    }
-    ck = {"model": model, "optimizer": opt, "step": 10, "config": {"lr": 1e-3}}
-    nbytes = sum(t.numel() * t.element_size() for t in model.values()) * 3
-    f_plain, f_dig = work / "plain.pt", work / "digest.pt"
-    t: dict[str, list[float]] = {k: [] for k in ("digest", "save_plain", "save_digest", "load_plain", "load_verify")}
-    for _ in range(reps):  # interleaved, so drift on a shared machine hits every column alike
-        t0 = time.perf_counter()
-        state_digest(ck)
-        t["digest"].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        atomic_save(ck, f_plain, digest=False)
-        t["save_plain"].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        atomic_save(ck, f_dig)
-        t["save_digest"].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        load_checkpoint(f_plain)
-        t["load_plain"].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        load_checkpoint(f_dig)
-        t["load_verify"].append(time.perf_counter() - t0)
-    f_plain.unlink()
-    f_dig.unlink()
-    return {
-        "state_mb": round(nbytes / 2**20, 1),
-        "tensors": len(model) * 4,
-        "reps": reps,
-        "seconds": {k: stats(v) for k, v in t.items()},
-        "digest_mb_per_s": round(nbytes / 2**20 / stats(t["digest"])["median"], 1),
-    }
-
-
 # ---------------------------------------------------------------------------------------------- main
 
 
@@ -1174,7 +1126,7 @@ def render(result: dict[str, Any]) -> str:
     md = [
         "# Fault-injection campaign (CPU)",
         "",
-        f"`python -m benchmarks.faults {' '.join(cfg['argv'])}` on {result['environment']['cpu']} "
+        f"`python -m tests.fault_campaign {' '.join(cfg['argv'])}` on {result['environment']['cpu']} "
         f"({result['environment']['cpu_count']} cores), torch {result['environment']['torch']}, "
         f"commit {result['environment']['commit'][:12]}; {cfg['epochs']} epochs per run, "
         f"{result['seconds']:.0f} s in all.",
@@ -1186,17 +1138,6 @@ def render(result: dict[str, Any]) -> str:
     ]
     if s["failures"]:
         md += ["Failures:", ""] + [f"- {f}" for f in s["failures"]] + [""]
-    if result.get("digest_cost"):
-        d = result["digest_cost"]
-        sec = d["seconds"]
-        md += [
-            f"Checkpoint digest on a {d['state_mb']} MB state dict ({d['tensors']} tensors, medians of {d['reps']}): "
-            f"digest {sec['digest']['median'] * 1e3:.0f} ms ({d['digest_mb_per_s']:.0f} MB/s); save "
-            f"{sec['save_plain']['median'] * 1e3:.0f} ms without, {sec['save_digest']['median'] * 1e3:.0f} ms with it; "
-            f"load {sec['load_plain']['median'] * 1e3:.0f} ms unverified, {sec['load_verify']['median'] * 1e3:.0f} ms "
-            f"verified.",
-            "",
-        ]
     md += ["| case | ok | lost | s | detail |", "|---|---|---|---:|---|"]
     md += [
         f"| {c['kind']}: {c['name']} | {'yes' if c['ok'] else 'no'} | {'yes' if c['lost'] else ''} | "
@@ -1217,7 +1158,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--elastic-args", default="", help="extra CLI flags for the elastic runs, one string")
     ap.add_argument("--epochs", type=int, default=12, help="epochs per run, 8 steps each (default: 12)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random kill/signal moments (default: 0)")
-    ap.add_argument("--digest-mb", type=int, default=100, help="state dict size for the digest cost (default: 100)")
     ap.add_argument("--work", default=None, help="work folder (default: a temporary one, removed)")
     ap.add_argument("--out", default=str(RESULTS_DIR / "faults_cpu.json"), help="result JSON (+ .md beside it)")
     args = ap.parse_args(argv)
@@ -1249,7 +1189,6 @@ def main(argv: list[str] | None = None) -> int:
             camp.setup_signal_case(signame, 0.5 + 1.5 * i)  # imports, then data and model
         for i in range(args.elastic):
             camp.elastic_case(i, tuple(shlex.split(args.elastic_args)))
-        dcost = digest_cost(work, mb=args.digest_mb) if args.digest_mb else None
         result: dict[str, Any] = {
             "environment": environment(torch.device("cpu")),
             "config": {
@@ -1261,7 +1200,6 @@ def main(argv: list[str] | None = None) -> int:
             },  # fmt: skip
             "summary": camp.summary(),
             "cases": [asdict(c) for c in camp.cases],
-            "digest_cost": dcost,
             "seconds": time.monotonic() - t0,
         }
     write_result(args.out, result, render(result))
