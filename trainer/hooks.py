@@ -129,7 +129,7 @@ class Callback:
 
 
 class Monitor:
-    """The per-iteration timing sink (seed 001's TrainingMonitor has this API). The default does nothing."""
+    """The per-iteration timing sink (plainloop's TrainingMonitor has this API). The default does nothing."""
 
     def start_monitoring(self) -> None: ...
 
