@@ -552,7 +552,7 @@ def test_progress_bar_turns_itself_off_when_stderr_is_not_a_terminal(tmp_path, c
     t.fit()
     cap = capsys.readouterr()
     assert "batch/s" not in cap.err and "train:" not in cap.err and "\r" not in cap.err + cap.out
-    assert cap.out.count("[epoch ") == 2  # the lines still come, through tqdm.write
+    assert cap.out.count("[epoch ") == 2  # the lines still come, printed (no bar is made)
 
 
 def test_trainer_seeds_the_loop_not_a_model_built_before_it(tmp_path):
