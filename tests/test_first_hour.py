@@ -152,6 +152,25 @@ def test_summary_prints_each_layer_with_its_output_shape_and_parameters(tmp_path
     assert "161 trainable, 0 non-trainable parameters" in out[head + 5]
 
 
+def test_summary_feeds_a_forward_that_takes_targets_its_target_too(tmp_path, capsys):
+    """nanoGPT's forward(idx, targets): the summary's forward gets the sample's target, so the shapes are known."""
+
+    class TakesTargets(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Linear(8, 1)
+
+        def forward(self, x, targets):
+            out = self.body(x)
+            return out, nn.functional.mse_loss(out, targets)
+
+    task = regression()
+    task.model = TakesTargets()
+    Trainer(toy_config(tmp_path, epochs=1, summary=True), task).fit()
+    out = capsys.readouterr().out
+    assert "| body | Linear | 9      | [1, 1]" in out and "forward of one training sample failed" not in out
+
+
 def test_summary_leaves_the_run_unchanged(tmp_path):
     """The summary's forward runs in eval mode with the RNG restored: weights after training are the same."""
     nets = []

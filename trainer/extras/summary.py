@@ -8,6 +8,7 @@ trains as it would without it.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -30,33 +31,49 @@ class ModelSummary(Callback):
         return cls(), None
 
     def on_train_start(self, trainer: TrainerView) -> None:
-        for line in model_summary(trainer.raw_model, first_input(trainer.task.train_set, trainer.device)):
+        model = trainer.raw_model
+        inputs = first_inputs(trainer.task.train_set, trainer.device, _required_args(model))
+        for line in model_summary(model, inputs):
             trainer.log(f"[plainloop] {line}")
 
 
-def first_input(dataset: Dataset, device: torch.device) -> torch.Tensor | None:
-    """The first sample's input as a batch of one on `device`, when the dataset can be indexed."""
+def _required_args(model: nn.Module) -> int:
+    """How many positional arguments the model's forward requires (2 for nanoGPT's forward(idx, targets))."""
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return max(1, sum(p.kind in kinds and p.default is inspect.Parameter.empty for p in params))
+
+
+def first_inputs(dataset: Dataset, device: torch.device, n: int = 1) -> tuple[torch.Tensor, ...] | None:
+    """The first sample's first `n` tensors (its input, and its target when the forward takes one) as batches of
+    one on `device`, when the dataset can be indexed."""
     try:
         sample = dataset[0]
     except Exception:  # an iterable or lazily opened dataset: a summary without shapes
         return None
-    x = sample[0] if isinstance(sample, list | tuple) and sample else None
-    return x.unsqueeze(0).to(device) if isinstance(x, torch.Tensor) else None
+    parts = tuple(sample[:n]) if isinstance(sample, list | tuple) else ()
+    if len(parts) < n or not all(isinstance(t, torch.Tensor) for t in parts):
+        return None
+    return tuple(t.unsqueeze(0).to(device) for t in parts)
 
 
-def model_summary(model: nn.Module, sample: torch.Tensor | None = None) -> list[str]:
-    """The summary as text lines (see the module docstring); `sample`: one batch of inputs on the model's device."""
+def model_summary(model: nn.Module, sample: tuple[torch.Tensor, ...] | None = None) -> list[str]:
+    """The summary as text lines (see the module docstring); `sample`: the forward's arguments, one batch of one on
+    the model's device."""
     layers = list(model.named_children()) or [(type(model).__name__, model)]
     shapes: dict[str, str] = {}
     failed = ""
     if sample is not None:
         handles = [m.register_forward_hook(_shape_hook(shapes, name)) for name, m in layers]
         was_training = model.training
-        devices = [sample.device] if sample.device.type == "cuda" else []
+        devices = [sample[0].device] if sample[0].device.type == "cuda" else []
         try:
             with torch.random.fork_rng(devices=devices), torch.no_grad():
                 model.eval()
-                model(sample)
+                model(*sample)
         except Exception as e:  # a model that needs more than its input: the summary goes without shapes
             failed = f"output shapes: a forward of one training sample failed ({type(e).__name__}: {e})"[:200]
         finally:
