@@ -307,6 +307,16 @@ def test_a_background_save_that_hit_a_full_disk_is_exit_4():
         assert cli.exit_code(e) == 4
 
 
+def test_a_background_write_never_recreates_a_removed_run_directory(tmp_path):
+    """The run directory removed while a write was on its way: the write fails with exit 4 and creates nothing."""
+    from trainer.state import Checkpointer
+
+    gone = tmp_path / "run"
+    with pytest.raises(StorageError, match="is gone") as e:
+        Checkpointer._write({"model": {}}, gone / "checkpoints" / "last.pt", None, None)
+    assert not gone.exists() and cli.exit_code(e.value) == 4
+
+
 def test_a_directory_where_a_file_should_be_gets_a_clear_line(tmp_path):
     (tmp_path / "checkpoints" / "last.pt").mkdir(parents=True)
     with pytest.raises(CheckpointError, match="last.pt is a directory, not a checkpoint file"):

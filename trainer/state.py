@@ -21,7 +21,7 @@ from typing import Any, Protocol, cast
 import torch
 from torch import nn
 
-from .checkpoint import CheckpointError, StateDict, atomic_save, load_checkpoint, snapshot_to_host
+from .checkpoint import CheckpointError, StateDict, atomic_save, load_checkpoint, snapshot_to_host, storage_error
 from .config import TrainConfig
 from .evaluation import BestTracker
 from .hooks import Hooks
@@ -374,6 +374,10 @@ class Checkpointer:
 
     @staticmethod
     def _write(state: StateDict, path: Path, best: StateDict | None, files: RunFiles | None) -> None:
+        try:  # checkpoints/ in the run directory, never the run directory itself: one removed stays removed
+            path.parent.mkdir(exist_ok=True)
+        except FileNotFoundError as e:
+            raise storage_error(path, e) from None
         atomic_save(state, path)
         if best is not None and files is not None:
             files.write_json("best.json", best)
