@@ -131,6 +131,7 @@ class Trainer:
     hooks: Hooks  # the callbacks, resolved per hook
     monitor: Monitor  # fed every iteration: hooks.Monitor's methods (the TrainingMonitor API)
     evaluator: Evaluator
+    sampler_state: SamplerState  # the sampler's state as a checkpoint holds it (mid-epoch: from the epoch's start)
     checkpointer: Checkpointer  # the run's state registry, written out and walked back in (state.py)
     # the run while fit() lasts
     run_dir: Path | None
