@@ -4,11 +4,19 @@ thread for tiny models, a scratch working directory for BaseTrainer. Plain helpe
 from __future__ import annotations
 
 import os
+import signal
 
-import pytest
-import torch
+# The suite tests plainloop's own handling of stop signals. A shell that starts it in the background (`cmd &`) or
+# under nohup ignores SIGINT or SIGHUP for it, and plainloop rightly keeps a signal ignored at start ignored: the
+# tests (and the runs they start) begin from the usual dispositions instead, before trainer/ is imported.
+for _name, _usual in (("SIGINT", signal.default_int_handler), ("SIGHUP", signal.SIG_DFL)):
+    if hasattr(signal, _name) and signal.getsignal(getattr(signal, _name)) == signal.SIG_IGN:
+        signal.signal(getattr(signal, _name), _usual)
 
-import trainer.compat.base_trainer as base_mod
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import trainer.compat.base_trainer as base_mod  # noqa: E402
 
 
 @pytest.fixture(scope="session")
