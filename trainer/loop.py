@@ -400,7 +400,8 @@ class Trainer:
             return self._agree_stop()
         halted = self.run.halted = False
         if p.val_pending is not None:  # resumed from a stop that came right before a validation
-            self._validate_pending()
+            self.validate()
+            self._agree_stop()  # a stop during it: last.pt again, at the end of _train
             halted = self.run.halted = not self.run.stopping and self._early_stop()
         elif self._agree_stop():  # a stop during set-up: no epoch starts
             assert self.run_dir is not None
@@ -735,12 +736,6 @@ class Trainer:
             )
             self.notes.append(msg)
             self.log(f"[plainloop] {msg}")
-
-    def _validate_pending(self) -> dict[str, float]:
-        """The validation a stop left for the resume; a stop during it writes last.pt again (_train's end)."""
-        metrics = self.validate()
-        self._agree_stop()
-        return metrics
 
     def _validation_left(self) -> bool:
         """With val_check_steps, the last step gets a validation unless it just had one."""
