@@ -302,12 +302,7 @@ class RunLock:
 
     def check(self, writing: str) -> None:
         """Raise RunDirGone when the run directory (or, locked by file, its .lock) was removed or replaced since it
-        was locked (before `writing`)."""
-        if not self.held():
-            raise self.gone(writing)
-
-    def held(self) -> bool:
-        """The run directory (and, locked by file, its .lock) is still the one locked."""
+        was locked (before `writing`, a name inside it: the path is built only for the message)."""
         try:
             st = os.stat(self.run_dir)
             same = (st.st_dev, st.st_ino) == self.identity
@@ -316,15 +311,14 @@ class RunLock:
                 same = (fst.st_dev, fst.st_ino) == self.file_identity
         except OSError:
             same = False
-        return same
-
-    def gone(self, writing: str) -> RunDirGone:
-        return RunDirGone(
-            f"the run directory {self.run_dir} (or its .lock) was removed or replaced while this run was writing "
-            f"it: stopped before writing {writing} (nothing recreated); start a new run, or resume from a copy",
-            errno.ENOENT,
-            self.run_dir,
-        )
+        if not same:
+            raise RunDirGone(
+                f"the run directory {self.run_dir} (or its .lock) was removed or replaced while this run was writing "
+                f"it: stopped before writing {self.run_dir / writing} (nothing recreated); start a new run, or resume "
+                f"from a copy",
+                errno.ENOENT,
+                self.run_dir,
+            )
 
     def release(self) -> None:
         self._finalizer()
@@ -452,8 +446,7 @@ class RunFiles:
 
     def check(self, writing: str) -> None:
         """Stop (RunDirGone) when the run directory was removed or replaced: nothing is recreated silently."""
-        if not self.lock.held():  # the path is named only when it is gone (every row checks)
-            raise self.lock.gone(str(self.run_dir / writing))
+        self.lock.check(writing)
 
     def write_json(self, name: str, obj: Any) -> None:
         """Whole or not at all (temp file, fsync, rename), strict JSON (a non-finite number is null)."""
