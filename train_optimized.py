@@ -63,6 +63,7 @@ from tasks import (  # noqa: E402
     user_train_defaults,
 )
 from trainer.checkpoint import STORAGE_ERRNOS, CheckpointError, StorageError  # noqa: E402
+from trainer.cli.command import cli_command, cli_session, set_task_flag  # noqa: E402
 from trainer.cli.options import (  # noqa: E402
     add_dataclass_arguments,
     add_function_arguments,
@@ -84,7 +85,6 @@ from trainer.runfiles import RunDirError, find_resumable  # noqa: E402
 from trainer.runtime import launch_prefix  # noqa: E402
 from trainer.signals import handled_signals  # noqa: E402
 from trainer.state import ResumeError, RunFinished, resume_changes  # noqa: E402
-from trainer.usercode import cli_command, cli_session, set_task_flag  # noqa: E402
 
 RUN = "task and run"
 TOOLS = "measurement tools"

@@ -467,7 +467,8 @@ def test_resume_refuses_a_changed_batch_size_or_a_budget_below_its_step(tmp_path
 def test_printed_commands_name_the_script_as_it_was_started(tmp_path, monkeypatch):
     """Started as `python ../plainloop/train_optimized.py` from another directory, the resume and re-run lines name
     that path, so they run from where the user is; in-process (argv[0] is not the script) the plain name."""
-    from trainer.usercode import cli_script, cli_session, resume_hint
+    from trainer.cli.command import cli_script, cli_session
+    from trainer.usercode import resume_hint
 
     monkeypatch.setattr(sys, "argv", ["../my dir/train_optimized.py", "--epochs", "1"])
     assert cli_script() == "'../my dir/train_optimized.py'"
@@ -482,7 +483,8 @@ def test_printed_commands_name_the_script_as_it_was_started(tmp_path, monkeypatc
 
 def test_printed_commands_under_the_installed_command_say_plainloop(monkeypatch):
     """Started as the `plainloop` console command, the resume and re-run lines are `plainloop ...`."""
-    from trainer.usercode import cli_command, cli_session, resume_hint
+    from trainer.cli.command import cli_command, cli_session
+    from trainer.usercode import resume_hint
 
     monkeypatch.setattr(sys, "argv", ["/venv/bin/plainloop", "--epochs", "1"])
     assert cli_command() == "plainloop" and cli_command("torchrun --nproc_per_node 2").startswith("torchrun")

@@ -230,7 +230,7 @@ def test_the_printed_resume_line_names_the_task_file(task_file, tmp_path, capsys
     out = capsys.readouterr().out
     assert code == 0
     assert f"--config out/r/config.toml --task {task_file}" in out
-    from trainer.usercode import cli_session, set_task_flag
+    from trainer.cli.command import cli_session, set_task_flag
 
     set_task_flag(task_file)
     with cli_session():

@@ -6,11 +6,14 @@
   and callbacks), or None to leave it as it is.
 - CONFIG_CALLBACKS: each takes the TrainConfig and the callbacks given so far and returns a callback the config
   asks for with its one-line note or None (EMA for `ema_decay`, the model summary for `summary`), or None.
+- RESUME_COMMANDS / RERUN_COMMANDS: the command line's own resume and re-run lines while it runs (trainer/cli), or
+  None; the core's messages fall back to the Python call.
 A copy of `trainer/` used without its `__init__.py` trains plain models only.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from .config import TrainConfig
@@ -18,9 +21,13 @@ from .task import Task
 
 TaskAdapter = Callable[[Task], "Task | None"]
 ConfigCallback = Callable[[TrainConfig, list[object]], "tuple[object, str | None] | None"]
+ResumeCommand = Callable[[str | os.PathLike[str], str], str | None]  # (run or checkpoint, launch prefix) -> a line
+RerunCommand = Callable[[str | os.PathLike[str]], str | None]  # (a run's config.toml) -> a line
 
 TASK_ADAPTERS: list[TaskAdapter] = []
 CONFIG_CALLBACKS: list[ConfigCallback] = []
+RESUME_COMMANDS: list[ResumeCommand] = []
+RERUN_COMMANDS: list[RerunCommand] = []
 
 
 def adapt_task(task: Task) -> Task:

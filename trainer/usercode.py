@@ -1,11 +1,9 @@
-"""Users' own code as it is: streams (IterableDataset), their samplers, cheap in-memory datasets, and messages
-that fit a repo where plainloop is only the copied `trainer/` folder (no train_optimized.py)."""
+"""Users' own code as it is: streams (IterableDataset), their samplers, cheap in-memory datasets, and resume lines
+that fit a repo where plainloop is only the copied `trainer/` folder (the command line plugs in its own)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator, Sized
@@ -15,54 +13,17 @@ from typing import Any, TypeGuard
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from . import layers
+
 LoaderKw = dict[str, Any]  # DataLoader keyword arguments (num_workers, pin_memory, ...), values of many types
 Collate = Callable[[list[Any]], object]  # a DataLoader's collate_fn: a list of samples -> a batch
 
-_CLI = [False]  # set while train_optimized.main runs (also when a test calls it in-process)
-_TASK_FLAG: list[str] = []  # a task file the CLI runs: its resume line names it (code from a run dir is not run)
-
-
-@contextlib.contextmanager
-def cli_session() -> Iterator[None]:
-    """Messages inside name plainloop's command line (train_optimized.py --resume ...), not the Python call."""
-    before, _CLI[0] = _CLI[0], True
-    try:
-        yield
-    finally:
-        _CLI[0] = before
-
-
-def set_task_flag(spec: str | None) -> None:
-    """The CLI runs the task file `spec` (path/file.py:function): the resume lines printed add `--task spec`, since a
-    resume does not import a file its run directory names unless the command line names it too."""
-    _TASK_FLAG[:] = [spec] if spec else []
-
-
-def uses_cli() -> bool:
-    """This process runs plainloop's own CLI script (train_optimized.py), so its flags mean something."""
-    return _CLI[0] or Path(sys.argv[0] if sys.argv else "").name in ("train_optimized.py", "plainloop")
-
-
-def cli_script() -> str:
-    """train_optimized.py as this process was started with it (`python ../plainloop/train_optimized.py` prints that
-    path, so the printed commands run from the same directory), else its plain name."""
-    arg = sys.argv[0] if sys.argv else ""
-    return shlex.quote(arg) if Path(arg).name == "train_optimized.py" else "train_optimized.py"
-
-
-def cli_command(prefix: str = "python") -> str:
-    """The start of a printed command: `plainloop` when this process is the installed command, else the prefix
-    (python, or a torchrun line) and the script."""
-    if prefix == "python" and sys.argv and Path(sys.argv[0]).name == "plainloop":
-        return "plainloop"
-    return f"{prefix} {cli_script()}"
-
 
 def resume_hint(target: str | os.PathLike[str], prefix: str = "python") -> str:
-    """How to continue a run: the CLI line when the CLI runs, else the Python call (a repo with `trainer/` only)."""
-    if uses_cli():
-        task = "".join(f" --task {shlex.quote(t)}" for t in _TASK_FLAG)
-        return f"{cli_command(prefix)} --resume {shlex.quote(str(target))}{task}"  # pastes as itself
+    """How to continue a run: the command line's own line while it runs (trainer/layers.py), else the Python call."""
+    for command in layers.RESUME_COMMANDS:
+        if line := command(target, prefix):
+            return line
     script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] not in ("", "-c") else ""
     # a plain script of the user's names itself; `python -m pkg` and tools (pytest) run a __main__.py
     again = f", then run {prefix} {script} again" if script.endswith(".py") and script != "__main__.py" else ""
@@ -71,11 +32,9 @@ def resume_hint(target: str | os.PathLike[str], prefix: str = "python") -> str:
 
 def rerun_hint(config_toml: str | os.PathLike[str]) -> str:
     """The header line of a run's config.toml."""
-    if uses_cli() or Path("train_optimized.py").is_file():
-        return (
-            "Resolved configuration of this run: re-run it with\n"
-            f"{cli_command()} --config {shlex.quote(str(config_toml))}"
-        )
+    for command in layers.RERUN_COMMANDS:
+        if line := command(config_toml):
+            return f"Resolved configuration of this run: re-run it with\n{line}"
     return (
         "Resolved configuration of this run: the TrainConfig fields it ran with (TrainConfig(**values) rebuilds "
         "it; read with tomllib)"

@@ -1,0 +1,69 @@
+"""How the command line is named in the engine's messages: `python train_optimized.py --resume ...` (or `plainloop
+...`) while the command line runs, so a printed resume or re-run line pastes as it is.
+
+trainer/__init__.py plugs `resume_command` and `rerun_command` into the core (trainer/layers.py); without them the
+core's messages name the Python call, as in a repository that copied only `trainer/`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+_CLI = [False]  # set while train_optimized.main runs (also when a test calls it in-process)
+_TASK_FLAG: list[str] = []  # a task file the CLI runs: its resume line names it (code from a run dir is not run)
+
+
+@contextlib.contextmanager
+def cli_session() -> Iterator[None]:
+    """Messages inside name plainloop's command line (train_optimized.py --resume ...), not the Python call."""
+    before, _CLI[0] = _CLI[0], True
+    try:
+        yield
+    finally:
+        _CLI[0] = before
+
+
+def set_task_flag(spec: str | None) -> None:
+    """The CLI runs the task file `spec` (path/file.py:function): the resume lines printed add `--task spec`, since a
+    resume does not import a file its run directory names unless the command line names it too."""
+    _TASK_FLAG[:] = [spec] if spec else []
+
+
+def uses_cli() -> bool:
+    """This process runs plainloop's own CLI script (train_optimized.py), so its flags mean something."""
+    return _CLI[0] or Path(sys.argv[0] if sys.argv else "").name in ("train_optimized.py", "plainloop")
+
+
+def cli_script() -> str:
+    """train_optimized.py as this process was started with it (`python ../plainloop/train_optimized.py` prints that
+    path, so the printed commands run from the same directory), else its plain name."""
+    arg = sys.argv[0] if sys.argv else ""
+    return shlex.quote(arg) if Path(arg).name == "train_optimized.py" else "train_optimized.py"
+
+
+def cli_command(prefix: str = "python") -> str:
+    """The start of a printed command: `plainloop` when this process is the installed command, else the prefix
+    (python, or a torchrun line) and the script."""
+    if prefix == "python" and sys.argv and Path(sys.argv[0]).name == "plainloop":
+        return "plainloop"
+    return f"{prefix} {cli_script()}"
+
+
+def resume_command(target: str | os.PathLike[str], prefix: str) -> str | None:
+    """The command line that continues the run at `target`, when the command line runs."""
+    if not uses_cli():
+        return None
+    task = "".join(f" --task {shlex.quote(t)}" for t in _TASK_FLAG)
+    return f"{cli_command(prefix)} --resume {shlex.quote(str(target))}{task}"  # pastes as itself
+
+
+def rerun_command(config_toml: str | os.PathLike[str]) -> str | None:
+    """The command line that runs a run's config.toml again, when there is a command line here to run it."""
+    if uses_cli() or Path("train_optimized.py").is_file():
+        return f"{cli_command()} --config {shlex.quote(str(config_toml))}"
+    return None
