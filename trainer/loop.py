@@ -18,12 +18,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import operator
 import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Generic, NoReturn, TypeVar, cast, overload
 
 import torch
 import torch.distributed as dist
@@ -57,6 +58,29 @@ from .task import LossFn, Task, pick_default_loss, read_step_metrics
 from .usercode import is_stream, rerun_hint, resume_hint
 
 _NULL = contextlib.nullcontext()  # stateless, so one instance serves every step
+
+
+T = TypeVar("T")
+
+
+class _View(Generic[T]):
+    """A read-only attribute that reads one value of one of the Trainer's groups ("progress.step")."""
+
+    def __init__(self, path: str, doc: str | None = None) -> None:
+        self._get, self.__doc__ = operator.attrgetter(path), doc or path
+
+    @overload
+    def __get__(self, trainer: None, owner: type) -> _View[T]: ...
+    @overload
+    def __get__(self, trainer: object, owner: type | None = None) -> T: ...
+    def __get__(self, trainer: object, owner: type | None = None) -> T | _View[T]:
+        return self if trainer is None else cast(T, self._get(trainer))  # the class itself: the attribute (help())
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __set__(self, trainer: object, value: object) -> None:
+        raise AttributeError(f"Trainer.{self.name} is read-only")
 
 
 @dataclass(frozen=True)
@@ -261,60 +285,23 @@ class Trainer:
             self.model = torch.compile(self.model, mode=cfg.compile_mode)  # type: ignore[assignment]
             self.notes.append(f"compile: torch.compile(mode={cfg.compile_mode!r}); the first steps include compiling")
 
-    # ------------------------------------------------------------------ public state
-    @property
-    def step(self) -> int:
-        """Optimizer steps done."""
-        return self.progress.step
-
-    @property
-    def epoch(self) -> int:
-        """Finished epochs."""
-        return self.progress.epoch
-
-    @property
-    def batches_done(self) -> int:
-        """Batches into the current epoch."""
-        return self.progress.batches_done
-
-    @property
-    def device(self) -> torch.device:
-        return self.rt.device
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self.optim.optimizer
-
-    @property
-    def callbacks(self) -> list[object]:
-        """The callbacks; one appended before fit() takes part in it."""
-        return self.hooks.callbacks
+    # ------------------------------------------------------------------ public state (read-only: hooks.TrainerView)
+    step = _View[int]("progress.step", "Optimizer steps done.")
+    epoch = _View[int]("progress.epoch", "Finished epochs.")
+    batches_done = _View[int]("progress.batches_done", "Batches into the current epoch.")
+    device = _View[torch.device]("rt.device")
+    is_main = _View[bool]("rt.is_main")
+    world_size = _View[int]("rt.world_size")
+    optimizer = _View[torch.optim.Optimizer]("optim.optimizer")
+    callbacks = _View[list[object]]("hooks.callbacks", "The callbacks; one appended before fit() takes part in it.")
+    total_steps = _View[int]("length.total_steps", "Optimizer steps of the whole run.")
+    max_epochs = _View[int]("length.max_epochs")
+    batches_per_epoch = _View[int]("length.batches_per_epoch")
 
     @property
     def global_batch(self) -> int:
         """Samples per optimizer step over all processes (the effective batch)."""
         return self.cfg.batch_size * self.cfg.accumulate_grad_batches * self.rt.world_size
-
-    @property
-    def total_steps(self) -> int:
-        """Optimizer steps of the whole run."""
-        return self.length.total_steps
-
-    @property
-    def max_epochs(self) -> int:
-        return self.length.max_epochs
-
-    @property
-    def batches_per_epoch(self) -> int:
-        return self.length.batches_per_epoch
-
-    @property
-    def is_main(self) -> bool:
-        return self.rt.is_main
-
-    @property
-    def world_size(self) -> int:
-        return self.rt.world_size
 
     def log(self, msg: str) -> None:
         if self.rt.is_main:  # printed above a live bar; a log= callable of the caller's gets every line itself
@@ -322,6 +309,11 @@ class Trainer:
                 (self.run.bar.write if self.run.bar is not None and self._print is print else self._print)(msg)
             except OSError:  # the terminal is gone (SIGHUP, a closed pipe): the run's files still say it all
                 pass
+
+    def _note(self, msg: str) -> None:
+        """A decision taken during the run: printed now and kept in summary.json's notes."""
+        self.notes.append(msg)
+        self.log(f"[plainloop] {msg}")
 
     def batches_total_done(self) -> int:
         return self.progress.epoch * self.batches_per_epoch + self.progress.batches_done
@@ -598,8 +590,7 @@ class Trainer:
             f"{-(-size // self.run.chunks)} ({self.run.chunks} per batch, gradients accumulated; effective batch "
             f"unchanged{'; this accumulation window restarts' if self.cfg.accumulate_grad_batches > 1 else ''})"
         )
-        self.notes.append(msg)
-        self.log(f"[plainloop] {msg}")
+        self._note(msg)
 
     # ------------------------------------------------------------------ log points
     def _log_point(
@@ -734,8 +725,7 @@ class Trainer:
                 f"one: validate less often (validation_interval, val_check_steps) or score fewer batches "
                 f"(limit_val_batches)"
             )
-            self.notes.append(msg)
-            self.log(f"[plainloop] {msg}")
+            self._note(msg)
 
     def _validation_left(self) -> bool:
         """With val_check_steps, the last step gets a validation unless it just had one."""
@@ -779,11 +769,10 @@ class Trainer:
         patience = self.cfg.early_stopping_patience
         if patience is None or self.best.stale < patience:
             return False
-        self.notes.append(
+        self._note(
             f"early stopping: {self.best.metric} did not improve for {patience} validations "
             f"(best {self.best.best:.4g}); stopped at step {self.progress.step}"
         )
-        self.log(f"[plainloop] {self.notes[-1]}")
         return True
 
     def _check_skips_at_end(self) -> None:
