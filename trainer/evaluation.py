@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Iterator, Mapping, Sized
-from typing import TypedDict, cast
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from pathlib import Path
+from typing import Any, TypedDict, cast
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from .checkpoint import StateDict
 from .config import TrainConfig
 from .data import ShardedBatchSampler, batch_size_of, build_loader, to_device
 from .runtime import Runtime
 from .task import LossFn, Task
-from .usercode import eval_batches, is_stream
+from .usercode import is_stream
 
 
 def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -101,6 +103,11 @@ class BestTracker:
         entries.sort(key=lambda e: e["value"], reverse=self.mode == "max")  # stable: the earlier first on a tie
         self.top = entries[: self.keep]
         return any(e["name"] == name for e in self.top), [e["name"] for e in entries[self.keep :]]
+
+    def forget_missing(self, folder: Path) -> None:
+        """save_top_k: forget the kept checkpoints no longer in `folder` (removed by hand, or after the checkpoint
+        this run resumed from was written)."""
+        self.top = [e for e in self.top if (folder / e["name"]).is_file()]
 
     def state_dict(self) -> dict[str, object]:
         return {"best": self.best, "stale": self.stale, **({"top": [dict(e) for e in self.top]} if self.top else {})}
@@ -197,19 +204,17 @@ class Evaluator:
     def batches(self, ds: Dataset) -> Iterator[tuple[int, object]]:
         """(index, batch on the device) over a split in order, at most cfg.limit_val_batches of them; a private
         generator, so evaluating never draws from the global RNG (exact resume)."""
-        cfg, rt = self.cfg, self.rt
-        if is_stream(ds):  # no length, read in order
-            for i, batch in enumerate(eval_batches(ds, cfg.batch_size, self.loader_kw, self.task.collate_fn,
-                                                   cfg.limit_val_batches)):  # fmt: skip
-                yield i, to_device(batch, rt.device)
-            return
-        gatherer = self.resident.get(id(ds))
-        n = len(cast(Sized, ds))  # a map-style split has a length; torch's Dataset type declares none
-        sampler = ShardedBatchSampler(n, min(cfg.batch_size, n), shuffle=False, drop_last=False)
-        kw = {k: v for k, v in self.loader_kw.items() if k != "persistent_workers"}
+        cfg, rt, collate = self.cfg, self.rt, self.task.collate_fn
+        kw: dict[str, Any] = {k: v for k, v in self.loader_kw.items() if k != "persistent_workers"}
         kw["generator"] = torch.Generator().manual_seed(cfg.seed)
-        loader = build_loader(ds, sampler, rt.device, kw, self.task.collate_fn, gatherer)
-        for i, batch in enumerate(loader):
-            if cfg.limit_val_batches is not None and i >= cfg.limit_val_batches:
-                break
+        gatherer = None
+        loader: Iterable[object]
+        if is_stream(ds):  # no length: read in order
+            loader = DataLoader(ds, batch_size=cfg.batch_size, collate_fn=collate, **kw)
+        else:
+            gatherer = self.resident.get(id(ds))
+            n = len(cast(Sized, ds))  # a map-style split has a length; torch's Dataset type declares none
+            sampler = ShardedBatchSampler(n, min(cfg.batch_size, n), shuffle=False, drop_last=False)
+            loader = build_loader(ds, sampler, rt.device, kw, collate, gatherer)
+        for i, batch in enumerate(itertools.islice(loader, cfg.limit_val_batches)):
             yield i, (to_device(batch, rt.device) if gatherer is None else batch)

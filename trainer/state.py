@@ -14,7 +14,7 @@ import json
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -66,8 +66,9 @@ def resume_changes(old: Settings, new: Settings) -> list[tuple[str, object, obje
         for key, value in values.items():
             if key in may or saved.get(key) is None or value is None:
                 continue
-            if _plain(saved[key]) != _plain(value):
-                out.append((key, _plain(saved[key]), _plain(value)))
+            a, b = _plain(saved[key]), _plain(value)
+            if a != b:
+                out.append((key, a, b))
     return out
 
 
@@ -114,15 +115,7 @@ class Progress:
         return f"end of epoch {self.epoch}"
 
     def state_dict(self) -> StateDict:
-        return {
-            "epoch": self.epoch,
-            "step": self.step,
-            "batches_done": self.batches_done,
-            "val_pending": self.val_pending,
-            "last_val_step": self.last_val_step,
-            "ended": self.ended,
-            "last_val": dict(self.last_val),
-        }
+        return asdict(self)
 
     def load_state_dict(self, state: StateDict) -> None:
         self.epoch, self.step, self.batches_done = int(state["epoch"]), int(state["step"]), int(state["batches_done"])
@@ -150,7 +143,7 @@ class SamplerState:
     def state_dict(self) -> StateDict:
         p = self.progress
         if p.batches_done and self._epoch_start is not None:
-            own = dict(self._epoch_start)
+            own = self._epoch_start
         else:
             own = self.own.state_dict() if self.own is not None else {}
         return {**own, "epoch": p.epoch, "batches_done": p.batches_done}
@@ -161,7 +154,8 @@ class SamplerState:
 
 
 class ModelWeights:
-    """The model's parameters and buffers; weights of another shape are one error naming the differences."""
+    """The model's parameters and buffers; weights of another shape are one error naming the checkpoint (the
+    registry's `source`) and the differences."""
 
     def __init__(self, model: nn.Module, state: RunState) -> None:
         self.model, self.run_state = model, state
@@ -224,7 +218,7 @@ class RunState:
 
     def __init__(self) -> None:
         self._parts: list[tuple[str, Stateful, bool]] = []
-        self.source: Path | None = None  # the checkpoint being loaded (named in errors)
+        self.source: Path | None = None  # the checkpoint being loaded, for the parts' errors to name
 
     def register(self, key: str, part: Stateful, *, optional: bool = False) -> None:
         if any(k == key and key for k, _, _ in self._parts):
@@ -241,7 +235,8 @@ class RunState:
                 out[key] = state
         return out
 
-    def load_state_dict(self, ckpt: StateDict) -> None:
+    def load_state_dict(self, ckpt: StateDict, source: Path | None = None) -> None:
+        self.source = source
         for key, part, optional in self._parts:
             if not key:
                 part.load_state_dict(ckpt)
@@ -304,7 +299,7 @@ class Checkpointer:
         self.clock = SaveClock(cfg.checkpoint_interval)
         # save(background=True): the one write in flight, its on_log row, and what it failed with
         self._writer: threading.Thread | None = None
-        self._written: StateDict | None = None
+        self._written: StateDict = {}
         self._write_error: BaseException | None = None
 
     # ------------------------------------------------------------------ out
@@ -341,8 +336,7 @@ class Checkpointer:
         if finite is None:
             finite = bool(weights_finite(self.model))  # note: sync point (checkpoint)
         if not finite:
-            params = dict(self.model.named_parameters())
-            bad = [n for n, p in params.items() if not bool(torch.isfinite(p).all())]
+            bad = [n for n, w in self.model.named_parameters() if not bool(torch.isfinite(w).all())]
             raise CheckpointError(
                 f"refusing to write {name}: parameter(s) {bad[:5]} are not finite; the previous "
                 f"checkpoint in {run_dir / 'checkpoints'} is kept"
@@ -356,19 +350,17 @@ class Checkpointer:
         row = {"kind": "checkpoint", "name": name, "step": p.step, "path": str(path)}
         if name == "last.pt":
             self.clock.reset()
+        # one batched copy to host: the digest and torch.save then read it, and training may go on changing the
+        # weights while a background write runs
+        if background or self.rt.device.type == "cuda":
+            state = snapshot_to_host(state)
+        args = (state, path, best if name == "best.pt" else None, files)
         if not background:
-            if self.rt.device.type == "cuda":  # one batched copy to host: the digest and torch.save then read it
-                state = snapshot_to_host(state)
-            self._write(state, path, best if name == "best.pt" else None, files)
+            self._write(*args)
             self.hooks("on_log", row)
             return path
-        snap = snapshot_to_host(state)
         self._written, self._write_error = row, None
-        self._writer = threading.Thread(
-            target=self._write_in_background,
-            args=(snap, path, best if name == "best.pt" else None, files),
-            name=f"plainloop-save-{name}",
-        )
+        self._writer = threading.Thread(target=self._write_in_background, args=args, name=f"plainloop-save-{name}")
         self._writer.start()
         return path
 
@@ -397,16 +389,12 @@ class Checkpointer:
         if writer is None:
             return
         writer.join()
-        row, self._written = self._written, None
-        err, self._write_error = self._write_error, None
-        if err is not None:
-            path = row["path"] if row else "a checkpoint"
+        if self._write_error is not None:
             raise CheckpointError(
-                f"writing {path} in the background failed: {err}; the previous file is kept "
-                f"(free disk space or check the output directory, then resume)"
-            ) from err
-        if row is not None:
-            self.hooks("on_log", row)
+                f"writing {self._written['path']} in the background failed: {self._write_error}; the previous file "
+                f"is kept (free disk space or check the output directory, then resume)"
+            ) from self._write_error
+        self.hooks("on_log", self._written)
 
     @property
     def writing(self) -> bool:
@@ -429,14 +417,19 @@ class Checkpointer:
         if str(ckpt.get("integrity", "")).startswith("unverified"):
             notes.append(f"checkpoint {path}: {ckpt['integrity']}")
         self._check_same_run(path, ckpt, total_steps)  # before any part changes
-        self.state.source = path
-        self.state.load_state_dict(ckpt)
+        self.state.load_state_dict(ckpt, source=path)
         p = self.progress
-        run_dir: Path | None = path if path.is_dir() else path.parent.parent
-        assert run_dir is not None
-        in_run_dir = (run_dir / "checkpoints").is_dir()
-        if in_run_dir and p.val_pending is None:  # a pending validation is redone from the checkpoint's own best
-            self._read_best_json(run_dir)
+        found = path if path.is_dir() else path.parent.parent
+        run_dir = found if (found / "checkpoints").is_dir() else None
+        # best.pt may be newer than last.pt (a validation after the last save): its value wins; a pending
+        # validation is redone from the checkpoint's own best
+        if run_dir is not None and p.val_pending is None:
+            try:
+                v = json.loads((run_dir / "best.json").read_text(encoding="utf-8")).get("value")
+            except (OSError, ValueError, AttributeError):
+                v = None
+            if isinstance(v, int | float) and math.isfinite(v):
+                self.best.newer_best(float(v))
         old_total = ckpt["scheduler"].get("total_steps")
         now_total = schedule_steps or total_steps  # lr_decay_steps: the schedule's own horizon
         if old_total is not None and int(old_total) != now_total and p.step < total_steps:
@@ -444,12 +437,12 @@ class Checkpointer:
                 f"schedule: the run now has {total_steps} optimizer steps (was {old_total}); warm-up and "
                 f"cosine are recomputed for the new length and continue from step {p.step}"
             )
-        self._check_not_finished(path, run_dir if in_run_dir else None, total_steps, notes)
+        self._check_not_finished(path, run_dir, total_steps, notes)
         notes.append(f"resume: {path} at step {p.step} ({p.position(batches_per_epoch)})")
         if p.val_pending is not None:
             notes.append(f"resume: the validation at step {p.step} was due when the run stopped; it runs first")
         self.hooks("on_load_checkpoint", ckpt)
-        return run_dir if in_run_dir else None
+        return run_dir
 
     def _check_same_run(self, path: Path, ckpt: StateDict, total_steps: int) -> None:
         """The task, the number of processes, the fixed settings and the length must let this run go on exactly."""
@@ -470,8 +463,8 @@ class Checkpointer:
         if changed:
             raise ResumeError(
                 f"{path}: a resumed run keeps the settings its state was made with, and these differ: "
-                f"{'; '.join(f'{k} {a!r} -> {b!r}' for k, a, b in changed)}. Resume with the run's own values (--resume RUN_DIR alone restores them), "
-                f"or start a new run with the new ones"
+                f"{'; '.join(f'{k} {a!r} -> {b!r}' for k, a, b in changed)}. Resume with the run's own values "
+                f"(--resume RUN_DIR alone restores them), or start a new run with the new ones"
             )
         step = int(ckpt["step"])
         if step > total_steps:
@@ -481,41 +474,31 @@ class Checkpointer:
             )
 
     def _check_not_finished(self, path: Path, run_dir: Path | None, total_steps: int, notes: list[str]) -> None:
-        """A run that ended is never trained or scored again: refused with RunFinished once its summary is
-        written; before that (a stop while scoring the test split) only the test and the summary are left."""
+        """A run that ended is never trained or scored again: refused with RunFinished once its summary is written."""
         p = self.progress
-        extended = p.ended == "finished" and p.step < total_steps
-        if extended:
+        if p.ended == "finished" and p.step < total_steps:  # given more steps: training goes on
             p.ended = None
             return
-        ended = p.ended is not None or (p.step >= total_steps and p.val_pending is None)
-        legacy_end = p.step >= total_steps and run_dir is not None and finished(run_dir, p.step)
-        if not (ended or legacy_end):
-            return
-        if run_dir is None or finished(run_dir, p.step) or legacy_end:
+        at_end = p.step >= total_steps
+        ended = p.ended is not None or (at_end and p.val_pending is None)
+        # a summary written at this step leaves nothing to do, even with a validation pending
+        summary = (ended or at_end) and run_dir is not None and finished(run_dir, p.step)
+        if summary or (ended and run_dir is None):
             how = "stopped early" if p.ended == "early_stopped" else "finished"
             raise RunFinished(
                 f"{path}: the run {how} at step {p.step}; its summary is written and nothing is left to do. To "
                 f"train it longer, give more --epochs or --max_steps"
                 + ("" if how == "finished" else "; or start a new run")
             )
-        p.ended = p.ended or "finished"
-        p.val_pending = None
-        notes.append(f"resume: training had ended at step {p.step}; the run ends with its test scores and summary")
-
-    def _read_best_json(self, run_dir: Path) -> None:
-        """best.pt may be newer than last.pt (a validation after the last save): its value wins."""
-        try:
-            v = json.loads((run_dir / "best.json").read_text(encoding="utf-8")).get("value")
-        except (OSError, ValueError, AttributeError):
-            return
-        if isinstance(v, int | float) and math.isfinite(v):
-            self.best.newer_best(float(v))
+        if ended:  # stopped while scoring the test split: only the test and the summary are left
+            p.ended = p.ended or "finished"
+            p.val_pending = None
+            notes.append(f"resume: training had ended at step {p.step}; the run ends with its test scores and summary")
 
 
 def weights_finite(model: nn.Module) -> torch.Tensor:
     """One device flag: every parameter finite (read it with the log point's other values, or alone)."""
-    params = [p for p in model.parameters()]
+    params = list(model.parameters())
     if not params:
         return torch.ones((), dtype=torch.bool)
     return torch.stack([torch.isfinite(p).all() for p in params]).all()
