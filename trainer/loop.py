@@ -702,9 +702,8 @@ class Trainer:
     def _keep_top_k(self, metrics: dict[str, float], epoch: int) -> None:
         """save_top_k: this validation's checkpoint when it is among the k best; the one it pushed out removed."""
         name = f"epoch={epoch}-step={self.progress.step}.pt"
-        if self.rt.is_main and self.run_dir is not None and self.best.top:  # the files rank 0 keeps and saves
-            # one removed after the checkpoint this run resumed from was written (or by hand) is no longer kept
-            self.best.top = [e for e in self.best.top if (self.run_dir / "checkpoints" / e["name"]).is_file()]
+        if self.rt.is_main and self.run_dir is not None:  # the files rank 0 keeps and saves
+            self.best.forget_missing(self.run_dir / "checkpoints")
         kept, dropped = self.best.rank(metrics, name, self.progress.step)
         if self.rt.is_main and self.run_dir is not None:
             if kept:
@@ -750,9 +749,7 @@ class Trainer:
         assert self.run_dir is not None
         best = self.run_dir / "checkpoints" / "best.pt"
         if self.cfg.test_with_best and best.is_file():
-            ckpt = self.checkpointer.load_weights(best)
-            if str(ckpt.get("integrity", "")).startswith("unverified"):
-                self.notes.append(f"checkpoint {best}: {ckpt['integrity']}")
+            self.checkpointer.load_weights(best, self.notes)
             value = f"{self.best.best:.4g}" if self.best.best is not None else "?"
             self.notes.append(f"test: scored with the weights of {best} ({self.best.metric}={value})")
         metrics = self.evaluate("test")

@@ -402,10 +402,15 @@ class Checkpointer:
         return self._writer is not None and self._writer.is_alive()
 
     # ------------------------------------------------------------------ in
-    def load_weights(self, path: Path) -> StateDict:
-        """Load only the model's weights (test_with_best); returns the checkpoint."""
-        ckpt = load_checkpoint(path, map_location=self.rt.device)
+    def load_weights(self, path: Path, notes: list[str]) -> None:
+        """Load only the model's weights (test_with_best); a checkpoint without a digest gets a line in `notes`."""
+        ckpt = self._load(path, notes)
         load_model_state(self.model, ckpt["model"], path)
+
+    def _load(self, path: Path, notes: list[str]) -> StateDict:
+        ckpt = load_checkpoint(path, map_location=self.rt.device)
+        if str(ckpt.get("integrity", "")).startswith("unverified"):
+            notes.append(f"checkpoint {path}: {ckpt['integrity']}")
         return ckpt
 
     def resume(
@@ -413,9 +418,7 @@ class Checkpointer:
     ) -> Path | None:
         """Check that `path` (a checkpoint or a run directory's last.pt) can continue this run, then walk the
         registry in; one line per remark goes to `notes`. Returns the run directory it lives in, or None."""
-        ckpt = upgrade(load_checkpoint(path, map_location=self.rt.device))
-        if str(ckpt.get("integrity", "")).startswith("unverified"):
-            notes.append(f"checkpoint {path}: {ckpt['integrity']}")
+        ckpt = upgrade(self._load(path, notes))
         self._check_same_run(path, ckpt, total_steps)  # before any part changes
         self.state.load_state_dict(ckpt, source=path)
         p = self.progress

@@ -100,17 +100,6 @@ def stream_steps_error(name: str) -> str:
     )
 
 
-def eval_batches(dataset: IterableDataset, batch_size: int, loader_kw: LoaderKw, collate_fn: Collate | None,
-                 cap: int | None) -> Iterator[object]:  # fmt: skip
-    """Batches of an evaluation split that is a stream, at most `cap` of them."""
-    kw = {k: v for k, v in loader_kw.items() if k not in ("persistent_workers", "generator")}
-    loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, generator=torch.Generator(), **kw)
-    for i, batch in enumerate(loader):
-        if cap is not None and i >= cap:
-            break
-        yield batch
-
-
 # ------------------------------------------------------------------ in-memory datasets
 def in_memory_cost(dataset: Dataset, probes: int = 64, budget_s: float = 0.05) -> float | None:
     """Seconds per sample to index `dataset` in this process, measured on up to `probes` spread-out samples.
