@@ -1,24 +1,22 @@
 """TrainConfig: every knob of the loop in one dataclass, the one source of flags, config files, checks and docs.
 
-Each field is declared with `knob(default, help, group, **rule)`. The metadata holds its help text, its
-argparse group and its rule, so flags, config files and the checks come from one line:
+Each field is declared with `knob(default, help, group, **rule)`; its metadata (help text, argparse group, rule)
+gives the flag, the config-file key and the check:
 
     lr: float = knob(1e-3, "learning rate", OPTIM, gt=0)          # a finite float > 0
     warmup_steps: int | None = knob(None, "...", OPTIM, min=0)     # None or a whole number >= 0
 
-The rule keywords (any mix; a tuple field applies them to each element):
+The rule keywords (any mix; a tuple field applies them to each element, check= to the whole tuple):
     choices=(...)   one of these values                  min= / max=   inclusive bounds
     gt=             exclusive lower bound                 allow_inf=True  floats may be +-inf (default: finite)
     allow_empty=True   "" is allowed for a str field     check=fn      fn(value) -> error text or None
     aliases=("old",)   earlier names, still accepted with a one-line note
 The type comes from the annotation: ints are whole numbers in [-2**31, 2**31) unless min/max say otherwise,
 floats are finite, strings are valid UTF-8 without control characters and, unless allow_empty, not empty.
-`check_value` converts and checks one value and is the only validator: the CLI's argparse types, config files,
-a resumed run's config.toml, BaseTrainer's dicts (`TrainConfig.from_dict(d, where=...)`) and
-`TrainConfig.__post_init__` all call it, so a bad value is the same one line (naming the flag or key, the value
-and the allowed range) whichever door it came through. A field added later gets all of this from its `knob`.
-Defaults are the optimised setup; `baseline=True` turns every optimisation off and reproduces the unoptimised
-"before" loop, so the two differ by one flag.
+`check_value` is the only validator: the CLI's argparse types, config files, a resumed run's config.toml,
+BaseTrainer's dicts (`TrainConfig.from_dict`) and `TrainConfig.__post_init__` all call it, so a bad value is the
+same one line (the flag or key, the value and what is allowed) whichever door it came through.
+Defaults are the optimised setup; `baseline=True` turns every optimisation off (the unoptimised "before" loop).
 """
 
 from __future__ import annotations
@@ -40,27 +38,11 @@ class ConfigError(ValueError):
     """A bad config file, key or value: the message names it and what to do."""
 
 
-def did_you_mean(key: object, known: Iterable[str]) -> str:
-    """ " (did you mean a, b?)" with the nearest known names, or "" — for every unknown-key message."""
-    near = difflib.get_close_matches(str(key), list(known), n=3, cutoff=0.6)
-    return f" (did you mean {', '.join(near)}?)" if near else ""
-
-
 def unknown_keys(d: Iterable[object], known: Iterable[str]) -> list[str]:
     """'key (did you mean ...?)' for each key of `d` not in `known`."""
     known = list(known)
-    return [f"{k!r}{did_you_mean(k, known)}" for k in d if k not in known]
-
-
-def check_keys(d: Mapping[str, object], known: Iterable[str], where: str, valid: str | None = None) -> None:
-    """Unknown keys are one error that names each one and the nearest valid names; `valid` says where the
-    valid ones are listed (default: the CLI's --help-all)."""
-    hints = unknown_keys(d, known)
-    if hints:
-        raise ConfigError(
-            f"{where}: unknown setting(s) {'; '.join(hints)}. "
-            + (valid or "Valid settings are the TrainConfig fields (the --flags of train_optimized.py --help-all)")
-        )
+    near = [(k, difflib.get_close_matches(str(k), known, n=3, cutoff=0.6)) for k in d if k not in known]
+    return [f"{k!r}" + (f" (did you mean {', '.join(n)}?)" if n else "") for k, n in near]
 
 
 PRECISIONS = ("auto", "32", "16-mixed", "bf16-mixed")
@@ -96,6 +78,14 @@ def unwrap(tp: TypeForm) -> tuple[TypeForm, bool]:
     return tp, False
 
 
+def _base(tp: TypeForm, rule: Rule) -> tuple[TypeForm, bool, Rule]:
+    """unwrap(tp) and the rule, a Literal's values becoming the rule's choices."""
+    base, optional = unwrap(tp)
+    if typing.get_origin(base) is typing.Literal:
+        return type(typing.get_args(base)[0]), optional, {"choices": typing.get_args(base), **rule}
+    return base, optional, rule
+
+
 def _show(v: object) -> str:
     if isinstance(v, str):
         if len(v) > 80:  # the message stays one readable line
@@ -113,62 +103,49 @@ def _num(x: float) -> str:
 def _at(label: str, v: object) -> str:
     """'--lr nan' for a flag; "where: key=value" (Python's repr for text) for a file or dict key."""
     if label.endswith("="):
-        shown = _show(v) if not isinstance(v, str) or len(v) > 80 else repr(v)
-        return f"{label}{shown}"
+        return label + (_show(v) if not isinstance(v, str) or len(v) > 80 else repr(v))
     return f"{label} {_show(v)}"
 
 
 def describe(tp: TypeForm, rule: Rule, implicit: bool = False) -> str:
     """What a value of this type and rule may be, in words: 'a finite number > 0', 'a whole number >= 1'."""
-    base, optional = unwrap(tp)
-    if typing.get_origin(base) is typing.Literal:
-        rule = {"choices": typing.get_args(base), **rule}
-        base = type(typing.get_args(base)[0])
+    base, optional, rule = _base(tp, rule)
     if "choices" in rule:
-        text = "one of " + ", ".join(str(c) for c in rule["choices"])
-    elif base is bool:
-        text = "on or off (true or false)" + (" or auto" if optional else "")
-    elif typing.get_origin(base) in (tuple, list):
+        return "one of " + ", ".join(str(c) for c in rule["choices"])
+    if base is bool:
+        return "on or off (true or false)" + (" or auto" if optional else "")
+    if typing.get_origin(base) in (tuple, list):
         args = typing.get_args(base)
         n = "" if (not args or args[-1] is Ellipsis or typing.get_origin(base) is list) else f"{len(args)} "
-        elem = describe(args[0] if args else str, rule)
-        text = f"{n}values, each {elem}"
-    elif base in (int, float):
-        what = "a whole number" if base is int else ("a number" if rule.get("allow_inf") else "a finite number")
-        lo, hi, gt = rule.get("min"), rule.get("max"), rule.get("gt")
-        if base is int and implicit:  # the implicit bounds of a whole number, said when a value broke them
-            hi = INT_LIMIT - 1 if hi is None else hi
-            lo = -INT_LIMIT if (lo is None and gt is None) else lo
-        if lo is not None and hi is not None:
-            text = f"{what} in [{_num(lo)}, {_num(hi)}]"
-        elif gt is not None:
-            text = f"{what} > {_num(gt)}" + (f" and <= {_num(hi)}" if hi is not None else "")
-        elif lo is not None:
-            text = f"{what} >= {_num(lo)}"
-        elif hi is not None:
-            text = f"{what} <= {_num(hi)}"
-        else:
-            text = what
-    else:
-        text = "a text value" if rule.get("allow_empty") else "a non-empty text value"
-    return text
+        return f"{n}values, each {describe(args[0] if args else str, rule)}"
+    if base not in (int, float):
+        return "a text value" if rule.get("allow_empty") else "a non-empty text value"
+    what = "a whole number" if base is int else ("a number" if rule.get("allow_inf") else "a finite number")
+    lo, hi, gt = rule.get("min"), rule.get("max"), rule.get("gt")
+    if base is int and implicit:  # the implicit bounds of a whole number, said when a value broke them
+        hi = INT_LIMIT - 1 if hi is None else hi
+        lo = -INT_LIMIT if (lo is None and gt is None) else lo
+    if lo is not None and hi is not None:
+        return f"{what} in [{_num(lo)}, {_num(hi)}]"
+    if gt is not None:
+        return f"{what} > {_num(gt)}" + (f" and <= {_num(hi)}" if hi is not None else "")
+    if lo is not None:
+        return f"{what} >= {_num(lo)}"
+    return what if hi is None else f"{what} <= {_num(hi)}"
 
 
 def _convert(v: object, base: TypeForm) -> object:
     """One value to `base` (bool, int, float, str); TypeError/ValueError when it is not one."""
+    if base in (int, float) and isinstance(v, bool):
+        raise TypeError(v)  # True is not the number 1 here
     if base is bool:
         if isinstance(v, bool):
             return v
-        if isinstance(v, str):
-            s = v.strip().lower()
-            if s in ("1", "true", "yes", "on"):
-                return True
-            if s in ("0", "false", "no", "off"):
-                return False
+        s = v.strip().lower() if isinstance(v, str) else ""
+        if s in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return s in ("1", "true", "yes", "on")
         raise ValueError(v)
     if base is int:
-        if isinstance(v, bool):
-            raise TypeError(v)
         if isinstance(v, int):
             return v
         if isinstance(v, float) and math.isfinite(v) and v.is_integer():
@@ -177,19 +154,13 @@ def _convert(v: object, base: TypeForm) -> object:
             return int(v.strip(), 10)
         raise ValueError(v)
     if base is float:
-        if isinstance(v, bool):
-            raise TypeError(v)
-        if isinstance(v, int | float):
-            return float(v)
-        if isinstance(v, str) and len(v) <= 100:
-            return float(v.strip())
+        if isinstance(v, int | float) or (isinstance(v, str) and len(v) <= 100):
+            return float(v)  # float() strips the spaces around a number itself
         raise ValueError(v)
-    if isinstance(v, str):
-        return v
+    if isinstance(v, str | os.PathLike):
+        return os.fspath(v)
     if isinstance(v, int | float) and not isinstance(v, bool) and base is str:
         return str(v)  # a config file's `loss_scale = 1024`
-    if isinstance(v, os.PathLike):
-        return os.fspath(v)
     raise TypeError(v)
 
 
@@ -221,66 +192,55 @@ def _problem(v: object, base: TypeForm, rule: Rule) -> str | None:
     return None
 
 
-def check_value(label: str, value: object, tp: TypeForm, rule: Rule | None = None) -> Any:
+def check_value(label: str, value: object, tp: TypeForm, rule: Rule) -> Any:
     """Convert `value` to the type `tp` and check `rule` (a knob's metadata); returns the converted value.
 
     A bad value raises ConfigError("<label> <value>: <why>; use <what is allowed>"), e.g.
     "--lr nan: not finite; use a finite number > 0". `label` names the flag or key as the user wrote it."""
-    rule = rule or {}
-    base, optional = unwrap(tp)
-    if typing.get_origin(base) is typing.Literal:
-        rule = {"choices": typing.get_args(base), **rule}
-        base = type(typing.get_args(base)[0])
+    base, optional, rule = _base(tp, rule)
     allowed = describe(tp, rule)
-    if value is None or (optional and base is bool and isinstance(value, str) and value.strip().lower() in
-                         ("auto", "none")):  # fmt: skip
+    auto = isinstance(value, str) and value.strip().lower() in ("auto", "none")
+    if value is None or (optional and base is bool and auto):
         if optional:
             return None
         raise ConfigError(f"{label}: cannot be empty; use {allowed}")
-    origin = typing.get_origin(base)
+    sequence = typing.get_origin(base) in (tuple, list)
     try:
-        if origin in (tuple, list):
+        if sequence:
             args = typing.get_args(base)
             elem = args[0] if args else str
             if isinstance(value, str | bytes) or not isinstance(value, Iterable):
                 raise TypeError(value)
             items = list(value)
-            fixed = args and args[-1] is not Ellipsis and origin is tuple
-            if fixed and len(items) != len(args):
+            if args and args[-1] is not Ellipsis and typing.get_origin(base) is tuple and len(items) != len(args):
                 raise ConfigError(f"{_at(label, items)}: give {len(args)} values; use {allowed}")
             out = []
-            for x in items:
-                cx = _convert(x, elem)
-                why = _problem(cx, elem, rule)
+            for x in items:  # each element converted, then checked, in order: the first bad one is named
+                out.append(_convert(x, elem))
+                why = _problem(out[-1], elem, rule)
                 if why:
                     raise ConfigError(f"{_at(label, items)}: {_show(x)} is {why}; use {allowed}")
-                out.append(cx)
-            extra = rule.get("check")
-            msg = extra(tuple(out)) if extra else None
-            if msg:
-                raise ConfigError(f"{_at(label, items)}: {msg}")
-            return tuple(out)
-        converted = _convert(value, base)
+            converted: object = tuple(out)
+        else:
+            converted = _convert(value, base)
     except ConfigError:
         raise
     except (TypeError, ValueError, OverflowError):
-        kind = type(value).__name__
         if isinstance(value, str | int | float):
-            shown = _at(label, value)
-        else:
-            shown = f"{label}({kind})" if label.endswith("=") else f"{label} ({kind})"
+            at = _at(label, value)
+        else:  # a list, dict or object: its type, not its text
+            at = f"{label}{'' if label.endswith('=') else ' '}({type(value).__name__})"
         what = allowed.split(" in ")[0].split(" >")[0]
         why = "not understood" if what == allowed else f"not {what}"  # "not X; use X" says it twice
-        raise ConfigError(f"{shown}: {why}; use {allowed}") from None
-    why = _problem(converted, base, rule)
+        raise ConfigError(f"{at}: {why}; use {allowed}") from None
+    why = None if sequence else _problem(converted, base, rule)
     if why:
         if why in ("too large", "too small"):
             allowed = describe(tp, rule, implicit=True)
         raise ConfigError(f"{_at(label, converted)}: {why}; use {allowed}")
-    extra = rule.get("check")
-    msg = extra(converted) if extra else None
+    msg = rule["check"](converted) if rule.get("check") else None
     if msg:
-        raise ConfigError(f"{_at(label, converted)}: {msg}")
+        raise ConfigError(f"{_at(label, items if sequence else converted)}: {msg}")
     return converted
 
 
@@ -295,35 +255,27 @@ def field_rules(cls: type) -> Rules:
     return _RULES[cls]
 
 
-def aliases(rules: Rules) -> dict[str, str]:
-    """{old name: current name} from the rules' `aliases`."""
-    return {old: name for name, (_, rule) in rules.items() for old in rule.get("aliases", ())}
-
-
 def check_settings(
-    values: Mapping[str, object],
-    rules: Rules,
-    where: str,
-    notes: list[str] | None = None,
-    style: str = "key",
+    values: Mapping[str, object], rules: Rules, where: str, notes: list[str] | None = None, style: str = "key"
 ) -> dict[str, Any]:
     """Check a whole dict of settings (a config file, a dict from code): unknown keys name the nearest valid
     ones, old names become the current ones (a note each), every value is converted and checked by its rule.
     style "key" labels a value "<where>: <key> =", "flag" labels it "--<key>"."""
-    old = aliases(rules)
+    old = {alias: name for name, (_, rule) in rules.items() for alias in rule.get("aliases", ())}
     out: dict[str, Any] = {}
     for k, v in values.items():
-        if isinstance(k, str) and k in old and k not in rules:
+        if k in old and k not in rules:
             if notes is not None:
                 notes.append(f"{where}: {k} is now called {old[k]}; read as {old[k]}")
             k = old[k]
         out[k] = v
-    check_keys(out, list(rules) + list(old), where)
-    for k, v in list(out.items()):
-        tp, rule = rules[k]
-        label = f"--{k}" if style == "flag" else f"{where}: {k}="
-        out[k] = check_value(label, v, tp, rule)
-    return out
+    hints = unknown_keys(out, [*rules, *old])
+    if hints:
+        raise ConfigError(
+            f"{where}: unknown setting(s) {'; '.join(hints)}. "
+            "Valid settings are the TrainConfig fields (the --flags of train_optimized.py --help-all)"
+        )
+    return {k: check_value(f"--{k}" if style == "flag" else f"{where}: {k}=", v, *rules[k]) for k, v in out.items()}
 
 
 # ------------------------------------------------------------------------------------------- special rules
@@ -351,13 +303,11 @@ def _device_problem(device: str) -> str | None:
 
 
 def _loss_scale_problem(scale: str) -> str | None:
-    if scale == "dynamic":
-        return None
     try:
-        v = float(scale)
+        ok = scale == "dynamic" or 0 < float(scale) < math.inf
     except ValueError:
-        v = -1.0
-    return None if (v > 0 and math.isfinite(v)) else "use 'dynamic' or a positive number such as 1024"
+        ok = False
+    return None if ok else "use 'dynamic' or a positive number such as 1024"
 
 
 def writable_dir_problem(path: str | os.PathLike) -> str | None:
@@ -370,9 +320,7 @@ def writable_dir_problem(path: str | os.PathLike) -> str | None:
     while not os.path.lexists(cur) and cur != cur.parent:
         cur = cur.parent
     if not cur.is_dir():
-        if cur == p:
-            return "exists and is not a directory"
-        return f"lies under {cur}, which is not a directory"
+        return "exists and is not a directory" if cur == p else f"lies under {cur}, which is not a directory"
     if not os.access(cur, os.W_OK | os.X_OK):
         return f"{'it' if cur == p else cur} is not writable (permissions or a read-only file system)"
     try:
@@ -635,7 +583,7 @@ class TrainConfig:
     def from_dict(cls, d: dict[str, Any], where: str = "TrainConfig", notes: list[str] | None = None) -> TrainConfig:
         """Build from a dict (BaseTrainer's trainer_params, a checkpoint's settings): unknown keys name the nearest
         valid names, every value is converted and checked by its rule; `where` starts each message."""
-        return cls(**check_settings(dict(d), field_rules(cls), where, notes))
+        return cls(**check_settings(d, field_rules(cls), where, notes))
 
 
 def validation_every(interval: int | None, max_epochs: int) -> tuple[int, str | None]:
