@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import io
@@ -20,14 +21,13 @@ import pickletools
 import re
 import shutil
 import socket
-import tempfile
 import time
 import warnings
 import zipfile
 from collections.abc import Callable, Mapping
 from copy import deepcopy
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import IO, Any, BinaryIO
 
 import numpy as np
 import torch
@@ -71,10 +71,10 @@ def storage_error(path: str | os.PathLike, e: OSError, what: str = "writing") ->
     return StorageError(f"{what} {path} failed: {why}", e.errno, path)
 
 
-def _tensor_bytes(obj: object, limit: int = 100_000) -> int:
-    """About how many bytes torch.save writes for `obj`: its tensors' storage (a lower bound; walks <= limit items)."""
+def _tensor_bytes(obj: object) -> int:
+    """About how many bytes torch.save writes for `obj`: its tensors' storage (a lower bound; walks <= 100k items)."""
     total, stack, seen = 0, [obj], 0
-    while stack and seen < limit:
+    while stack and seen < 100_000:
         o = stack.pop()
         seen += 1
         if isinstance(o, torch.Tensor):
@@ -113,67 +113,52 @@ def state_digest(obj: object) -> str:
     CUDA tensors are copied to the host for hashing.
     """
     h = hashlib.sha256()
-    _feed(h, obj)
+
+    def put(tag: bytes, payload: bytes | memoryview) -> None:
+        # a tag and a length prefix keep the stream unambiguous ("ab","c" never hashes like "a","bc")
+        h.update(tag + len(payload).to_bytes(8, "little"))
+        h.update(payload)
+
+    def feed(obj: object) -> None:
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach()
+            put(b"T", f"{t.dtype}|{tuple(t.shape)}".encode())
+            try:
+                if t.layout != torch.strided:
+                    t = t.to_dense()
+                if t.device.type != "cpu":
+                    t = t.to("cpu")  # note: sync point (checkpoint), as torch.save's own copy is
+                t = t.resolve_conj().resolve_neg().contiguous()
+                if t.is_quantized and t.numel():
+                    raise TypeError("a quantized tensor's bytes leave out its scale")
+                # its memory as uint8, without a copy (`t` stays alive until put(): the view points into it)
+                view = t.reshape(-1).view(torch.uint8).numpy().data if t.numel() else memoryview(b"")
+            except (RuntimeError, TypeError, ValueError):  # quantized or exotic tensors: hash their values instead
+                put(b"V", repr(obj.detach().to("cpu").tolist()).encode())
+                return
+            put(b"B", view)
+        elif isinstance(obj, dict):
+            put(b"D", str(len(obj)).encode())
+            for k, v in obj.items():
+                feed(k)
+                feed(v)
+        elif isinstance(obj, list | tuple):
+            put(b"L", str(len(obj)).encode())
+            for v in obj:
+                feed(v)
+        elif isinstance(obj, np.ndarray) and obj.dtype != object:
+            a = np.ascontiguousarray(obj)
+            put(b"A", f"{a.dtype.str}|{a.shape}".encode())
+            put(b"B", a.reshape(-1).view(np.uint8).data)
+        elif isinstance(obj, str):
+            put(b"S", obj.encode("utf-8", "surrogatepass"))
+        elif isinstance(obj, bytes | bytearray):
+            put(b"Y", bytes(obj))
+        else:  # None, bool, int, float (repr round-trips exactly, nan included), complex, dtype, device, ...
+            put(b"O", f"{type(obj).__name__}:{obj!r}".encode())
+
+    feed(obj)
     return "sha256:" + h.hexdigest()
-
-
-class _Hash(Protocol):
-    def update(self, data: bytes | memoryview, /) -> None: ...
-
-
-def _put(h: _Hash, tag: bytes, payload: bytes | memoryview) -> None:
-    # a tag and a length prefix keep the stream unambiguous ("ab","c" never hashes like "a","bc")
-    h.update(tag + len(payload).to_bytes(8, "little"))
-    h.update(payload)
-
-
-def _raw_bytes(t: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU tensor, without a copy (a uint8 view of its memory, any dtype)."""
-    if t.numel() == 0:
-        return memoryview(b"")
-    if t.is_quantized or not t.is_contiguous():
-        raise TypeError("not plain contiguous memory")
-    return t.reshape(-1).view(torch.uint8).numpy().data
-
-
-def _feed(h: _Hash, obj: object) -> None:
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach()
-        _put(h, b"T", f"{t.dtype}|{tuple(t.shape)}".encode())
-        try:
-            if t.layout != torch.strided:
-                t = t.to_dense()
-            if t.device.type != "cpu":
-                t = t.to("cpu")  # note: sync point (checkpoint), as torch.save's own copy is
-            t = t.resolve_conj().resolve_neg().contiguous()
-            view = _raw_bytes(t)
-        except (
-            RuntimeError,
-            TypeError,
-            ValueError,
-        ):  # quantized or exotic tensors: hash their values instead
-            _put(h, b"V", repr(obj.detach().to("cpu").tolist()).encode())
-            return
-        _put(h, b"B", view)  # `t` stays alive until here: the view points into its memory
-    elif isinstance(obj, dict):
-        _put(h, b"D", str(len(obj)).encode())
-        for k, v in obj.items():
-            _feed(h, k)
-            _feed(h, v)
-    elif isinstance(obj, list | tuple):
-        _put(h, b"L", str(len(obj)).encode())
-        for v in obj:
-            _feed(h, v)
-    elif isinstance(obj, np.ndarray) and obj.dtype != object:
-        a = np.ascontiguousarray(obj)
-        _put(h, b"A", f"{a.dtype.str}|{a.shape}".encode())
-        _put(h, b"B", a.reshape(-1).view(np.uint8).data)
-    elif isinstance(obj, str):
-        _put(h, b"S", obj.encode("utf-8", "surrogatepass"))
-    elif isinstance(obj, bytes | bytearray):
-        _put(h, b"Y", bytes(obj))
-    else:  # None, bool, int, float (repr round-trips exactly, nan included), complex, dtype, device, ...
-        _put(h, b"O", f"{type(obj).__name__}:{obj!r}".encode())
 
 
 # ------------------------------------------------------------------------------------------------ save
@@ -204,20 +189,6 @@ def atomic_save(obj: object, path: str | os.PathLike, *, digest: bool | None = N
     return atomic_write(path, lambda f: torch.save(obj, f))
 
 
-def _umask() -> int:
-    """The process's umask, read without setting it where Linux shows it (a background writer thread calls this)."""
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)  # elsewhere: the only portable read is a set and a set back
-    os.umask(mask)
-    return mask
-
-
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
     """`write(file)` into a temp file beside `path`, fsync, rename, fsync the folder: the file is whole or not there.
     Temps are named .NAME.host~pid.*.tmp, so `remove_orphan_temps` can tell a dead writer's from a live one's."""
@@ -228,34 +199,37 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
             errno.EISDIR,
             path,
         )
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_owner_tag()}.", suffix=".tmp", dir=path.parent)
+    tmp = path.parent / f".{path.name}.{_owner_tag()}.{os.urandom(6).hex()}.tmp"
+    try:  # created as open() creates a file (mode 0666 less the umask, where mkstemp gives 0600), never over one
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     except OSError as e:
         raise storage_error(path, e) from e
     try:
-        if hasattr(os, "fchmod"):  # mkstemp makes 0600: the file gets the mode open() would give (the umask's)
-            os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:  # a full disk, a quota, a vanished folder: named here, the temp file removed
-        Path(tmp).unlink(missing_ok=True)
-        raise storage_error(path, e) from e
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):  # a full disk, a quota, a vanished folder: one line naming the file
+            raise storage_error(path, e) from e
         raise
     if hasattr(os, "O_DIRECTORY"):  # the rename itself survives a power cut once the folder is synced (not Windows)
-        try:
+        with contextlib.suppress(OSError):  # some file systems refuse a folder fsync; the file is already on disk
             dfd = os.open(path.parent, os.O_DIRECTORY)
             try:
                 os.fsync(dfd)
             finally:
                 os.close(dfd)
-        except OSError:  # some file systems refuse a folder fsync; the file itself is already on disk
-            pass
     return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write a file whole or not at all: a temp file beside it, fsync, rename. A kill or a bad value mid-write
+    leaves the previous file (never an empty one, which a resume would read as "no settings")."""
+    data = text.encode("utf-8")  # fails before anything is touched when the text cannot be written
+    return atomic_write(path, lambda fh: fh.write(data))
 
 
 def snapshot_to_host(state: Mapping[str, object]) -> dict[str, object]:
@@ -295,16 +269,12 @@ def snapshot_to_host(state: Mapping[str, object]) -> dict[str, object]:
 # ------------------------------------------------------------------------------------------------ load
 
 
-def _is_pickle_stream(data: io.BufferedIOBase | io.BytesIO, max_ops: int = 2_000_000) -> bool:
-    """True when `data` parses as a pickle opcode stream up to STOP. Parses only; nothing is executed."""
-    try:
-        for n, (op, _, _) in enumerate(pickletools.genops(data)):  # type: ignore[arg-type]
-            if op.name == "STOP":
-                return True
-            if n >= max_ops:
-                return True  # a long, still-valid stream: random bytes fail within a few opcodes
-    except Exception:
-        return False
+def _is_pickle_stream(data: IO[bytes]) -> bool:
+    """True when `data` parses as a pickle opcode stream up to STOP (raises on bytes that do not). Parses only;
+    nothing is executed."""
+    for n, (op, _, _) in enumerate(pickletools.genops(data)):
+        if op.name == "STOP" or n >= 2_000_000:  # a long, still-valid stream: random bytes fail within a few opcodes
+            return True
     return False
 
 
@@ -315,12 +285,10 @@ def _looks_like_pickle(path: Path) -> bool:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as z:
                 names = [n for n in z.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
-                if not names:
-                    return False
-                return _is_pickle_stream(io.BytesIO(z.read(names[0])))
+                return bool(names) and _is_pickle_stream(io.BytesIO(z.read(names[0])))  # z.read checks the CRC
         with open(path, "rb") as f:
             return _is_pickle_stream(f)
-    except Exception:  # a zip whose records are damaged is corrupt, whatever the pickle says
+    except Exception:  # damaged bytes, or a zip whose records are damaged: corrupt, whatever the pickle says
         return False
 
 
@@ -386,12 +354,12 @@ def load_checkpoint(
         ckpt[INTEGRITY_KEY] = UNVERIFIED
     elif not verify:
         ckpt[INTEGRITY_KEY] = "unverified: digest check skipped (verify=False)"
+    elif not isinstance(stored, str) or state_digest(ckpt) != stored:
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt: its contents do not match the digest written with it (damaged "
+            f"on disk or in a copy); use another checkpoint (best.pt, an earlier copy) or start the run again"
+        )
     else:
-        if not isinstance(stored, str) or state_digest(ckpt) != stored:
-            raise CheckpointError(
-                f"checkpoint {path} is corrupt: its contents do not match the digest written with it (damaged "
-                f"on disk or in a copy); use another checkpoint (best.pt, an earlier copy) or start the run again"
-            )
         ckpt[INTEGRITY_KEY] = "verified"
     return ckpt
 
@@ -449,10 +417,3 @@ def remove_orphan_temps(folder: str | os.PathLike, max_age_s: float = 900.0) -> 
                 continue
             removed.append(p)
     return removed
-
-
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write a file whole or not at all: a temp file beside it, fsync, rename. A kill or a bad value mid-write
-    leaves the previous file (never an empty one, which a resume would read as "no settings")."""
-    data = text.encode("utf-8")  # fails before anything is touched when the text cannot be written
-    return atomic_write(path, lambda fh: fh.write(data))

@@ -23,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
+import torch
 
 from .checkpoint import (
     StorageError,
@@ -77,13 +77,12 @@ def claim_run_dir(output_dir: str | Path, name: str | None, prefix: str) -> tupl
                 continue
             _HELD[str(cand.resolve())] = RunLock(cand)
             _mark(cand)
-            note = None
-            if name is not None and i > 1:
-                note = (
-                    f"run dir: {root / base} already holds a run or is not a plainloop run; writing to {cand} "
-                    f"instead (to continue that run, resume from it: {resume_hint(root / base)})"
-                )
-            return cand, note
+            if name is None or i == 1:
+                return cand, None
+            return cand, (
+                f"run dir: {root / base} already holds a run or is not a plainloop run; writing to {cand} "
+                f"instead (to continue that run, resume from it: {resume_hint(root / base)})"
+            )
     except OSError as e:  # a read-only or full file system, a name the file system refuses
         raise RunDirError(f"output directory {root}: cannot create a run directory there ({e.strerror or e})") from None
     raise RunDirError(f"no free run directory name under {root} for {base!r}")
@@ -113,28 +112,22 @@ def _take_if_unused(run_dir: Path) -> bool:
     if not is_run_dir(run_dir) or (run_dir / "summary.json").exists() or any((run_dir / "checkpoints").glob("*.pt")):
         return False
     try:
-        lock = RunLock(run_dir)
+        _HELD[key] = RunLock(run_dir)
     except (RunDirError, OSError):
         return False
-    _HELD[key] = lock
     _mark(run_dir)
     return True
 
 
-def lock_run_dir(run_dir: Path) -> RunLock:
-    """The lock of `run_dir`: the one this process took when it claimed the directory, else a new one."""
-    return _HELD.pop(str(Path(run_dir).resolve()), None) or RunLock(run_dir)
-
-
 def held_by_live_process(run_dir: Path) -> bool:
-    if str(run_dir.resolve()) in _HELD:
+    if str(run_dir.resolve()) in _HELD:  # held by this process
         return False
     try:
         RunLock(run_dir, record=False).release()
     except RunDirError:
         return True
     except OSError:
-        return False
+        pass
     return False
 
 
@@ -162,12 +155,11 @@ def newest_readable(runs: list[Path], notes: list[str] | None = None) -> Path | 
     for run in by_age:
         try:
             load_checkpoint(run / "checkpoints" / "last.pt")
+            return run
         except Exception as e:  # noqa: BLE001 (damaged, truncated, not ours: the next run is tried)
             if notes is not None:
                 first = str(e).splitlines()[0] if str(e) else type(e).__name__
                 notes.append(f"resume auto: passed over {run}: its last.pt cannot be read ({first[:160]})")
-            continue
-        return run
     return None
 
 
@@ -182,22 +174,12 @@ def finished(run_dir: Path, step: int | None = None) -> bool:
     if not isinstance(summary, dict) or "stopped_by" in summary or not isinstance(summary.get("steps"), int):
         return False
     if step is None:
-        step = _checkpoint_step(run_dir / "checkpoints" / "last.pt")
-    return step is not None and step <= summary["steps"]
-
-
-def _checkpoint_step(path: Path) -> int | None:
-    import torch
-
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        return int(ckpt["step"])
-    except Exception:  # missing or damaged: the resume itself reports it
-        return None
-
-
-def _owner_line() -> str:
-    return f"{os.getpid()} {socket.gethostname()}"
+        try:
+            ckpt = torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=True, mmap=True)
+            step = int(ckpt["step"])
+        except Exception:  # missing or damaged: the resume itself reports it
+            return False
+    return step <= summary["steps"]
 
 
 def _recorded_owner(path: Path) -> tuple[int, str] | None:
@@ -230,53 +212,43 @@ class RunLock:
     The lock is an flock on the directory itself, so deleting RUN_DIR/.lock (a "stale" lock, to a user) cannot let a
     second process in; .lock only records the owner (pid and host) for the messages. Where a directory cannot be
     locked (Windows; some network file systems) the lock is on .lock itself, and `check()` also verifies that .lock
-    is still the file locked. `check()` says whether the directory is still the one locked.
+    is still the file locked.
     """
 
     def __init__(self, run_dir: Path, record: bool = True) -> None:
         self.run_dir, self.path, self.note = Path(run_dir), Path(run_dir) / ".lock", None
         self.on_file = os.name == "nt"
-        fd = self._open()
-        try:
-            _try_lock(fd)
-        except OSError as e:
-            os.close(fd)
-            if e.errno in _BUSY or self.on_file:
-                raise self._busy() from None
-            self.on_file = True  # the file system cannot lock a directory: lock .lock, verified by inode
-            fd = self._open()
+        while True:
+            if self.on_file:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT)
+            else:
+                fd = os.open(self.run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
             try:
                 _try_lock(fd)
-            except OSError:
+                break
+            except OSError as e:
                 os.close(fd)
-                raise self._busy() from None
-        self._fd = fd
-        st = os.stat(self.run_dir)
-        self.identity = (st.st_dev, st.st_ino)
-        fst = os.fstat(fd)
-        self.file_identity = (fst.st_dev, fst.st_ino) if self.on_file else None
+                if e.errno in _BUSY or self.on_file:
+                    raise self._busy() from None
+                self.on_file = True  # the file system cannot lock a directory: lock .lock, verified by inode
+        self.identity = os.stat(self.run_dir)
+        self.file_identity = os.fstat(fd) if self.on_file else None
         if record:  # the owner, for the messages: a dead owner's lock was released with it and is taken over here
             before = _recorded_owner(self.path)
             if before is not None and before[0] != os.getpid():
                 where = f" on {before[1]}" if before[1] else ""
                 self.note = f"run dir: took over the lock of pid {before[0]}{where}, which ended without releasing it"
-            try:
+            owner = f"{os.getpid()} {socket.gethostname()}\n"
+            with contextlib.suppress(OSError):  # the record is for messages only; the lock is what holds
                 if self.on_file:  # into the locked file itself: a replaced file would be another lock
                     os.ftruncate(fd, 0)
-                    os.pwrite(fd, (_owner_line() + "\n").encode(), 0)
+                    os.pwrite(fd, owner.encode(), 0)
                 else:
-                    atomic_write_text(self.path, _owner_line() + "\n")
-            except OSError:  # the record is for messages only; the lock is what holds
-                pass
+                    atomic_write_text(self.path, owner)
         # a lock nobody released (a Trainer dropped without fit, interpreter exit) is released, not left open
         self._finalizer = weakref.finalize(
             self, RunLock._unlock, fd, os.getpid(), self.path if record else None, self.on_file
         )
-
-    def _open(self) -> int:
-        if self.on_file:
-            return os.open(self.path, os.O_RDWR | os.O_CREAT)
-        return os.open(self.run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
 
     def _busy(self) -> RunDirError:
         owner = _recorded_owner(self.path)
@@ -304,11 +276,9 @@ class RunLock:
         """Raise RunDirGone when the run directory (or, locked by file, its .lock) was removed or replaced since it
         was locked (before `writing`, a name inside it: the path is built only for the message)."""
         try:
-            st = os.stat(self.run_dir)
-            same = (st.st_dev, st.st_ino) == self.identity
-            if same and self.file_identity is not None:
-                fst = os.stat(self.path)
-                same = (fst.st_dev, fst.st_ino) == self.file_identity
+            same = os.path.samestat(os.stat(self.run_dir), self.identity) and (
+                self.file_identity is None or os.path.samestat(os.stat(self.path), self.file_identity)
+            )
         except OSError:
             same = False
         if not same:
@@ -327,7 +297,7 @@ class RunLock:
 ROLLED_BACK = "metrics.rolled_back.jsonl"
 
 
-def roll_back_metrics(run_dir: Path, step: int, val_pending: bool = False, junk: list[int] | None = None) -> int:
+def roll_back_metrics(run_dir: Path, step: int, junk: list[int], val_pending: bool = False) -> int:
     """Resuming from a checkpoint at `step`: rows a killed process wrote after it are trained again, so they move
     from metrics.jsonl to metrics.rolled_back.jsonl (kept, never deleted), as does a line torn by the kill. With
     `val_pending` (the checkpoint came right before a validation, which the resume runs again) a val row at `step`
@@ -335,8 +305,8 @@ def roll_back_metrics(run_dir: Path, step: int, val_pending: bool = False, junk:
     `junk`. Returns how many rows moved for being after `step`."""
     path = run_dir / "metrics.jsonl"
     try:
-        parts = path.read_bytes().split(b"\n")  # rows end in \n alone (bytes.splitlines would also cut at \r)
-        lines = [part + b"\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+        with open(path, "rb") as f:
+            lines = f.readlines()  # binary: rows end in \n alone (a \r is part of a row)
     except FileNotFoundError:
         return 0
     except OSError as e:
@@ -349,15 +319,19 @@ def roll_back_metrics(run_dir: Path, step: int, val_pending: bool = False, junk:
             row = json.loads(raw.decode("utf-8")) if raw.endswith(b"\n") else None
         except ValueError:  # UnicodeDecodeError too
             row = None
-        s = row.get("step") if isinstance(row, dict) else None
-        ok = isinstance(row, dict) and (not isinstance(s, int) or s <= step)
-        if ok and val_pending and s == step and isinstance(row, dict) and row.get("kind") == "val":
-            ok = False
-        if not isinstance(row, dict) and raw.endswith(b"\n") and junk is not None:
+        if isinstance(row, dict):
+            s = row.get("step")
+            if (isinstance(s, int) and s > step) or (val_pending and s == step and row.get("kind") == "val"):
+                after += 1
+                moved.append(raw)
+            else:
+                keep.append(raw)
+        elif raw.endswith(b"\n"):  # damaged bytes
             junk.append(i)
-        elif not ok:
+            moved.append(raw)
+        else:  # the last line, torn by the kill
             after += 1
-        (keep if ok else moved).append(raw if raw.endswith(b"\n") else raw + b"\n")
+            moved.append(raw + b"\n")
     if moved:
         target = run_dir / ROLLED_BACK
         try:
@@ -382,7 +356,7 @@ def shared_run_dir(
             run_dir, note = claim_run_dir(output_dir, name, prefix)
         if rt.distributed:  # every rank must agree on one directory
             box = [run_dir]
-            dist.broadcast_object_list(box, src=0)
+            torch.distributed.broadcast_object_list(box, src=0)
             run_dir = box[0]
     assert run_dir is not None
     return Path(run_dir), note
@@ -422,7 +396,8 @@ class RunFiles:
         val_pending: bool = False,
     ) -> None:
         self.run_dir, self.on_row = run_dir, on_row
-        self.lock = lock_run_dir(run_dir)  # first: nothing is created in a directory another process trains
+        held = _HELD.pop(str(run_dir.resolve()), None)  # the lock this process took when it claimed the directory
+        self.lock = held or RunLock(run_dir)  # first: nothing is created in a directory another process trains
         self.notes: list[str] = [self.lock.note] if self.lock.note else []
         try:
             (run_dir / "checkpoints").mkdir(exist_ok=True)
@@ -431,7 +406,7 @@ class RunFiles:
             self.removed = remove_orphan_temps(run_dir / "checkpoints") + remove_orphan_temps(run_dir)
             junk: list[int] = []
             self.rolled_back = (
-                0 if resumed_step is None else roll_back_metrics(run_dir, resumed_step, val_pending, junk)
+                0 if resumed_step is None else roll_back_metrics(run_dir, resumed_step, junk, val_pending)
             )
             if junk:
                 shown = ", ".join(map(str, junk[:5])) + (" ..." if len(junk) > 5 else "")
@@ -471,10 +446,8 @@ class RunFiles:
 
     def close(self) -> None:
         try:
-            if not self._metrics.closed:
+            with contextlib.suppress(OSError):  # a full disk's last flush: the rows before are on disk, already raised
                 self._metrics.close()
-        except OSError:  # a full disk's last flush: the rows before it are on disk, the error was raised already
-            pass
         finally:
             self.lock.release()
 
