@@ -155,8 +155,10 @@ def test_where_a_directory_cannot_be_locked_the_lock_file_is_verified(tmp_path, 
         real(fd)
 
     monkeypatch.setattr(rf, "_try_lock", no_dir_locks)
+    monkeypatch.delattr(os, "pwrite", raising=False)  # as on Windows, where the lock is always on .lock
     lock = RunLock(tmp_path)
     assert lock.on_file
+    assert (tmp_path / ".lock").read_text().split()[0] == str(os.getpid())  # the owner, for the messages
     with pytest.raises(RunDirError, match="another live process"):
         RunLock(tmp_path)
     lock.check("metrics.jsonl")  # unchanged: fine

@@ -242,7 +242,8 @@ class RunLock:
             with contextlib.suppress(OSError):  # the record is for messages only; the lock is what holds
                 if self.on_file:  # into the locked file itself: a replaced file would be another lock
                     os.ftruncate(fd, 0)
-                    os.pwrite(fd, owner.encode(), 0)
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    os.write(fd, owner.encode())  # not os.pwrite: Windows, where this path runs, has none
                 else:
                     atomic_write_text(self.path, owner)
         # a lock nobody released (a Trainer dropped without fit, interpreter exit) is released, not left open
