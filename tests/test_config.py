@@ -345,6 +345,7 @@ def test_a_new_field_gets_flag_check_and_message_from_its_knob():
         ("device", "bogus", "device='bogus': not a device"),
         ("batch_size", True, "batch_size=True: not a whole number"),
         ("gradient_clip_val", float("inf"), "gradient_clip_val=inf: not finite"),
+        ("adam_betas", ["a", 0.9], "adam_betas=a 0.9: a is not a finite number; use 2 values"),  # names the element
     ],
 )
 def test_trainer_params_dicts_are_checked_like_flags(key, value, message):

@@ -216,7 +216,11 @@ def check_value(label: str, value: object, tp: TypeForm, rule: Rule) -> Any:
                 raise ConfigError(f"{_at(label, items)}: give {len(args)} values; use {allowed}")
             out = []
             for x in items:  # each element converted, then checked, in order: the first bad one is named
-                out.append(_convert(x, elem))
+                try:
+                    out.append(_convert(x, elem))
+                except (TypeError, ValueError, OverflowError):
+                    kind = describe(elem, rule).split(" in ")[0].split(" >")[0]
+                    raise ConfigError(f"{_at(label, items)}: {_show(x)} is not {kind}; use {allowed}") from None
                 why = _problem(out[-1], elem, rule)
                 if why:
                     raise ConfigError(f"{_at(label, items)}: {_show(x)} is {why}; use {allowed}")
