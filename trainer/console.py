@@ -29,13 +29,7 @@ def open_bar(enabled: bool, total: int, initial: int) -> Any:
     if tqdm is None or not enabled:
         return None
     bar = tqdm(
-        total=total,
-        initial=initial,
-        desc="train",
-        dynamic_ncols=True,
-        mininterval=0.5,
-        unit="batch",
-        disable=None,  # off when its stream (stderr) is not a terminal: piped to a file, redraws would interleave
+        total=total, initial=initial, desc="train", dynamic_ncols=True, mininterval=0.5, unit="batch", disable=None
     )
     if getattr(bar, "disable", False):  # never shown: no bar, so log points and epoch ends update no hidden one
         bar.close()

@@ -20,25 +20,6 @@ from .config import TrainConfig
 from .runtime import Runtime
 from .task import Task
 
-# every hook, in the order a run calls them (on_log and the checkpoint hooks come whenever a row or file is written)
-HOOK_NAMES = (
-    "on_fit_start",
-    "on_load_checkpoint",
-    "on_train_start",
-    "on_train_epoch_start",
-    "on_train_batch_start",
-    "on_before_optimizer_step",
-    "on_train_batch_end",
-    "on_train_epoch_end",
-    "on_validation_start",
-    "on_validation_end",
-    "on_save_checkpoint",
-    "on_log",
-    "on_train_end",
-    "on_test_end",
-    "on_fit_end",
-)
-
 
 class TrainerView(Protocol):
     """What a callback may read of the Trainer and do with it (the Trainer in trainer/loop.py has all of it)."""
@@ -57,28 +38,22 @@ class TrainerView(Protocol):
 
     @property
     def step(self) -> int: ...
-
     @property
     def epoch(self) -> int: ...
-
     @property
     def device(self) -> torch.device: ...
-
     @property
     def is_main(self) -> bool: ...
-
     @property
     def world_size(self) -> int: ...
-
     def log(self, msg: str) -> None: ...
-
     def log_row(self, row: dict[str, Any]) -> None: ...
-
     def evaluate(self, split: str) -> dict[str, float]: ...
 
 
 class Callback:
-    """Every hook with its do-nothing default; subclass it and override what you need (or duck-type)."""
+    """Every hook with its do-nothing default, in the order a run calls them (HOOK_NAMES reads them from here);
+    subclass it and override what you need (or duck-type)."""
 
     all_ranks: bool = False  # True: called on every DDP rank; False: on rank 0 only
 
@@ -128,13 +103,15 @@ class Callback:
         """After training and testing, before summary.json is written; may add keys to `summary`."""
 
 
+# every hook, in the order a run calls them (on_log and the checkpoint hooks come whenever a row or file is written)
+HOOK_NAMES = tuple(n for n in vars(Callback) if n.startswith("on_"))
+
+
 class Monitor:
     """The per-iteration timing sink (plainloop's TrainingMonitor has this API). The default does nothing."""
 
     def start_monitoring(self) -> None: ...
-
     def log_iteration(self, seconds: float, data_seconds: float | None = None, samples: int | None = None) -> None: ...
-
     def stop_monitoring(self) -> None: ...
 
     def get_summary(self) -> dict[str, Any]:

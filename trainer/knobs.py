@@ -1,7 +1,7 @@
 """Small model knobs decided once at start-up: channels_last, deterministic mode, SyncBatchNorm, parameter count
 (the layer-by-layer summary, `summary=True`, is the callback in trainer/extras/summary.py).
 
-Each returns the line the start-up report prints (None when it changed nothing), so no knob acts silently.
+Each returns the line(s) the start-up report prints, so no knob acts silently.
 """
 
 from __future__ import annotations
@@ -21,9 +21,6 @@ class ParameterCount(TypedDict):
     total: int  # parameters, a tied weight counted once
     trainable: int
     size_mb: float  # parameters and buffers
-
-
-_CONV_LIKE = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.InstanceNorm2d, nn.GroupNorm)
 
 
 def channels_last(model: nn.Module, device: torch.device) -> str:
@@ -84,7 +81,7 @@ def deterministic_worker(worker_id: int) -> None:
     seed_worker(worker_id)
 
 
-def sync_batchnorm(model: nn.Module, world_size: int, device: torch.device) -> tuple[nn.Module, str | None]:
+def sync_batchnorm(model: nn.Module, world_size: int, device: torch.device) -> tuple[nn.Module, str]:
     """DDP: BatchNorm layers to SyncBatchNorm (statistics over the global batch). It synchronises CUDA tensors only,
     so on a CPU, as with one process, the layers are kept and the note says why."""
     n = sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())

@@ -21,21 +21,13 @@ from .runtime import Runtime
 
 @runtime_checkable
 class Schedule(Protocol):
-    """What OptimizerStep drives after every optimizer step that was not skipped.
-
-    `step(found_inf)` gets the device's skip flag when only the device knows (a device-side schedule advances
-    by 1 - found_inf); `current_lr()` is read at log points only. An epoch-interval or plateau schedule steps
-    from a callback instead, and its per-step Schedule is a `ConstantSchedule`.
-    """
-
-    on_device: bool
+    """What OptimizerStep drives after every optimizer step that was not skipped: `step(found_inf)` gets the skip
+    flag when only the device knows (a device-side schedule advances by 1 - found_inf); `current_lr()` is read at
+    log points only. An epoch-interval or plateau schedule steps from a callback, beside a `ConstantSchedule`."""
 
     def step(self, found_inf: torch.Tensor | None = None) -> None: ...
-
     def current_lr(self) -> float: ...
-
     def state_dict(self) -> dict[str, object]: ...
-
     def load_state_dict(self, state: StateDict) -> None: ...
 
 
@@ -47,8 +39,6 @@ def group_lr(optimizer: torch.optim.Optimizer) -> float:
 class ConstantSchedule:
     """The per-step Schedule when the lr is left alone per step: constant, or stepped by a callback (per epoch,
     on a plateau) that owns that schedule's state."""
-
-    on_device = False
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
@@ -94,8 +84,6 @@ def build_optimizer(
 ) -> OptimizerSetup:
     """The task's `optimizer_fn` when it gives one (a LightningModule's configure_optimizers comes this way, as it
     is); else plainloop's AdamW with warm-up + cosine and lr scaling."""
-    fp16 = runtime.amp_dtype == torch.float16
-    notes: list[str] = []
     base_lr = getattr(model, "learning_rate", None) or cfg.lr
     if optimizer_fn is not None:
         own = optimizer_fn(model, cfg, runtime.device, base_lr)
@@ -103,17 +91,15 @@ def build_optimizer(
             own.hparams = own.hparams or {"source": "the task's optimizer_fn", **optimizer_hparams(own.optimizer)}
             return own
     lr = scaled_lr(base_lr, global_batch, cfg.ref_batch_size, cfg.lr_scaling)
-    if lr != base_lr:
-        notes.append(
-            f"lr: {base_lr:.3g} -> {lr:.3g} ({cfg.lr_scaling} scaling, batch {cfg.ref_batch_size} -> {global_batch})"
-        )
-    # a device-side schedule never needs to ask whether a step was skipped (CUDA, and fp16 anywhere)
-    tensor_lr = (runtime.device.type == "cuda" or fp16) and cfg.fused is not False
+    scaling = f"{cfg.lr_scaling} scaling, batch {cfg.ref_batch_size} -> {global_batch}"
+    notes = [f"lr: {base_lr:.3g} -> {lr:.3g} ({scaling})"] if lr != base_lr else []
+    # a tensor lr: the schedule on the device never needs to ask whether a step was skipped (CUDA, fp16 anywhere)
+    tensor_lr = runtime.device.type == "cuda" or runtime.amp_dtype == torch.float16
     optimizer = build_adamw(model, lr, cfg.weight_decay, runtime.device, tensor_lr, cfg.adam_betas, cfg.adam_eps,
                             cfg.fused)  # fmt: skip
     horizon = cfg.lr_decay_steps or total_steps  # nanoGPT's lr_decay_iters: the cosine may end before the run
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else min(500, int(0.05 * horizon))
-    schedule = WarmupCosine(optimizer, horizon, warmup, cfg.min_lr_ratio, on_device=tensor_lr)
+    schedule = WarmupCosine(optimizer, horizon, warmup, cfg.min_lr_ratio)
     hparams = {
         "source": "plainloop AdamW + warm-up/cosine",
         **optimizer_hparams(optimizer),
@@ -176,52 +162,42 @@ def build_adamw(
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
-    # A tensor lr lets the schedule skip steps without a host sync (fused AdamW accepts it). Fused on a CPU too:
-    # one kernel per group instead of a Python loop over parameters (benchmarks/loop_overhead.py).
-    lr_arg: float | torch.Tensor = torch.tensor(lr, device=device) if tensor_lr else lr
-    if fused is False and tensor_lr:
-        lr_arg = lr  # the for-each kernel wants a float lr unless capturable
-    b1, b2 = betas
-    return torch.optim.AdamW(groups, lr=lr_arg, betas=(b1, b2), eps=eps, fused=fused is not False)
+    # A tensor lr lets the schedule skip steps without a host sync (fused AdamW accepts it; the for-each kernel
+    # wants a float lr unless capturable). Fused on a CPU too: one kernel per group instead of a Python loop over
+    # parameters (benchmarks/loop_overhead.py).
+    use_fused = fused is not False
+    lr_arg: float | torch.Tensor = torch.tensor(lr, device=device) if tensor_lr and use_fused else lr
+    return torch.optim.AdamW(groups, lr=lr_arg, betas=betas, eps=eps, fused=use_fused)
 
 
 class WarmupCosine:
     """Linear warmup then cosine decay, indexed by the number of optimizer steps actually taken.
 
-    With fp16 a GradScaler may skip a step (inf/NaN gradients). The schedule must not advance then, and
-    finding out on the host would cost a sync every step, so in that mode the step counter and the lr
-    live on the device and advance by (1 - found_inf). Otherwise plain Python floats are used.
+    A step may be skipped (inf/NaN gradients) where only the device knows. The schedule must not advance then,
+    and finding out on the host would cost a sync every step, so when the optimizer's lr is a tensor the step
+    counter lives on the device too and advances by (1 - found_inf). Otherwise plain Python floats are used.
     """
 
     def __init__(
-        self,
-        optimizer: torch.optim.Optimizer,
-        total_steps: int,
-        warmup_steps: int,
-        min_lr_ratio: float = 0.05,
-        on_device: bool = False,
+        self, optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int, min_lr_ratio: float = 0.05
     ) -> None:
         self.optimizer = optimizer
         self.total_steps = max(1, total_steps)
         self.warmup_steps = max(0, warmup_steps)
         self.min_lr_ratio = min_lr_ratio
-        self.on_device = on_device
         self.base_lrs = [float(g["lr"]) for g in optimizer.param_groups]
-        device = optimizer.param_groups[0]["params"][0].device
-        self.steps: torch.Tensor | int = torch.zeros((), device=device) if on_device else 0
+        lr = optimizer.param_groups[0]["lr"]
+        self.steps: torch.Tensor | int = torch.zeros((), device=lr.device) if isinstance(lr, torch.Tensor) else 0
+        self.on_device = isinstance(self.steps, torch.Tensor)
         self._apply()
 
     def factor(self, s: torch.Tensor | int) -> torch.Tensor | float:
         """lr multiplier after s steps (works for a Python number and for a tensor)."""
+        w, r, span = self.warmup_steps, self.min_lr_ratio, max(1, self.total_steps - self.warmup_steps)
         if isinstance(s, torch.Tensor):  # on_device: the step count lives on the device
-            warm = (s + 1) / max(1, self.warmup_steps)
-            p = ((s - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps)).clamp(0.0, 1.0)
-            cos = self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + torch.cos(math.pi * p))
-            return torch.where(s < self.warmup_steps, warm, cos)
-        if s < self.warmup_steps:
-            return (s + 1) / self.warmup_steps
-        frac = min(1.0, (s - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
-        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac))
+            cos = r + (1 - r) * 0.5 * (1 + torch.cos(math.pi * ((s - w) / span).clamp(0.0, 1.0)))
+            return torch.where(s < w, (s + 1) / max(1, w), cos)
+        return (s + 1) / w if s < w else r + (1 - r) * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - w) / span)))
 
     def _apply(self) -> None:
         f = self.factor(self.steps)
@@ -232,10 +208,7 @@ class WarmupCosine:
                 g["lr"] = f * base
 
     def step(self, found_inf: torch.Tensor | None = None) -> None:
-        if self.on_device:
-            self.steps += 1 - found_inf if found_inf is not None else 1
-        else:
-            self.steps += 1
+        self.steps += 1 - found_inf if self.on_device and found_inf is not None else 1
         self._apply()
 
     def state_dict(self) -> dict[str, object]:

@@ -45,7 +45,7 @@ class Runtime:
         return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
 
 
-def init_distributed(backend: str | None = None) -> tuple[int, int, int]:
+def init_distributed() -> tuple[int, int, int]:
     """Join the torchrun process group when WORLD_SIZE > 1; return (rank, local_rank, world_size)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
@@ -53,14 +53,12 @@ def init_distributed(backend: str | None = None) -> tuple[int, int, int]:
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
-        if backend is None:
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
+        if torch.cuda.is_available():  # nccl, one GPU per rank; else gloo
             torch.cuda.set_device(local_rank)
         # torch._dynamo imported after init_process_group keeps the group alive past destroy_process_group()
         # (torch 2.13; DDP imports it), and with it gloo's threads; imported first, it does not.
         importlib.import_module("torch._dynamo")
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
         # a process group still alive at interpreter exit can abort the process (gloo's threads): end it first
         atexit.register(cleanup_distributed)
     return rank, local_rank, world_size
@@ -109,6 +107,7 @@ def resolve_runtime(
         # CPU autocast runs bf16 when asked; fp16 needs the GradScaler's CUDA kernels here.
         bf16_ok, fp16_ok = True, False
 
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     resolved = precision
     if precision == "auto":
         # On a CPU, auto keeps fp32: bf16 autocast trained the CPU demo at ~0.6x fp32's speed (AVX512-BF16, no AMX).
@@ -116,16 +115,12 @@ def resolve_runtime(
         notes.append(f"precision: auto -> {resolved} on {dev.type}")
     elif precision == "bf16-mixed" and not bf16_ok:
         resolved = "16-mixed" if fp16_ok else "32"
-        notes.append(f"precision: bf16-mixed is not supported on {_device_name(dev)}; using {resolved}")
+        notes.append(f"precision: bf16-mixed is not supported on {name}; using {resolved}")
     elif precision == "16-mixed" and not fp16_ok:
         resolved = "32"
-        notes.append(f"precision: 16-mixed needs a CUDA GPU (found {_device_name(dev)}); using 32")
+        notes.append(f"precision: 16-mixed needs a CUDA GPU (found {name}); using 32")
     amp_dtype = {"32": None, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}[resolved]
     return Runtime(dev, resolved, amp_dtype, rank, local_rank, world_size, notes)
-
-
-def _device_name(dev: torch.device) -> str:
-    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
 
 
 def seed_everything(seed: int) -> None:

@@ -1,10 +1,8 @@
 """The optimizer step: scale -> backward -> unscale -> check -> clip -> step -> update, with a state_dict.
 
-In the spirit of timm's NativeScaler, plus a non-finite guard for every precision: a step whose gradients are
-not finite, or whose loss is not finite, is skipped, and the skip is decided on the device, so it costs
-no host-device sync. With fp16 the GradScaler skips as it always has; otherwise a fused optimizer (plainloop's
-default AdamW on CUDA) takes the flag into its kernel, and on a CPU the flag is read directly (no device to
-wait for). Skips are counted on the device and read back at log points.
+In the spirit of timm's NativeScaler, plus a non-finite guard for every precision: a step whose gradients or loss
+are not finite is skipped. The GradScaler (fp16) or a fused optimizer's kernel (`step_unless`) skips on the device,
+with no host-device sync; on a CPU the flag is read directly. Skips are counted on the device, read at log points.
 """
 
 from __future__ import annotations
@@ -84,35 +82,30 @@ class OptimizerStep:
         static_scale: float | None = None,
         clip_val: float | None = None,
         clip_algorithm: str = "norm",
-        guard: bool = True,
         before_step: Callable[[], None] | None = None,
     ) -> None:
-        self.optimizer, self.scheduler, self.device = optimizer, scheduler, device
+        self.optimizer, self.scheduler = optimizer, scheduler
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
-        self.fp16, self.static_scale, self.guard = fp16, static_scale, guard
+        self.fp16, self.static_scale = fp16, static_scale
         self.clip_val, self.clip_algorithm = clip_val, clip_algorithm
         self.scaler = torch.amp.GradScaler(device.type, enabled=fp16, init_scale=static_scale or 2.0**16)
-        self.found_inf = torch.zeros((), device=device)
-        self._one = torch.ones((), device=device)
-        self._fused = bool(optimizer.defaults.get("fused"))
         # on a CPU the flag costs nothing to read (no device to wait for): the schedule and the skip counters
         # then stay on the host; tests set this False to walk the GPU path on a CPU
         self.host_reads = device.type == "cpu"
         # skipped steps: counted on the host when the host learned of them, else on the device (read at log points)
         self.skips, self.skip_run = 0, 0
-        self._dev_skips = torch.zeros((), device=device)
-        self._dev_run = torch.zeros((), device=device)
+        self._dev_skips, self._dev_run = torch.zeros((), device=device), torch.zeros((), device=device)
         # called after unscale/clip, right before the optimizer step (the callbacks' on_before_optimizer_step)
         self.before_step = before_step
         self._loss_bad: torch.Tensor | None = None  # a non-finite loss in this accumulation window (device flag)
-        self._nan = torch.full((), float("nan"), device=device)
-        self._zero = torch.zeros((), device=device)  # made once: the loss check below runs every step
+        # made once: the checks below run every step
+        self.found_inf, self._one = torch.zeros((), device=device), torch.ones((), device=device)
+        self._nan, self._zero = torch.full((), float("nan"), device=device), torch.zeros((), device=device)
 
     def backward(self, loss: torch.Tensor, window: int = 1) -> None:
         """Scaled backward of `loss`, averaged over an accumulation window of `window` micro-batches."""
-        if self.guard or self.fp16:  # a NaN/inf loss can leave finite gradients (e.g. relu(nan) has gradient 0)
-            bad = ~torch.isfinite(loss.detach())
-            self._loss_bad = bad if self._loss_bad is None else self._loss_bad | bad
+        bad = ~torch.isfinite(loss.detach())  # a NaN/inf loss can leave finite gradients (relu(nan) has gradient 0)
+        self._loss_bad = bad if self._loss_bad is None else self._loss_bad | bad
         self.scaler.scale(loss / window if window > 1 else loss).backward()
 
     def step(self, want_norm: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -128,9 +121,7 @@ class OptimizerStep:
         if self.fp16:
             self.scaler.unscale_(self.optimizer)  # clipping and the check must see true gradients, once per step
         grads = [p.grad for p in params if p.grad is not None]
-        if self.guard or self.fp16:
-            found.zero_()
-            nonfinite_flag(grads, found, self._one)
+        nonfinite_flag(grads, found.zero_(), self._one)
         norm: torch.Tensor | None = None
         if self.clip_val is not None and self.clip_algorithm == "value":
             torch.nn.utils.clip_grad_value_(params, self.clip_val)
@@ -140,22 +131,18 @@ class OptimizerStep:
             norm = torch.nn.utils.get_total_norm(grads)
         if self.before_step is not None:
             self.before_step()
-        skipped: bool | None = False
         if self.fp16:
             self.scaler.step(self.optimizer)  # skips optimizer.step() on inf/NaN gradients
             self.scaler.update(self.static_scale)  # a static scale is re-imposed, never grown or backed off
-            skipped = None
-        elif self.guard:
+            skipped: bool | None = None
+        else:
             skipped = step_unless(self.optimizer, found)
             if skipped is None and self.host_reads:
                 skipped = bool(found.item())  # a CPU tensor: no sync
-        else:
-            self.optimizer.step()
         if skipped is None:
             self.scheduler.step(found)  # a device-side schedule does not advance on a skipped step
-            if self.guard or self.fp16:
-                self._dev_skips += found
-                self._dev_run.mul_(found).add_(found)  # consecutive: reset by a good step
+            self._dev_skips += found
+            self._dev_run.mul_(found).add_(found)  # consecutive: reset by a good step
         elif skipped:
             self.skips += 1
             self.skip_run += 1

@@ -13,7 +13,7 @@ import copy
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,12 +39,6 @@ MetricFn = Callable[[Any, torch.Tensor], torch.Tensor]
 # batch_sampler_fn(dataset, batch_size, seed, rank, world_size, drop_last) -> a batch sampler (an iterable of
 # index lists with a length) with set_epoch / state_dict / load_state_dict (see trainer/data.py for the default one).
 BatchSamplerFn = Callable[[Dataset, int, int, int, int, bool], Iterable[Sequence[int]]]
-
-
-class HasLoss(Protocol):
-    """A model with its own loss(pred, y)."""
-
-    def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor: ...
 
 
 class ModelProtocolError(ValueError):
@@ -89,9 +83,9 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 
 def mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     """(x, y) batches: the model's own loss(pred, y) if it has one, else plain MSE."""
+    own = getattr(unwrap_model(model), "loss", None)
     pred = model(batch[0])
-    inner = unwrap_model(model)
-    return cast(HasLoss, inner).loss(pred, batch[1]) if hasattr(inner, "loss") else F.mse_loss(pred, batch[1])
+    return own(pred, batch[1]) if own is not None else F.mse_loss(pred, batch[1])
 
 
 def plain_mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
@@ -100,12 +94,9 @@ def plain_mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
 
 
 def masked_mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
-    """MSE over the finite targets only (land cells, missing labels); no host sync to learn how many."""
-    x, y = batch[0], batch[1]
-    pred = model(x)
-    inner = unwrap_model(model)
-    if hasattr(inner, "loss"):
-        return cast(HasLoss, inner).loss(pred, y)
+    """MSE over the finite targets only (land cells, missing labels), for a model without a `loss` method; no host
+    sync to learn how many."""
+    pred, y = model(batch[0]), batch[1]
     finite = torch.isfinite(y)
     diff = torch.where(finite, pred.float() - torch.nan_to_num(y.float()), torch.zeros((), device=y.device))
     return (diff**2).sum() / finite.sum().clamp_min(1)
@@ -137,9 +128,6 @@ def clone_task_model(task: Task) -> Task:
 
 def read_step_metrics(task: Task) -> dict[str, float]:
     """The task's extra device scalars (NORM_EVERY), read back in one go."""
-    fn = task.step_metrics
-    if fn is None:
-        return {}
-    m = fn()
+    m = task.step_metrics() if task.step_metrics is not None else {}
     # note: sync point (NORM_EVERY): the task's device scalars, read back together
     return dict(zip(m, torch.stack([v.float().reshape(()) for v in m.values()]).tolist())) if m else {}
