@@ -203,7 +203,7 @@ class Trainer:
         if cfg.sync_batchnorm:
             self.model, note = knobs.sync_batchnorm(self.raw_model, rt.world_size, rt.device)
             self.raw_model = self.model
-            self.notes += [note] if note else []
+            self.notes.append(note)
         if cfg.channels_last:
             self.notes.append(knobs.channels_last(self.raw_model, rt.device))
         self.model_size = knobs.parameter_count(self.raw_model)

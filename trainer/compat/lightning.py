@@ -295,8 +295,6 @@ class ModelStepSchedule:
     it advances, as under Lightning, so that no step waits for the device.
     """
 
-    on_device = False
-
     def __init__(self, optimizer: torch.optim.Optimizer, configs: list[SchedulerConfig]) -> None:
         self.optimizer = optimizer
         self.configs = [c for c in configs if c.interval == "step" and not c.plateau]
