@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,7 @@ from .knobs import deterministic_worker
 from .runtime import Runtime
 from .signals import ignore_stop_signals
 from .task import Task
-from .usercode import StreamBatches, auto_workers_for, batch_sampler_state_note, is_stream, stream_steps_error
+from .usercode import StreamBatches, auto_workers_for, is_stream
 
 
 class ShardedBatchSampler:
@@ -54,15 +54,13 @@ class ShardedBatchSampler:
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
         self.epoch = 0
         self._start_batch = 0  # one-shot skip for resume
-        per_rank = n // world_size if drop_last or world_size > 1 else n
-        self._per_rank = per_rank
-        nb = per_rank // batch_size if drop_last else -(-per_rank // batch_size)
-        if nb == 0:
+        self._per_rank = per_rank = n // world_size if drop_last or world_size > 1 else n
+        self._num_batches = per_rank // batch_size if drop_last else -(-per_rank // batch_size)
+        if self._num_batches == 0:
             raise ValueError(
                 f"batch_size={batch_size} is larger than the {per_rank} samples each of {world_size} process(es) "
                 f"gets, and drop_last=True would leave an empty epoch; lower --batch_size or set drop_last=False"
             )
-        self._num_batches = nb
         self._ahead: dict[tuple[int, int], np.ndarray] = {}  # (seed, epoch): an order drawn ahead, used once
         self._drawn: tuple[int, int] | None = None  # (seed, epoch) of the last order drawn
 
@@ -131,15 +129,14 @@ class DeviceBatches:
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
-    """Move a nested batch (tensor, tuple, list, dict) with non_blocking copies."""
+    """Move a nested batch (tensor, tuple, namedtuple, list, dict) with non_blocking copies."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
     if isinstance(batch, dict):
         return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(to_device(v, device) for v in batch))
     if isinstance(batch, list | tuple):
-        return type(batch)(to_device(v, device) for v in batch)
+        moved = [to_device(v, device) for v in batch]
+        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)  # a namedtuple: by field
     return batch
 
 
@@ -155,9 +152,8 @@ def loader_settings(cfg: TrainConfig, device: torch.device, world_size: int = 1)
             f"num_workers: {workers} per process x {world_size} process(es) is more than the "
             f"{usable_cpus()} usable CPU cores; workers will compete with the training process"
         )
-    pin = cfg.pin_memory
-    if pin and device.type != "cuda":
-        pin = False
+    pin = cfg.pin_memory and device.type == "cuda"
+    if cfg.pin_memory and not pin:
         notes.append("pin_memory: off (no CUDA device; pinning only helps host-to-GPU copies)")
     kw: dict[str, Any] = {"num_workers": workers, "pin_memory": pin}
     if workers > 0:
@@ -170,9 +166,8 @@ def loader_settings(cfg: TrainConfig, device: torch.device, world_size: int = 1)
             ctx = "spawn"  # the only start method Windows has; stated so the choice is visible
         if ctx is not None:
             kw["multiprocessing_context"] = ctx
-    else:
-        if cfg.persistent_workers and cfg.num_workers == 0:
-            notes.append("persistent_workers: off (needs num_workers > 0)")
+    elif cfg.persistent_workers and cfg.num_workers == 0:
+        notes.append("persistent_workers: off (needs num_workers > 0)")
     return kw, notes
 
 
@@ -191,13 +186,11 @@ def split_batch(batch: Any, k: int) -> list[Any]:
         return list(batch.tensor_split(k))
     if isinstance(batch, dict):
         parts = {key: split_batch(v, k) for key, v in batch.items()}
-        return [{key: parts[key][i] for key in batch} for i in range(k)]
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        cols = [split_batch(v, k) for v in batch]
-        return [type(batch)(*(c[i] for c in cols)) for i in range(k)]
+        return [{key: p[i] for key, p in parts.items()} for i in range(k)]
     if isinstance(batch, list | tuple):
         cols = [split_batch(v, k) for v in batch]
-        return [type(batch)(c[i] for c in cols) for i in range(k)]
+        rows = ([c[i] for c in cols] for i in range(k))
+        return [type(batch)(*r) if hasattr(batch, "_fields") else type(batch)(r) for r in rows]
     return [batch] * k
 
 
@@ -206,8 +199,8 @@ def build_loader(
     batch_sampler: Any,
     device: torch.device,
     loader_kw: dict[str, Any],
-    collate_fn: Any = None,
-    gatherer: Any = None,
+    collate_fn: Any,
+    gatherer: Any,
 ) -> Any:
     """Device-resident batches when the data is held on the device (`gatherer`), else a DataLoader."""
     if gatherer is not None:
@@ -237,8 +230,9 @@ class TensorGather:
         return [t[idx] for t in self.tensors]
 
 
-def _fits(nbytes: int, device: torch.device) -> bool:
-    """Auto placement: within 25 % of free GPU memory, or of available RAM on a CPU."""
+def _fits(tensors: tuple[torch.Tensor, ...], device: torch.device) -> bool:
+    """Auto placement: within 25 % of free GPU memory, or of available RAM on a CPU (1 GiB without psutil)."""
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
     if device.type == "cuda":
         return nbytes <= 0.25 * torch.cuda.mem_get_info(device)[0]
     if device.type == "cpu":
@@ -272,10 +266,7 @@ def place_on_device(dataset: Dataset | None, cfg: TrainConfig, device: torch.dev
         return None
     tensors = _tensors_of(dataset)
     if tensors is not None:
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        if cfg.device_cache or _fits(nbytes, device):
-            return TensorGather(tensors, device)
-        return None
+        return TensorGather(tensors, device) if cfg.device_cache or _fits(tensors, device) else None
     if not (hasattr(dataset, "gather") and hasattr(dataset, "maybe_to_device")):
         return None
     if cfg.device_cache is not None and hasattr(dataset, "device_cache"):
@@ -287,25 +278,25 @@ def place_on_device(dataset: Dataset | None, cfg: TrainConfig, device: torch.dev
 class TrainData:
     """The training data as the loop reads it, decided once by `build_data`."""
 
-    loader: Any  # a DataLoader, or DeviceBatches when the data is held on the device
+    loader: Any  # a DataLoader, DeviceBatches when the data is held on the device, or StreamBatches
     sampler: Any  # batch sampler (ShardedBatchSampler by default); set_epoch, state_dict: when it has them
     on_device: bool  # batches are gathered on the device: no copy per step
     resident: dict[int, Any]  # id(dataset) -> what serves its batches on the device (train, and val/test if held)
     loader_kw: dict[str, Any]  # the DataLoader settings (empty when the data is on the device)
-    notes: list[str] = field(default_factory=list)
+    notes: list[str]
 
 
 def build_data(task: Task, cfg: TrainConfig, rt: Runtime) -> TrainData:
-    """Data on the device when the dataset speaks the residency protocol and fits, else a DataLoader."""
-    notes: list[str] = []
-    gatherer = place_on_device(task.train_set, cfg, rt.device)
-    on_device = gatherer is not None
-    resident = {id(task.train_set): gatherer} if on_device else {}
+    """Data on the device when the dataset speaks the residency protocol and fits, else a DataLoader; a stream
+    (IterableDataset) is read in order, as one epoch of the run's length."""
+    train, notes = task.train_set, []
+    gatherer = None if is_stream(train) else place_on_device(train, cfg, rt.device)  # a stream has no index
+    resident: dict[int, Any] = {}
     loader_kw: dict[str, Any] = {}
-    if on_device:
+    if gatherer is not None:
+        resident[id(train)] = gatherer
         for ds in (task.val_set, task.test_set):
-            g = place_on_device(ds, cfg, rt.device)
-            if g is not None:
+            if (g := place_on_device(ds, cfg, rt.device)) is not None:
                 resident[id(ds)] = g
         notes.append(f"data: held on {rt.device.type}, batches gathered there (no loader workers)")
         if cfg.num_workers:
@@ -315,42 +306,31 @@ def build_data(task: Task, cfg: TrainConfig, rt: Runtime) -> TrainData:
             )
     else:
         lcfg = cfg
-        if cfg.num_workers is None and is_stream(task.train_set):
+        if cfg.num_workers is None and (note := auto_workers_for(train)[1]):  # auto -> 0 workers, and why
             lcfg = dataclasses.replace(cfg, num_workers=0, persistent_workers=False)
-            notes.append(
-                "num_workers: auto -> 0 for a stream (IterableDataset); give num_workers to read it in workers"
-            )
-        elif cfg.num_workers is None:  # an in-memory dataset cheap to index is faster without workers (measured)
-            workers, note = auto_workers_for(task.train_set)
-            if workers == 0 and note:
-                lcfg = dataclasses.replace(cfg, num_workers=0, persistent_workers=False)
-                notes.append(note)
+            notes.append(note)
         loader_kw, more = loader_settings(lcfg, rt.device, rt.world_size)
         notes += more
-    sampler: Any
-    if is_stream(task.train_set):
+    if is_stream(train):
         if cfg.max_steps is None:
-            raise ValueError(stream_steps_error(f"Task {task.name!r} train_set"))
-        stream = StreamBatches(
-            task.train_set,
-            cfg.batch_size,
-            cfg.max_steps * cfg.accumulate_grad_batches,
-            loader_kw,
-            task.collate_fn,
-            cfg.drop_last,
-            cfg.seed + rt.rank,
-        )
-        if loader_kw.get("num_workers"):
+            raise ValueError(
+                f"Task {task.name!r} train_set is an IterableDataset (a stream without a length), so an epoch has no "
+                f"end: give max_steps (optimizer steps) or max_batches, e.g. TrainConfig(max_steps=5000)"
+            )
+        n = cfg.max_steps * cfg.accumulate_grad_batches  # the run's batches: its one "epoch"
+        stream = StreamBatches(train, cfg.batch_size, n, loader_kw, task.collate_fn, cfg.drop_last, cfg.seed + rt.rank)
+        if loader_kw["num_workers"]:
             notes.append(
-                f"data: {type(task.train_set).__name__} is a stream read by {loader_kw['num_workers']} worker(s): "
+                f"data: {type(train).__name__} is a stream read by {loader_kw['num_workers']} worker(s): "
                 f"each worker runs the whole stream unless it splits itself with torch.utils.data.get_worker_info()"
             )
-        return TrainData(stream, stream, False, resident, loader_kw, notes)
+        return TrainData(stream, stream, False, {}, loader_kw, notes)
+    sampler: Any
     if task.batch_sampler_fn is not None:
-        sampler = task.batch_sampler_fn(task.train_set, cfg.batch_size, cfg.seed, rt.rank, rt.world_size, cfg.drop_last)
+        sampler = task.batch_sampler_fn(train, cfg.batch_size, cfg.seed, rt.rank, rt.world_size, cfg.drop_last)
     else:
         sampler = ShardedBatchSampler(
-            len(task.train_set),  # type: ignore[arg-type]  # a map-style dataset has a length
+            len(train),  # type: ignore[arg-type]  # a map-style dataset has a length
             cfg.batch_size,
             shuffle=cfg.shuffle,
             seed=cfg.seed,
@@ -358,9 +338,13 @@ def build_data(task: Task, cfg: TrainConfig, rt: Runtime) -> TrainData:
             world_size=rt.world_size,
             drop_last=cfg.drop_last,
         )
-    note = batch_sampler_state_note(sampler)
-    if note:
-        notes.append(note)
-    kw = {} if on_device else dict(loader_kw, generator=torch.Generator().manual_seed(cfg.seed + rt.rank))
-    loader = build_loader(task.train_set, sampler, rt.device, kw, task.collate_fn, gatherer)
-    return TrainData(loader, sampler, on_device, resident, loader_kw, notes)
+    if not (hasattr(sampler, "state_dict") and hasattr(sampler, "load_state_dict")):
+        notes.append(
+            f"sampler: {type(sampler).__name__} has no state_dict/load_state_dict, so a resume mid-epoch replays its "
+            f"epoch from set_epoch and skips the batches already trained (exact only if its order depends on the "
+            f"epoch alone)"
+        )
+    # a private generator: starting the loader draws nothing from the global RNG (exact resume)
+    kw = dict(loader_kw, generator=torch.Generator().manual_seed(cfg.seed + rt.rank))
+    loader = build_loader(train, sampler, rt.device, kw, task.collate_fn, gatherer)
+    return TrainData(loader, sampler, gatherer is not None, resident, loader_kw, notes)

@@ -1,5 +1,5 @@
-"""Users' own code as it is: streams (IterableDataset), their samplers, cheap in-memory datasets, and resume lines
-that fit a repo where plainloop is only the copied `trainer/` folder (the command line plugs in its own)."""
+"""Users' own code as it is: streams (IterableDataset), cheap in-memory datasets, and resume lines that fit a repo
+where plainloop is only the copied `trainer/` folder (the command line plugs in its own)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from collections.abc import Callable, Iterator, Sized
 from pathlib import Path
 from typing import Any, TypeGuard
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from . import layers
 
-LoaderKw = dict[str, Any]  # DataLoader keyword arguments (num_workers, pin_memory, ...), values of many types
 Collate = Callable[[list[Any]], object]  # a DataLoader's collate_fn: a list of samples -> a batch
 
 
@@ -54,13 +54,12 @@ class StreamBatches:
     replayed from its start and the batches already trained are skipped (exact for a deterministic stream).
     """
 
-    def __init__(self, dataset: IterableDataset, batch_size: int, num_batches: int, loader_kw: LoaderKw,
-                 collate_fn: Collate | None = None, drop_last: bool = True, seed: int = 0) -> None:  # fmt: skip
+    def __init__(self, dataset: IterableDataset, batch_size: int, num_batches: int, loader_kw: dict[str, Any],
+                 collate_fn: Collate | None, drop_last: bool, seed: int) -> None:  # fmt: skip
         self.dataset, self.num_batches = dataset, num_batches
-        kw = {k: v for k, v in loader_kw.items() if k not in ("generator",)}
         # a private generator: starting the loader must not draw from the global RNG (dropout after a resume)
         self.loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, drop_last=drop_last,
-                                 generator=torch.Generator().manual_seed(seed), **kw)  # fmt: skip
+                                 generator=torch.Generator().manual_seed(seed), **loader_kw)  # fmt: skip
         self.epoch, self._skip = 0, 0
         self.stateful = hasattr(dataset, "state_dict") and hasattr(dataset, "load_state_dict")
 
@@ -91,13 +90,6 @@ class StreamBatches:
             getattr(self.dataset, "load_state_dict")(state["dataset"])  # noqa: B009 (duck-typed)
         else:
             self._skip = int(state.get("batches_done", 0))
-
-
-def stream_steps_error(name: str) -> str:
-    return (
-        f"{name} is an IterableDataset (a stream without a length), so an epoch has no end: give max_steps "
-        f"(optimizer steps) or max_batches, e.g. TrainConfig(max_steps=5000)"
-    )
 
 
 # ------------------------------------------------------------------ in-memory datasets
@@ -135,8 +127,6 @@ CHEAP_S_PER_SAMPLE = 2e-5
 def holds_arrays(dataset: object) -> bool:
     """The dataset (or the one a Subset cuts) keeps its data as tensors or arrays in memory (not memory-mapped
     files): indexing it in the main process opens no file a forked worker would inherit."""
-    import numpy as np
-
     base = getattr(dataset, "dataset", dataset) if hasattr(dataset, "indices") else dataset
     values = list(vars(base).values()) if hasattr(base, "__dict__") else []
     values += [x for v in values if isinstance(v, list | tuple) for x in v]
@@ -146,8 +136,10 @@ def holds_arrays(dataset: object) -> bool:
 
 
 def auto_workers_for(dataset: Dataset) -> tuple[int | None, str | None]:
-    """0 workers for a dataset held in memory (its tensors/arrays) that indexes cheaply (measured once at start-up),
-    else None (no view: the usual worker count)."""
+    """0 workers, and why, for a stream or a dataset held in memory (its tensors/arrays) that indexes cheaply
+    (measured once at start-up); else None (no view: the usual worker count)."""
+    if is_stream(dataset):
+        return 0, "num_workers: auto -> 0 for a stream (IterableDataset); give num_workers to read it in workers"
     if os.environ.get("PLAINLOOP_NO_WORKER_PROBE") or not holds_arrays(dataset):
         return None, None
     cost = in_memory_cost(dataset)
@@ -156,14 +148,4 @@ def auto_workers_for(dataset: Dataset) -> tuple[int | None, str | None]:
     return 0, (
         f"num_workers: auto -> 0: {type(dataset).__name__} indexes in memory in {cost * 1e6:.1f} us per sample "
         f"(measured), cheaper than a worker process hands a batch over"
-    )
-
-
-def batch_sampler_state_note(sampler: object) -> str | None:
-    if hasattr(sampler, "state_dict") and hasattr(sampler, "load_state_dict"):
-        return None
-    return (
-        f"sampler: {type(sampler).__name__} has no state_dict/load_state_dict, so a resume mid-epoch replays its "
-        f"epoch from set_epoch and skips the batches already trained (exact only if its order depends on the "
-        f"epoch alone)"
     )
