@@ -407,3 +407,10 @@ def test_config_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         options.write_config_file(path, {"train": {"lr": 0.25}})
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["config.toml"]
+
+
+def test_a_misspelt_keyword_of_trainconfig_gets_the_nearest_names():
+    """TrainConfig(batchsize=3) was Python's bare TypeError; the flags, config files and BaseTrainer suggested."""
+    with pytest.raises(TypeError, match=r"'batchsize' \(did you mean batch_size"):
+        TrainConfig(batchsize=3)
+    assert TrainConfig(batch_size=3).batch_size == 3

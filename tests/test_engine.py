@@ -601,3 +601,22 @@ def test_a_log_callable_gets_every_line_also_with_the_bar_on(tmp_path, capsys):
     assert any(line.startswith("[epoch 2/2]") for line in lines)
     out = capsys.readouterr()
     assert "[epoch" not in out.out + out.err  # nothing went around the caller's log
+
+
+def test_fit_runs_once_and_a_second_call_says_how_to_train_on(tmp_path):
+    """A second fit() on the same Trainer used to print the start-up again, train nothing and return the old summary."""
+    t = Trainer(toy_config(tmp_path, epochs=1), make_task(), log=lambda _m: None)
+    t.fit()
+    with pytest.raises(RuntimeError, match="runs once") as e:
+        t.fit()
+    assert f"resume={str(t.run_dir)!r}" in str(e.value)
+
+
+def test_an_epoch_line_before_the_first_log_point_makes_up_no_loss():
+    """Stopped before any loss was read, the line said "loss nan, 0 samples/s", which reads as a divergence."""
+    from trainer.console import epoch_line
+
+    line = epoch_line(epoch=1, max_epochs=1, step=45, total_steps=120, row={}, eta_s=3.0, saved="last.pt saved")
+    assert "no loss logged yet" in line and "nan" not in line and line.endswith("last.pt saved")
+    line = epoch_line(epoch=1, max_epochs=1, step=100, total_steps=120, row={"loss": 0.5}, eta_s=3.0)
+    assert "loss 0.5," in line

@@ -161,12 +161,26 @@ def test_limit_val_batches_caps_the_default_validation(tmp_path):
     assert seen == [16, 16, 16]
 
 
-def test_a_validation_longer_than_the_training_is_named_once(tmp_path):
+def test_a_validation_longer_than_the_training_is_named_once(tmp_path, monkeypatch):
+    import trainer.loop
+
+    monkeypatch.setattr(trainer.loop, "SLOW_VALIDATION_S", 0.0)  # this one takes milliseconds
     lines = []
     c = cfg(tmp_path, epochs=3, validation_interval=1)
     Trainer(c, Task("mine", net(), pairs(32), pairs(20_000, 1)), log=lines.append).fit()
     warned = [ln for ln in lines if "longer than the" in ln]
     assert len(warned) == 1 and "limit_val_batches" in warned[0]
+
+
+def test_a_validation_of_milliseconds_gets_no_advice(tmp_path, monkeypatch):
+    """At a few milliseconds, validation "longer than training" is noise: the README's small example once said so."""
+    import trainer.loop
+
+    monkeypatch.setattr(trainer.loop, "SLOW_VALIDATION_S", 3600.0)  # no validation here takes an hour
+    lines = []
+    Trainer(cfg(tmp_path, epochs=3, validation_interval=1), Task("mine", net(), pairs(32), pairs(20_000, 1)),
+            log=lines.append).fit()  # fmt: skip
+    assert not [ln for ln in lines if "longer than the" in ln]
 
 
 # ------------------------------------------------------------------ the built-in AdamW

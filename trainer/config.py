@@ -546,6 +546,12 @@ class TrainConfig:
         0.75, "EMA warm-up power: 3/4 reaches 0.999 at ~10k steps, 2/3 at ~31.6k (timm)", "weight averaging", gt=0
     )
 
+    def __new__(cls, *args: object, **kwargs: object) -> TrainConfig:
+        # a misspelt keyword gets the nearest names, as a flag, a config file or a BaseTrainer dict does
+        if unknown := unknown_keys(kwargs, [f.name for f in dataclasses.fields(cls)]):
+            raise TypeError(f"{cls.__name__}: unknown setting(s) {'; '.join(unknown)}")
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         self.validate()
 

@@ -50,9 +50,11 @@ def epoch_line(
 ) -> str:
     """One line per epoch: where the run is, its last logged figures (and the `extra` names of the row: what the
     model's self.log gave), the time left, and `saved` when last.pt was written with it."""
+    where = f"[epoch {epoch}/{max_epochs}] step {step}/{total_steps}: "
+    if "loss" not in row:  # stopped before the first log point: no loss was read, and none is made up
+        return f"{where}no loss logged yet, ETA {_hms(eta_s)}" + (f"; {saved}" if saved else "")
     more = "".join(f", {k} {row[k]:.4g}" for k in extra if isinstance(row.get(k), int | float))
     return (
-        f"[epoch {epoch}/{max_epochs}] step {step}/{total_steps}: loss "
-        f"{row.get('loss', float('nan')):.4g}{more}, {row.get('samples_per_s', 0):.0f} samples/s, data wait "
+        f"{where}loss {row['loss']:.4g}{more}, {row.get('samples_per_s', 0):.0f} samples/s, data wait "
         f"{100 * row.get('data_wait_frac', 0):.0f}%, ETA {_hms(eta_s)}" + (f"; {saved}" if saved else "")
     )

@@ -58,6 +58,7 @@ from .task import LossFn, Task, pick_default_loss, read_step_metrics
 from .usercode import is_stream, rerun_hint, resume_hint
 
 _NULL = contextlib.nullcontext()  # stateless, so one instance serves every step
+SLOW_VALIDATION_S = 0.5  # a shorter validation is not worth advice: at a few ms, "longer than training" is noise
 
 
 T = TypeVar("T")
@@ -124,6 +125,7 @@ class FitState:
     start_batches: int = 0  # where this process's fit() began (ETA, steps_this_process)
     start_step: int = 0
     start_skips: int = 0
+    fitted: bool = False  # fit() has run: a second call would re-open a closed run
     loss_checked: bool = False  # the loss's type and shape are checked on the first step
     chunks: int = 1  # micro-batches each batch is cut into after a CUDA out-of-memory error
 
@@ -320,7 +322,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ the run: a table of contents
     def fit(self) -> dict[str, Any]:
-        """Train, validate and test; returns the summary (also written to RUN_DIR/summary.json)."""
+        """Train, validate and test; returns the summary (also written to RUN_DIR/summary.json). Once per Trainer."""
+        if self.run.fitted:
+            raise RuntimeError(
+                f"Trainer.fit() runs once, and this Trainer already ran (run dir {self.run_dir}): to train on, make a "
+                f"new Trainer with {resume_hint(self.run_dir or 'RUN_DIR')} and more epochs or max_steps"
+            )
+        self.run.fitted = True
         try:
             return self._fit()
         except BaseException:
@@ -712,12 +720,13 @@ class Trainer:
                 (self.run_dir / "checkpoints" / old).unlink(missing_ok=True)
 
     def _warn_slow_validation(self, t_start: float, t_end: float) -> None:
-        """Once per run: a validation that took longer than the training since the previous one, with the fixes."""
+        """Once per run: a validation that took longer than the training since the previous one (and than
+        SLOW_VALIDATION_S), with the fixes."""
         prev, self.run.t_val_end = self.run.t_val_end, t_end
         if prev is None or self.run.warned_slow_val:
             return
         val_s, train_s = t_end - t_start, t_start - prev
-        if val_s > train_s > 0:
+        if val_s > max(train_s, SLOW_VALIDATION_S) and train_s > 0:
             self.run.warned_slow_val = True
             msg = (
                 f"validation took {val_s:.1f} s, longer than the {train_s:.1f} s of training since the previous "

@@ -67,8 +67,9 @@ FEED_DEFAULTS: dict[str, int | bool] = {
 DEFAULT_SPLIT = (0.8, 0.2)
 LIGHTNING_WORKERS = 8  # its loaders' num_workers (validation: half)
 _CHECKPOINTS = (
-    "checkpoints are always written (checkpoints/last.pt every epoch): use 'checkpoint_every' (also "
-    "every N optimizer steps) and 'save_best' (best.pt by the validation metric)"
+    "checkpoints are always written (checkpoints/last.pt every checkpoint_interval seconds of training, at the end "
+    "and on a stop signal): use 'checkpoint_interval', 'checkpoint_every' (every N optimizer steps) and 'save_best' "
+    "(best.pt by the validation metric)"
 )
 # Keys that users of Lightning-based trainers reach for, and where each lives.
 ALTERNATIVES = {
@@ -289,7 +290,7 @@ class BaseTrainer:
         if not self.use_checkpoint:
             tp.setdefault("save_best", False)
             self.notes.append(
-                "use_checkpoint=False: no best.pt; checkpoints/last.pt is still written each epoch (a resume needs it)"
+                "use_checkpoint=False: no best.pt; checkpoints/last.pt is still written (a resume needs it)"
             )
         if "baseline" not in tp and all(k in tp and tp[k] == v for k, v in BEFORE_SETTINGS.items()):
             tp["baseline"] = True
