@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import pytest
 import torch
@@ -25,6 +27,9 @@ def test_channels_last_converts_4d_weights_and_batches():
     )
     assert batch["meta"][1][0].is_contiguous(memory_format=torch.channels_last) and batch["meta"][1][1] == "id"
     assert torch.equal(batch["img"], x)  # the values stay, only the layout changes
+    Pair = collections.namedtuple("Pair", "img label")  # a namedtuple batch converts too, and stays one
+    pair = knobs.to_channels_last(Pair(x, torch.ones(2)))
+    assert type(pair) is Pair and pair.img.is_contiguous(memory_format=torch.channels_last)
     assert "no 4-D" in knobs.channels_last(nn.Linear(2, 2), torch.device("cpu"))
 
 

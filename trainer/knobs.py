@@ -42,8 +42,9 @@ def to_channels_last(batch: object) -> object:
         return batch.contiguous(memory_format=torch.channels_last) if batch.dim() == 4 else batch
     if isinstance(batch, dict):
         return {k: to_channels_last(v) for k, v in batch.items()}
-    if isinstance(batch, list | tuple) and not hasattr(batch, "_fields"):
-        return type(batch)(to_channels_last(v) for v in batch)
+    if isinstance(batch, list | tuple):
+        moved = [to_channels_last(v) for v in batch]
+        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)  # a namedtuple by field
     return batch
 
 
