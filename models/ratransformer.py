@@ -11,6 +11,9 @@ Shape of the model:
       -> (+ x[:, -1] when residual=True)           predict the change from the last month
     -> (B, H, W)
 
+Under autocast only the blocks' Linear layers and attention run in bf16/fp16: the embedding and the head run in
+float32 (small matmuls whose casts would cost more launches than their math), so the residual stream is float32
+and LayerNorm, which CUDA's autocast runs in float32, casts nothing on its way in.
 Attention goes through `F.scaled_dot_product_attention`, so on a GPU PyTorch picks the Flash or
 memory-efficient kernel (bf16/fp16 under autocast) and never materialises the N x N score matrix.
 `use_gradient_checkpointing=True` keeps only each layer's input during the forward pass and recomputes
@@ -21,6 +24,7 @@ Only torch and the sibling `spherical_harmonics.py` are imported.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -58,13 +62,32 @@ class _Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, D = x.shape
         h = self.num_heads
-        qkv = self.qkv(self.norm1(x)).view(B, N, 3, h, D // h).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)  # each (B, heads, N, head_dim): the layout SDPA kernels want
+        # each (B, heads, N, head_dim), a view of qkv (the strides SDPA kernels take); split on the q/k/v axis of
+        # (B, N, 3, heads, head_dim) so that the backward stacks the three gradients straight into qkv's layout
+        q, k, v = (t.transpose(1, 2) for t in self.qkv(self.norm1(x)).view(B, N, 3, h, D // h).unbind(2))
         a = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
         a = a.transpose(1, 2).reshape(B, N, D)
         x = x + self.drop(self.proj(a))
         x = x + self.drop(self.fc2(F.gelu(self.fc1(self.norm2(x)))))
         return x
+
+
+def _full_precision(device_type: str) -> contextlib.AbstractContextManager[Any]:
+    """Autocast off inside (ops run in their inputs' dtype) where it is on; nothing otherwise."""
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def masked_mse(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """MSE over the cells where `mask` (H, W) is True and the target (B, H, W) is finite; `pred` is (..., B, H, W),
+    each leading index (an ensemble member) scored against the same target: the sum over all of them divided by
+    the valid cells of one. Stays on the device: no .item(), no boolean indexing."""
+    valid = mask & (target.abs() < math.inf)  # isfinite in two kernels: NaN compares False
+    # where() instead of multiply-by-mask so a NaN target (or NaN pred on land) cannot leak in as 0*NaN.
+    diff = torch.where(valid, pred.float() - target.float(), 0.0)
+    count = valid.sum().clamp_min(1)  # a tensor: no host sync
+    return diff.square().sum() / count
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -156,7 +179,8 @@ class RecursiveAttentionTransformer(nn.Module):
 
     # buffers (register_buffer), declared so that they type as tensors
     sh_features: torch.Tensor
-    cal_back: torch.Tensor
+    cal_scale: torch.Tensor
+    cal_shift: torch.Tensor
     ocean_mask: torch.Tensor
 
     def __init__(
@@ -247,7 +271,10 @@ class RecursiveAttentionTransformer(nn.Module):
             self.cal_proj = nn.Linear(2 * (self.in_channels + 1) + 2, self.d_model)
             # months before the target of each input month (oldest first): lead + in_channels - 1 .. lead
             back = self.lead + torch.arange(self.in_channels - 1, -1, -1, dtype=torch.float32)
-            self.register_buffer("cal_back", 2 * math.pi * back / 12.0, persistent=False)
+            # phases = target * scale + shift: every input month's (target - 2 pi back / 12), the target's, twice it
+            self.register_buffer("cal_scale", torch.tensor([1.0] * (self.in_channels + 1) + [2.0]), persistent=False)
+            shift = torch.cat([-(2 * math.pi * back / 12.0), torch.zeros(2)])
+            self.register_buffer("cal_shift", shift, persistent=False)
         self.emb_drop = nn.Dropout(self.dropout)
         # One stack, reused recursion_depth times: the parameter count does not depend on the depth.
         self.layers = nn.ModuleList(
@@ -330,10 +357,13 @@ class RecursiveAttentionTransformer(nn.Module):
         self.ocean_mask.copy_(mask.to(self.ocean_mask.device))
 
     def calendar_features(self, cal: torch.Tensor) -> torch.Tensor:
-        """(B, 2) cos/sin of the target's phase -> (B, 2 * (in_channels + 1) + 2) calendar features."""
-        target = torch.atan2(cal[:, 1].float(), cal[:, 0].float())  # (B,)
-        phases = torch.cat([target[:, None] - self.cal_back, target[:, None]], dim=1)  # (B, T + 1)
-        return torch.cat([phases.cos(), phases.sin(), (2 * target[:, None]).cos(), (2 * target[:, None]).sin()], 1)
+        """(B, 2) cos/sin of the target's phase -> (B, 2 * (in_channels + 1) + 2) calendar features: cos of the
+        phase of every input month and the target, their sin, then cos and sin of twice the target's phase."""
+        target = torch.atan2(cal[:, 1:2].float(), cal[:, 0:1].float())  # (B, 1)
+        # one kernel for all T + 2 phases (x * 1 - a and x * 2 + 0 are exact: the values of x - a and 2x)
+        phases = torch.addcmul(self.cal_shift, target, self.cal_scale)
+        c, s, n = phases.cos(), phases.sin(), self.in_channels + 1
+        return torch.cat([c[:, :n], s[:, :n], c[:, n:], s[:, n:]], 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, seq_len-1, H, W) -> next month (B, H, W); with calendar=True, (B, seq_len+1, H, W)."""
@@ -352,16 +382,19 @@ class RecursiveAttentionTransformer(nn.Module):
         xp = F.pad(x, (0, pad_w, 0, pad_h), mode="replicate") if (pad_h or pad_w) else x
         # (B, C, gh, p, gw, p) -> (B, gh, gw, C, p, p) -> (B, N, C*p*p)
         tokens = xp.reshape(B, C, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, C * p * p)
-        h = self.patch_embed(tokens) + self.pos_proj(self.sh_features)
-        if cal is not None:
-            h = h + self.cal_proj(self.calendar_features(cal))[:, None, :]
+        # embedding and head in the weights' dtype even under autocast (see the module docstring): h stays float32
+        with _full_precision(x.device.type):
+            h = self.patch_embed(tokens) + self.pos_proj(self.sh_features)
+            if cal is not None:
+                h = h + self.cal_proj(self.calendar_features(cal))[:, None, :]
         h = self.emb_drop(h)
         ckpt = self.use_gradient_checkpointing and self.training and torch.is_grad_enabled()
         for _ in range(self.recursion_depth):
             for layer in self.layers:
                 # non-reentrant: works with torch.compile and DDP, and replays the dropout RNG state
                 h = checkpoint(layer, h, use_reentrant=False) if ckpt else layer(h)
-        out = self.head(self.norm(h))  # (B, N, p*p)
+        with _full_precision(x.device.type):
+            out = self.head(self.norm(h))  # (B, N, p*p)
         out = out.reshape(B, gh, gw, p, p).permute(0, 1, 3, 2, 4).reshape(B, gh * p, gw * p)
         out = out[:, :H, :W]
         if self.residual:
@@ -375,11 +408,7 @@ class RecursiveAttentionTransformer(nn.Module):
                 f"RecursiveAttentionTransformer.loss: pred {tuple(pred.shape)} and target "
                 f"{tuple(target.shape)} must both be (B, {self.height}, {self.width})"
             )
-        valid = self.ocean_mask & torch.isfinite(target)  # broadcasts (H, W) over the batch
-        # where() instead of multiply-by-mask so a NaN target (or NaN pred on land) cannot leak in as 0*NaN.
-        diff = torch.where(valid, pred.float() - target.float(), 0.0)
-        count = valid.sum().clamp_min(1)  # a tensor: no host sync
-        return diff.square().sum() / count
+        return masked_mse(pred, target, self.ocean_mask)
 
     def flops_per_sample(self, training: bool = True) -> float:
         """Analytic matmul FLOPs per sample (2 per multiply-add); training = forward x 3 (backward ~ 2x)."""

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from models.ratransformer import RecursiveAttentionTransformer
+from models.ratransformer import RecursiveAttentionTransformer, masked_mse
 from tasks.args import check_task_args, input_path_problem
 from trainer import Task
 
@@ -222,22 +222,32 @@ class PriorForecaster(nn.Module):
                 out = out + (hood * self.residual_neighbours).sum(1)
         return out
 
+    def _corrections(self, x: torch.Tensor) -> torch.Tensor:
+        """Every member's correction, (E, B, H, W); one member's is a view, not a stacked copy."""
+        xm = self._members_input(x)
+        outs = [m(xm) for m in self.members]
+        return outs[0][None] if len(outs) == 1 else torch.stack(outs)
+
     def parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(prior forecast, the members' mean correction), each (B, H, W)."""
-        base, xm = self.prior_forecast(x), self._members_input(x)
-        return base, torch.stack([m(xm) for m in self.members]).mean(0)
+        corr = self._corrections(x)
+        return self.prior_forecast(x), corr[0] if len(corr) == 1 else corr.mean(0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training:
             base, corr = self.parts(x)
             return base + self.correction_scale * corr
-        xm = self._members_input(x)
-        return torch.stack([m(xm) for m in self.members]) + self.prior_forecast(x)  # (E, B, H, W)
+        return self._corrections(x) + self.prior_forecast(x)  # (E, B, H, W)
 
     def loss(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         m = self.nets()[0]
         if pred.dim() == target.dim() + 1:  # training: every member against the same target
-            return torch.stack([m.loss(p, target) for p in pred]).mean()
+            if pred.shape[1:] != target.shape:
+                raise ValueError(f"PriorForecaster.loss: pred {tuple(pred.shape)} is not (members, *target "
+                                 f"{tuple(target.shape)})")  # fmt: skip
+            # the mean of the members' losses in one pass: each is sum / count over the same valid cells
+            loss = masked_mse(pred, target, m.ocean_mask)
+            return loss if len(pred) == 1 else loss / len(pred)
         return m.loss(pred, target)
 
     def set_ocean_mask(self, mask: torch.Tensor) -> None:
