@@ -62,7 +62,7 @@ from tasks import (  # noqa: E402
     train_defaults,
     user_train_defaults,
 )
-from trainer.checkpoint import STORAGE_ERRNOS, CheckpointError, StorageError  # noqa: E402
+from trainer.checkpoint import STORAGE_ERRNOS, CheckpointError, StorageError, peek_checkpoint  # noqa: E402
 from trainer.cli.command import cli_command, cli_session, set_task_flag  # noqa: E402
 from trainer.cli.options import (  # noqa: E402
     add_dataclass_arguments,
@@ -81,10 +81,11 @@ from trainer.config import (  # noqa: E402
     knob,
 )
 from trainer.extras.loggers import CSVLogger, WandbLogger, parse_logger_names  # noqa: E402
-from trainer.runfiles import RunDirError, find_resumable  # noqa: E402
+from trainer.runfiles import WAIT_THEN_RESUME, RunDirError, check_not_live, find_resumable, is_run_dir  # noqa: E402
 from trainer.runtime import launch_prefix  # noqa: E402
 from trainer.signals import handled_signals  # noqa: E402
 from trainer.state import ResumeError, RunFinished, resume_changes  # noqa: E402
+from trainer.usercode import resume_hint  # noqa: E402
 
 RUN = "task and run"
 TOOLS = "measurement tools"
@@ -287,9 +288,11 @@ def resolve_settings(explicit: dict[str, Any], notes: list[str]) -> dict[str, An
         file_given = resume != "auto" and Path(resume).is_file()
         given["resume"] = resume if file_given else (str(run_dir) if run_dir else None)
         if run_dir is None:
-            notes.append(f"resume auto: nothing to resume under {_auto_place(given)}; starting a new run")
+            notes.append(_auto_note(given))
         if run_dir is not None:
             ckpt = Path(given["resume"]) if file_given else run_dir / "checkpoints" / "last.pt"
+            # a target that cannot be resumed is said now, alone: not after the settings' notes and the data
+            meta = peek_checkpoint(ckpt if file_given else run_dir)
             saved = saved_settings(run_dir, notes, ckpt)
             saved = {k: v for k, v in saved.items() if k not in NOT_IN_CONFIG_FILE}
             saved.pop("run_name", None)
@@ -298,6 +301,7 @@ def resolve_settings(explicit: dict[str, Any], notes: list[str]) -> dict[str, An
                 if k in saved and saved[k] != v and k not in NOT_IN_CONFIG_FILE:
                     notes.append(f"resume: {k} {saved[k]!r} -> {v!r} (given now)")
             check_resume_changes(ckpt, given)
+            check_resume_task(ckpt, meta, {**saved, **given}.get("task") or RunOptions.task)
     out = {**saved, **given}
     # one length (or validation interval) in two units: the one given with the higher priority wins, so
     # `--config seed002_mmseg.toml --max_steps 4` shortens the file's runner.max_iters (max_batches) run
@@ -385,6 +389,21 @@ def check_resume_changes(ckpt_path: Path, given: dict[str, Any]) -> None:
         )
 
 
+def check_resume_task(ckpt_path: Path, meta: dict[str, Any], task: str) -> None:
+    """Refuse, before the task is built, a checkpoint of another task than the built-in one this resume would build
+    (a task file's Task is named by its builder: the engine compares that one once it is built)."""
+    old = meta.get("task")
+    if is_user_task(task) or old in (None, task):
+        return
+    run = meta.get("settings", {}).get("run") if isinstance(meta.get("settings"), dict) else None
+    spec = run.get("task") if isinstance(run, dict) else None
+    how = f"--task {shlex.quote(spec)}" if isinstance(spec, str) else "--task with the module:function that builds it"
+    raise ResumeError(
+        f"--resume: {ckpt_path} is a checkpoint of task {old!r}, not {task!r} (the task this resume builds); to "
+        f"continue it, give {how}; or resume a run of task {task!r}"
+    )
+
+
 def _shown(v: Any) -> str:
     return " ".join(map(str, v)) if isinstance(v, list) else str(v)
 
@@ -420,19 +439,41 @@ def _resume_dir(resume: str, given: dict[str, Any], notes: list[str] | None = No
             raise ResumeError(f"--resume {resume}: no such checkpoint or run directory")
         if not p.is_dir() and not p.is_file():  # reading a FIFO would wait forever for a writer
             raise ResumeError(f"--resume {resume}: not a checkpoint file or a run directory (a FIFO or a device?)")
-        return p if p.is_dir() else p.parent.parent
+        run_dir = p if p.is_dir() else p.parent.parent
+        _refuse_if_live(run_dir)  # before looking for last.pt: a live run may not have written one yet
+        return run_dir
     if given.get("run_name"):  # a fixed name: continue it if it has a checkpoint, else start it
         cand = out / given["run_name"]
-        return cand if (cand / "checkpoints" / "last.pt").is_file() else None
+        if not (cand / "checkpoints" / "last.pt").is_file():
+            return None
+        _refuse_if_live(cand)
+        return cand
     task = given.get("task", RunOptions.task)
     return find_resumable_user_task(out, task) if is_user_task(task) else find_resumable(out, task, notes)
 
 
-def _auto_place(given: dict[str, Any]) -> str:
+def _refuse_if_live(run_dir: Path, fix: str = WAIT_THEN_RESUME) -> None:
+    """RunDirError when another live process writes the run directory `run_dir` (its lock is tried, not kept). Rank 0
+    alone tries it: ranks trying one lock at once would each see the other's try as a live run."""
+    if int(os.environ.get("RANK", "0")) != 0 or not run_dir.is_dir():
+        return
+    if (run_dir / "checkpoints").is_dir() or is_run_dir(run_dir):  # a run's: never a lock file in another folder
+        check_not_live(run_dir, fix)
+
+
+def _auto_note(given: dict[str, Any]) -> str:
+    """What --resume auto does when it finds nothing to resume."""
     out = Path(given.get("output_dir", TrainConfig.output_dir))
-    if given.get("run_name"):
-        return str(out / given["run_name"])
-    return f"{out} (no unfinished {given.get('task', RunOptions.task)}-* run with a checkpoint)"
+    if not given.get("run_name"):
+        task = given.get("task", RunOptions.task)
+        what = f"{out} (no unfinished {task}-* run with a checkpoint)"
+        return f"resume auto: nothing to resume under {what}; starting a new run"
+    place = out / given["run_name"]
+    try:
+        _refuse_if_live(place, "it has no last.pt yet; this run starts in a directory of its own")
+    except RunDirError as e:
+        return f"resume auto: {e}"
+    return f"resume auto: nothing to resume under {place}; starting a new run"
 
 
 def split_settings(values: dict[str, Any]) -> tuple[RunOptions, dict[str, Any], dict[str, Any]]:
@@ -594,12 +635,9 @@ def _main(argv: list[str] | None = None) -> int:
         )
         print(f"[plainloop] {name} {what}", file=sys.stderr)
         return 128 + e.signum
-    except KeyboardInterrupt:  # a second Ctrl-C: the first one's orderly stop was cut short on purpose
-        print(
-            "[plainloop] SIGINT again: stopped at once, nothing more written; the run's checkpoints/last.pt is the "
-            "last one saved (resume from it)",
-            file=sys.stderr,
-        )
+    except KeyboardInterrupt as e:  # a second Ctrl-C: the first one's orderly stop was cut short on purpose
+        saved = e.saved if isinstance(e, SecondInterrupt) else "what was saved is in the run's checkpoints/ folder"
+        print(f"[plainloop] SIGINT again: stopped at once, nothing more written; {saved}", file=sys.stderr)
         return 128 + signal.SIGINT
     except KNOWN_ERRORS as e:
         if debug:
@@ -613,6 +651,29 @@ def _main(argv: list[str] | None = None) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+class SecondInterrupt(KeyboardInterrupt):
+    """A second Ctrl-C during training; `saved` says what the run left to continue from."""
+
+    def __init__(self, saved: str) -> None:
+        super().__init__(saved)
+        self.saved = saved
+
+
+def left_to_resume(run_dir: Path | None, task: str) -> str:
+    """What a run stopped at once (a second Ctrl-C) left to continue from: its last.pt, else nothing to resume."""
+    if run_dir is None:
+        return "no run directory was made, so there is nothing to resume; run the same command again"
+    last, best, toml = run_dir / "checkpoints" / "last.pt", run_dir / "checkpoints" / "best.pt", run_dir / "config.toml"
+    if last.is_file():
+        return f"{last} is the last checkpoint saved; resume with: {resume_hint(run_dir, launch_prefix())}"
+    again = rerun_command(toml, task=task) if toml.is_file() else "the same command"
+    kept = f"; {best} holds the best weights so far (--resume {shlex.quote(str(best))} continues from it)"
+    return (
+        f"no checkpoint was saved yet ({last} does not exist), so there is nothing to resume: start again with "
+        f"{again}{kept if best.is_file() else ''}"
+    )
 
 
 def threading_main() -> bool:
@@ -693,6 +754,7 @@ def train(opts: RunOptions, task_kw: dict[str, Any], train_kw: dict[str, Any], n
     from trainer.loop import Trainer
 
     callbacks, monitor = plugins(opts, cfg)
+    trainer: Trainer | None = None
     try:
         trainer = Trainer(cfg, task, callbacks=callbacks, monitor=monitor, config_sections=sections)
         lines = task.info.get("sampler") or []
@@ -703,6 +765,9 @@ def train(opts: RunOptions, task_kw: dict[str, Any], train_kw: dict[str, Any], n
     except RunFinished as e:  # nothing to do is not an error: one line, exit 0, no file touched
         say(f"[plainloop] {e}")
         return 0
+    except KeyboardInterrupt:  # a second Ctrl-C: main says what the run left
+        run_dir = trainer.run_dir if trainer is not None else None
+        raise SecondInterrupt(left_to_resume(run_dir, opts.task)) from None
     except ResumeError as e:
         changed = [n for n in notes if n.startswith("resume:")]
         raise ResumeError(

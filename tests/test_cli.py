@@ -412,6 +412,69 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, era5_cache, capsys):
     assert "corrupt" in err and "last.pt" in err and "Traceback" not in err
 
 
+def _lit_run(where: Path) -> None:
+    """A run of another task, made from Python (its checkpoint carries no command-line task)."""
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    from tests.helpers import toy_config
+    from trainer import Task, Trainer
+
+    x = torch.randn(16, 4)
+    data = TensorDataset(x, x.sum(1, keepdim=True))
+    Trainer(
+        toy_config(where.parent, run_name=where.name, epochs=1, batch_size=8), Task("lit", nn.Linear(4, 1), data)
+    ).fit()
+
+
+@pytest.mark.parametrize(
+    "target, words",
+    [
+        ("junk.pt", "junk.pt is corrupt or truncated and cannot be read"),
+        ("tensor.pt", "tensor.pt is not a plainloop checkpoint (a Tensor); resume from a run directory"),
+        (
+            "dict.pt",
+            "dict.pt is not a plainloop checkpoint (no 'model' entry; keys: ['a']); resume from a run directory",
+        ),
+        ("empty", "empty is not a run directory (EMPTY/checkpoints/last.pt does not exist); pass a run directory"),
+        ("lit", "is a checkpoint of task 'lit', not 'era5' (the task this resume builds); to continue it, give --task"),
+    ],
+)
+def test_a_bad_resume_target_is_said_first_and_alone(target, words, tmp_path, capsys):
+    """A junk file, a random .pt, a dict .pt, an empty directory or another task's run: the error came after a
+    misleading "config.toml is missing" note and the data loading; it is now the one line, before any of it."""
+    (tmp_path / "junk.pt").write_bytes(os.urandom(4096))
+    torch.save(torch.zeros(3), tmp_path / "tensor.pt")
+    torch.save({"a": 1}, tmp_path / "dict.pt")
+    (tmp_path / "empty").mkdir()
+    _lit_run(tmp_path / "lit")
+    capsys.readouterr()
+    assert exit_code(["--resume", str(tmp_path / target), "--output_dir", str(tmp_path / "out")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and not (tmp_path / "out").exists()  # no note, no data line, no run directory
+    assert err.startswith("error: ") and err.count("\n") == 2, err  # the line and the --debug hint
+    assert words.replace("EMPTY", str(tmp_path / "empty")) in err
+
+
+def test_a_large_checkpoint_is_checked_without_reading_its_tensors(tmp_path):
+    """The check before set-up reads a large file's entries memory-mapped (no tensor read, no digest) and still tells
+    a plainloop checkpoint from other files, with load_checkpoint's own messages."""
+    from trainer.checkpoint import INTEGRITY_KEY, CheckpointError, atomic_save, peek_checkpoint
+
+    atomic_save(
+        {"model": {"w": torch.zeros(4)}, "step": 3, "task": "era5"}, tmp_path / "run" / "checkpoints" / "last.pt"
+    )
+    meta = peek_checkpoint(tmp_path / "run", whole_below=0)
+    assert meta["step"] == 3 and meta["task"] == "era5" and meta[INTEGRITY_KEY].startswith("unverified: read without")
+    assert peek_checkpoint(tmp_path / "run")[INTEGRITY_KEY] == "verified"  # a small file: loaded whole
+    torch.save({"a": torch.zeros(2)}, tmp_path / "d.pt")
+    with pytest.raises(CheckpointError, match=r"no 'model' entry; keys: \['a'\]\)"):
+        peek_checkpoint(tmp_path / "d.pt", whole_below=0)
+    (tmp_path / "junk.pt").write_bytes(os.urandom(4096))
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        peek_checkpoint(tmp_path / "junk.pt", whole_below=0)
+
+
 def test_console_names_the_data_and_config_json_has_resolved_values(tmp_path, era5_cache, capsys):
     assert cli.main(["--max_steps", "2", "--output_dir", str(tmp_path), "--run_name", "d", *SMALL]) == 0
     out = capsys.readouterr().out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from trainer.checkpoint import (
 from trainer.config import ConfigError
 from trainer.finish import TrainingDiverged, TrainingStopped
 from trainer.runfiles import RunDirError, RunDirGone, RunLock, find_resumable, held_by_live_process, roll_back_metrics
+from trainer.state import RunFinished
 from trainer.step import LossError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +68,8 @@ def build(cfg: TrainConfig, *, mode: str = "plain") -> Task:
         calls[0] += 1
         if mode == "rmdir" and calls[0] == 3:
             shutil.rmtree(Path(cfg.output_dir) / cfg.run_name)
-        if mode == "sigint2" and calls[0] == 3:
+        # two Ctrl-C at once in epoch 1, or in epoch 2 (calls 9-16 are epoch 1's validation: best.pt is written)
+        if (mode == "sigint2" and calls[0] == 3) or (mode == "sigint2late" and calls[0] == 20):
             os.kill(os.getpid(), signal.SIGINT)
             os.kill(os.getpid(), signal.SIGINT)
         return ((model(batch[0]) - batch[1]) ** 2).mean()
@@ -126,6 +129,37 @@ def test_a_live_run_stays_its_owners_when_its_lock_file_is_deleted(tmp_path):
         holder.wait()
     lock = RunLock(run)  # the owner is gone: the lock is free
     lock.release()
+
+
+def test_a_live_run_before_its_first_last_pt_is_named_live_not_missing(task_file, tmp_path, capsys):
+    """Early in a run (checkpoint_interval is 60 s) only best.pt may exist: a second process's --resume said
+    "last.pt does not exist". The lock is now asked first, at both doors; --resume auto --run_name starts a run of
+    its own beside it, and says why."""
+    run = tmp_path / "out" / "live"
+    atomic_save({"model": {"w": torch.zeros(1)}, "step": 1}, run / "checkpoints" / "best.pt")
+    (run / ".plainloop-run").write_text("1\n")
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(run), str(ROOT)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        live = f"is being written by another live process (pid {holder.pid})"
+        for target in ("out/live", "out/live/checkpoints/best.pt"):
+            assert _main(["--resume", target, "--task", task_file]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"error: out/live {live}") and "does not exist" not in err
+            assert "wait for it to end (a stop signal to it writes last.pt), then resume" in err
+        with pytest.raises(RunDirError, match=re.escape(live)):
+            Trainer(toy_config(tmp_path / "out", run_name="x", resume=str(run)), _toy())
+        argv = ["--resume", "auto", "--run_name", "live", "--output_dir", "out", "--task", task_file, "--no-plots"]
+        assert _main(argv) == 0
+        out = capsys.readouterr().out
+        assert f"resume auto: out/live {live} on" in out and "this run starts in a directory of its own" in out
+        assert "run dir: out/live is being written by another live process; writing to out/live-2 instead" in out
+        assert (
+            not (run / "checkpoints" / "last.pt").exists() and (tmp_path / "out" / "live-2" / "summary.json").exists()
+        )
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_a_stale_lock_of_a_dead_process_is_taken_over_with_a_line(tmp_path):
@@ -202,7 +236,7 @@ def test_a_task_file_named_by_a_run_directory_is_not_imported_unless_named(via, 
     monkeypatch.chdir(tmp_path)
     Path("evil.py").write_text(EVIL)
     run = tmp_path / "runs" / "got-from-someone"
-    (run / "checkpoints").mkdir(parents=True)
+    atomic_save({"model": {}, "step": 0}, run / "checkpoints" / "last.pt")  # a resume target that passes its check
     (run / "config.toml").write_text('[run]\ntask = "evil.py:build"\n')
     argv = ["--resume", str(run)] if via == "resume" else ["--config", str(run / "config.toml")]
     assert _main(argv) == 2
@@ -428,10 +462,42 @@ def test_a_signal_ignored_at_start_stays_ignored(tmp_path):
 
 
 def test_a_second_ctrl_c_stops_at_once_without_a_traceback(task_file, capsys):
+    """Before the run's first last.pt (checkpoint_interval is 60 s) the line said "checkpoints/last.pt is the last
+    one saved (resume from it)", and that resume failed: it now says nothing was saved and that starting again is the
+    way."""
     code = _main(["--task", task_file, "--mode", "sigint2", "--run_name", "r", "--output_dir", "out",
                   "--no-progress_bar", "--no-plots"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 130 and "Traceback" not in err and "SIGINT again" in err
+    assert len(err.strip().splitlines()) == 1 and "resume from it" not in err and "best.pt" not in err
+    assert "no checkpoint was saved yet (out/r/checkpoints/last.pt does not exist)" in err
+    assert f"start again with python train_optimized.py --config out/r/config.toml --task {task_file}" in err
+    assert _main(["--resume", "out/r", "--task", task_file]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "error: out/r/checkpoints/last.pt does not exist: the run stopped before it saved a checkpoint"
+    )
+    assert "start the run again" in err
+
+
+def test_a_second_ctrl_c_after_best_pt_names_it_and_a_resume_from_it_continues(task_file, capsys):
+    argv = ["--task", task_file, "--epochs", "3", "--output_dir", "out", "--no-progress_bar", "--no-plots"]
+    assert _main([*argv, "--mode", "sigint2late", "--run_name", "b"]) == 130
+    err = capsys.readouterr().err
+    best = Path("out/b/checkpoints/best.pt")
+    assert "no checkpoint was saved yet" in err and not Path("out/b/checkpoints/last.pt").exists()
+    assert f"{best} holds the best weights so far (--resume {best} continues from it)" in err
+    assert _main(["--resume", "out/b", "--task", task_file]) == 2
+    err = capsys.readouterr().err
+    assert "the run stopped before its first last.pt; out/b/checkpoints/best.pt holds its best weights" in err
+    assert _main(["--resume", str(best), "--task", task_file, "--max_steps", "12", "--no-plots"]) == 0
+    assert json.loads(Path("out/b/summary.json").read_text())["steps"] == 12
+    # with last.pt written (at every epoch end here), the line names it and the printed resume continues
+    assert _main([*argv, "--mode", "sigint2late", "--run_name", "c", "--checkpoint_interval", "0"]) == 130
+    err = capsys.readouterr().err
+    line = f"python train_optimized.py --resume out/c --task {task_file}"
+    assert f"out/c/checkpoints/last.pt is the last checkpoint saved; resume with: {line}" in err
+    assert _main(["--resume", "out/c", "--task", task_file, "--max_steps", "12", "--no-plots"]) == 0
 
 
 def test_sigterm_during_the_final_test_says_training_ended_and_the_resume_finishes(tmp_path, capsys):
@@ -456,6 +522,30 @@ def test_sigterm_during_the_final_test_says_training_ended_and_the_resume_finish
     assert not (tmp_path / "run" / "summary.json").exists()
     summary = Trainer(toy_config(tmp_path, epochs=1, batch_size=8, resume=str(tmp_path / "run")), task()).fit()
     assert summary["steps"] == 8 and summary["steps_this_process"] == 0 and "stopped_by" not in summary
+
+
+def test_a_finished_run_says_how_to_train_longer_in_the_words_of_each_door(task_file, tmp_path, capsys):
+    """RunFinished said "give more --epochs or --max_steps" to Python users too: each door now gets its own line."""
+    run = str(tmp_path / "run")
+    Trainer(toy_config(tmp_path, epochs=1), _toy()).fit()
+    with pytest.raises(RunFinished) as e:
+        Trainer(toy_config(tmp_path, epochs=1, resume=run), _toy())
+    assert (
+        f"To train it longer, resume it with more steps: TrainConfig(..., resume={run!r}, epochs=N), with N above 1"
+        in str(e.value)
+    )
+    assert "--" not in str(e.value)
+    Trainer(toy_config(tmp_path, run_name="steps", max_steps=3), _toy()).fit()
+    with pytest.raises(RunFinished, match=r"max_steps=N\), with N above 3$"):
+        Trainer(toy_config(tmp_path, run_name="steps", max_steps=3, resume=str(tmp_path / "steps")), _toy())
+    argv = ["--task", task_file, "--output_dir", "out", "--no-progress_bar", "--no-plots"]
+    assert _main([*argv, "--run_name", "r"]) == 0
+    capsys.readouterr()
+    assert _main(["--resume", "out/r", "--task", task_file]) == 0
+    out = capsys.readouterr().out
+    line = f"python train_optimized.py --resume out/r --task {task_file} --epochs N, with N above 1"
+    assert f"resume it with more steps: {line}" in out
+    assert "TrainConfig" not in out
 
 
 # ------------------------------------------------------------------------------------------- --resume auto

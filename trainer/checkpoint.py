@@ -315,16 +315,7 @@ def load_checkpoint(
     Accepts a checkpoint file or a run directory (its checkpoints/last.pt). The returned dict has no digest
     entry; its INTEGRITY_KEY entry says "verified" or why not (UNVERIFIED for checkpoints without a digest).
     """
-    path = Path(path)
-    if path.is_dir() and path.suffix != ".pt":  # a run directory: continue from its last checkpoint
-        path = path / "checkpoints" / "last.pt"
-    if path.is_dir():
-        raise CheckpointError(
-            f"checkpoint {path} is a directory, not a checkpoint file; move it away and resume from another "
-            f"checkpoint (best.pt, an earlier copy)"
-        )
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist; pass a last.pt/best.pt file or a run directory")
+    path = checkpoint_file(path)
     try:
         with warnings.catch_warnings():  # damaged bytes can look like an odd pickle protocol: not news
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
@@ -345,10 +336,7 @@ def load_checkpoint(
             f"use another checkpoint (best.pt, an earlier copy) or start the run again"
         ) from None
     if not isinstance(ckpt, dict) or "model" not in ckpt:
-        raise CheckpointError(
-            f"{path} is not a plainloop checkpoint (no 'model' entry); keys: "
-            f"{sorted(map(str, ckpt))[:10] if isinstance(ckpt, dict) else type(ckpt).__name__}"
-        )
+        raise not_a_checkpoint(path, ckpt)
     stored = ckpt.pop(DIGEST_KEY, None)
     if stored is None:
         ckpt[INTEGRITY_KEY] = UNVERIFIED
@@ -361,6 +349,70 @@ def load_checkpoint(
         )
     else:
         ckpt[INTEGRITY_KEY] = "verified"
+    return ckpt
+
+
+def checkpoint_file(path: str | os.PathLike) -> Path:
+    """The file a resume from `path` reads: the file itself, or a run directory's checkpoints/last.pt; a missing
+    one is a CheckpointError that says what the directory holds instead."""
+    given = path = Path(path)
+    if path.is_dir() and path.suffix != ".pt":  # a run directory: continue from its last checkpoint
+        path = path / "checkpoints" / "last.pt"
+    if path.is_dir():
+        raise CheckpointError(
+            f"checkpoint {path} is a directory, not a checkpoint file; move it away and resume from another "
+            f"checkpoint (best.pt, an earlier copy)"
+        )
+    if path.is_file():
+        return path
+    if given == path:
+        raise CheckpointError(f"checkpoint {path} does not exist; pass a last.pt/best.pt file or a run directory")
+    best = given / "checkpoints" / "best.pt"
+    if best.is_file():
+        raise CheckpointError(
+            f"{path} does not exist: the run stopped before its first last.pt; {best} holds its best weights so far "
+            f"(resume from that file to continue from its step), or start the run again"
+        )
+    if any((given / name).exists() for name in ("checkpoints", "config.json", ".plainloop-run")):  # a run's files
+        raise CheckpointError(
+            f"{path} does not exist: the run stopped before it saved a checkpoint, so there is nothing to resume; "
+            f"start the run again"
+        )
+    raise CheckpointError(
+        f"{given} is not a run directory ({path} does not exist); pass a run directory (OUTPUT_DIR/RUN_NAME) or a "
+        f"last.pt/best.pt file"
+    )
+
+
+def not_a_checkpoint(path: Path, obj: object) -> CheckpointError:
+    """A file that loads but holds no plainloop checkpoint (a bare state dict, a tensor, another tool's file)."""
+    what = (
+        f"no 'model' entry; keys: {sorted(map(str, obj))[:10]}" if isinstance(obj, dict) else f"a {type(obj).__name__}"
+    )
+    return CheckpointError(
+        f"{path} is not a plainloop checkpoint ({what}); resume from a run directory or its checkpoints/last.pt or "
+        f"best.pt (plain weights load with model.load_state_dict(torch.load(...)) instead)"
+    )
+
+
+def peek_checkpoint(path: str | os.PathLike, whole_below: int = 64 * 2**20) -> StateDict:
+    """Check, before a long set-up, that `path` (a file or a run directory) holds a plainloop checkpoint; returns its
+    entries. A file under `whole_below` bytes is loaded as a resume loads it (digest checked); a larger one is read
+    without its tensors (torch's zip format, memory-mapped: cheap at any size), its digest left to the resume's own
+    load. Raises load_checkpoint's errors (missing, corrupt, pickled objects, not a plainloop checkpoint)."""
+    file = checkpoint_file(path)
+    if file.stat().st_size < whole_below:
+        return load_checkpoint(file)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            ckpt = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not a zip-format checkpoint, damaged, or refused: the whole load names the cause
+        return load_checkpoint(file)
+    if not isinstance(ckpt, dict) or "model" not in ckpt:
+        raise not_a_checkpoint(file, ckpt)
+    ckpt.pop(DIGEST_KEY, None)
+    ckpt[INTEGRITY_KEY] = "unverified: read without its tensors (the resume checks the digest)"
     return ckpt
 
 

@@ -79,9 +79,12 @@ def claim_run_dir(output_dir: str | Path, name: str | None, prefix: str) -> tupl
             _mark(cand)
             if name is None or i == 1:
                 return cand, None
+            taken = root / base
+            if is_run_dir(taken) and held_by_live_process(taken):  # (is_run_dir: no lock file in a folder of yours)
+                return cand, f"run dir: {taken} is being written by another live process; writing to {cand} instead"
             return cand, (
-                f"run dir: {root / base} already holds a run or is not a plainloop run; writing to {cand} "
-                f"instead (to continue that run, resume from it: {resume_hint(root / base)})"
+                f"run dir: {taken} already holds a run or is not a plainloop run; writing to {cand} "
+                f"instead (to continue that run, resume from it: {resume_hint(taken)})"
             )
     except OSError as e:  # a read-only or full file system, a name the file system refuses
         raise RunDirError(f"output directory {root}: cannot create a run directory there ({e.strerror or e})") from None
@@ -120,15 +123,38 @@ def _take_if_unused(run_dir: Path) -> bool:
 
 
 def held_by_live_process(run_dir: Path) -> bool:
+    try:
+        check_not_live(run_dir)
+    except RunDirError:
+        return True
+    return False
+
+
+# what a process refused by a live run's lock can do about it
+WAIT_OR_RENAME = "wait for it, or use another --run_name"
+WAIT_THEN_RESUME = (
+    "wait for it to end (a stop signal to it writes last.pt), then resume; or start a new run with another run_name"
+)
+
+
+def check_not_live(run_dir: Path, fix: str = WAIT_OR_RENAME) -> None:
+    """Raise RunDirError ("RUN_DIR is being written by another live process (pid N); `fix`") when another live
+    process holds the lock of `run_dir`; the lock is only tried, never kept. A directory this process holds passes."""
     if str(run_dir.resolve()) in _HELD:  # held by this process
-        return False
+        return
     try:
         RunLock(run_dir, record=False).release()
     except RunDirError:
-        return True
-    except OSError:
+        raise busy_error(run_dir, fix) from None
+    except OSError:  # a directory that cannot be opened: the resume or the claim reports it
         pass
-    return False
+
+
+def busy_error(run_dir: Path, fix: str = WAIT_OR_RENAME) -> RunDirError:
+    """The refusal of a second process on `run_dir`, naming the owner its .lock records."""
+    owner = _recorded_owner(Path(run_dir) / ".lock")
+    holder = f"(pid {owner[0]})" + (f" on {owner[1]}" if owner[1] else "") if owner else "(pid unknown)"
+    return RunDirError(f"{run_dir} is being written by another live process {holder}; {fix}")
 
 
 def find_resumable(output_dir: str | Path, prefix: str, notes: list[str] | None = None) -> Path | None:
@@ -229,7 +255,7 @@ class RunLock:
             except OSError as e:
                 os.close(fd)
                 if e.errno in _BUSY or self.on_file:
-                    raise self._busy() from None
+                    raise busy_error(self.run_dir) from None
                 self.on_file = True  # the file system cannot lock a directory: lock .lock, verified by inode
         self.identity = os.stat(self.run_dir)
         self.file_identity = os.fstat(fd) if self.on_file else None
@@ -249,13 +275,6 @@ class RunLock:
         # a lock nobody released (a Trainer dropped without fit, interpreter exit) is released, not left open
         self._finalizer = weakref.finalize(
             self, RunLock._unlock, fd, os.getpid(), self.path if record else None, self.on_file
-        )
-
-    def _busy(self) -> RunDirError:
-        owner = _recorded_owner(self.path)
-        holder = f"(pid {owner[0]})" + (f" on {owner[1]}" if owner[1] else "") if owner else "(pid unknown)"
-        return RunDirError(
-            f"{self.run_dir} is being written by another live process {holder}; wait for it, or use another --run_name"
         )
 
     @staticmethod

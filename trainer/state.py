@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -21,11 +22,12 @@ from typing import Any, Protocol, cast
 import torch
 from torch import nn
 
+from . import layers
 from .checkpoint import CheckpointError, StateDict, atomic_save, load_checkpoint, snapshot_to_host, storage_error
 from .config import TrainConfig
 from .evaluation import BestTracker
 from .hooks import Hooks
-from .runfiles import RunFiles, finished
+from .runfiles import WAIT_THEN_RESUME, RunFiles, check_not_live, finished, is_run_dir
 from .runtime import Runtime, launch_prefix, rng_state, set_rng_state
 from .usercode import resume_hint
 
@@ -418,11 +420,14 @@ class Checkpointer:
     ) -> Path | None:
         """Check that `path` (a checkpoint or a run directory's last.pt) can continue this run, then walk the
         registry in; one line per remark goes to `notes`. Returns the run directory it lives in, or None."""
+        found = path if path.is_dir() else path.parent.parent
+        if self.rt.is_main and found.is_dir() and ((found / "checkpoints").is_dir() or is_run_dir(found)):
+            # a live run is named as such, also before its first last.pt (not "last.pt does not exist")
+            check_not_live(found, WAIT_THEN_RESUME)
         ckpt = upgrade(self._load(path, notes))
         self._check_same_run(path, ckpt, total_steps)  # before any part changes
         self.state.load_state_dict(ckpt, source=path)
         p = self.progress
-        found = path if path.is_dir() else path.parent.parent
         run_dir = found if (found / "checkpoints").is_dir() else None
         # best.pt may be newer than last.pt (a validation after the last save): its value wins; a pending
         # validation is redone from the checkpoint's own best
@@ -450,7 +455,17 @@ class Checkpointer:
     def _check_same_run(self, path: Path, ckpt: StateDict, total_steps: int) -> None:
         """The task, the number of processes, the fixed settings and the length must let this run go on exactly."""
         if ckpt.get("task") not in (None, self.task_name):
-            raise ResumeError(f"{path} is a checkpoint of task {ckpt['task']!r}, not {self.task_name!r}")
+            old_task = ckpt["task"]
+            run = ckpt.get("settings", {}).get("run") if isinstance(ckpt.get("settings"), dict) else None
+            spec = run.get("task") if isinstance(run, dict) else None
+            if _cli_resume(path) is None:
+                fix = f"build the Task named {old_task!r}"
+            else:
+                fix = f"give --task {shlex.quote(spec)}" if isinstance(spec, str) else "give --task with its builder"
+            raise ResumeError(
+                f"{path} is a checkpoint of task {old_task!r}, not {self.task_name!r}; to continue it, {fix}; or "
+                f"resume a run of task {self.task_name!r}"
+            )
         old = ckpt.get("world_size")
         if old is not None and int(old) != self.rt.world_size:
             launch = ckpt.get("launch") or ("python" if int(old) == 1 else f"torchrun --nproc_per_node {old}")
@@ -473,7 +488,7 @@ class Checkpointer:
         if step > total_steps:
             raise ResumeError(
                 f"{path} is at step {step}, beyond this run's {total_steps} optimizer steps: give at least as many "
-                f"steps (--max_steps {step} or more --epochs), or leave the length as the run had it"
+                f"steps (max_steps {step} or more, or more epochs), or leave the length as the run had it"
             )
 
     def _check_not_finished(self, path: Path, run_dir: Path | None, total_steps: int, notes: list[str]) -> None:
@@ -487,16 +502,34 @@ class Checkpointer:
         # a summary written at this step leaves nothing to do, even with a validation pending
         summary = (ended or at_end) and run_dir is not None and finished(run_dir, p.step)
         if summary or (ended and run_dir is None):
-            how = "stopped early" if p.ended == "early_stopped" else "finished"
+            if p.ended == "early_stopped":  # more steps do not restart it: its stop is part of its state
+                raise RunFinished(
+                    f"{path}: the run stopped early at step {p.step} (its validation score stopped improving); its "
+                    f"summary is written and nothing is left to do. To train again, start a new run (a larger "
+                    f"early_stopping_patience lets it go on longer)"
+                )
             raise RunFinished(
-                f"{path}: the run {how} at step {p.step}; its summary is written and nothing is left to do. To "
-                f"train it longer, give more --epochs or --max_steps"
-                + ("" if how == "finished" else "; or start a new run")
+                f"{path}: the run finished at step {p.step}; its summary is written and nothing is left to do. To "
+                f"train it longer, resume it with more steps: {self._longer(run_dir or path, total_steps)}"
             )
         if ended:  # stopped while scoring the test split: only the test and the summary are left
             p.ended = p.ended or "finished"
             p.val_pending = None
             notes.append(f"resume: training had ended at step {p.step}; the run ends with its test scores and summary")
+
+    def _longer(self, target: Path, total_steps: int) -> str:
+        """A resume that gives the run more optimizer steps, in the words of the door in use."""
+        key, now = ("max_steps", total_steps) if self.cfg.max_steps else ("epochs", self.cfg.epochs)
+        line = _cli_resume(target)
+        if line is not None:
+            return f"{line} --{key} N, with N above {now}"
+        return f"TrainConfig(..., resume={str(target)!r}, {key}=N), with N above {now}"
+
+
+def _cli_resume(target: Path) -> str | None:
+    """The command line's resume line for `target` while the command line runs (trainer/layers.py), else None (the
+    Python door: messages name TrainConfig's fields, not flags)."""
+    return next((line for command in layers.RESUME_COMMANDS if (line := command(target, launch_prefix()))), None)
 
 
 def weights_finite(model: nn.Module) -> torch.Tensor:
