@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import random
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -43,8 +43,8 @@ def to_channels_last(batch: object) -> object:
     if isinstance(batch, dict):
         return {k: to_channels_last(v) for k, v in batch.items()}
     if isinstance(batch, list | tuple):
-        moved = [to_channels_last(v) for v in batch]
-        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)  # a namedtuple by field
+        moved: list[Any] = [to_channels_last(v) for v in batch]
+        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)  # a namedtuple: by field
     return batch
 
 
