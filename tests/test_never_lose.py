@@ -780,3 +780,25 @@ def test_a_full_disk_in_metrics_jsonl_names_the_file(tmp_path):
     with pytest.raises(StorageError) as e:
         t.fit()
     assert "metrics.jsonl" in str(e.value) and e.value.errno == errno.ENOSPC
+
+
+def test_a_lock_busy_for_one_probe_is_not_a_live_run(tmp_path, monkeypatch):
+    """torchrun ranks probing one run's lock at once (--resume auto) must not each see the other as a live writer."""
+    import trainer.runfiles as rf
+
+    real, calls = rf._try_lock, []
+
+    def busy_once(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:  # another rank's probe holds it for this one try
+            raise OSError(errno.EWOULDBLOCK, "Resource temporarily unavailable")
+        real(fd)
+
+    monkeypatch.setattr(rf, "_try_lock", busy_once)
+    rf.check_not_live(tmp_path)  # passes on the second try
+    assert len(calls) == 2
+    monkeypatch.setattr(rf, "_try_lock", real)
+    held = RunLock(tmp_path)  # a live writer keeps it: still refused after every try
+    with pytest.raises(RunDirError, match="another live process"):
+        rf.check_not_live(tmp_path)
+    held.release()

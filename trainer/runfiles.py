@@ -15,6 +15,7 @@ import errno
 import json
 import math
 import os
+import random
 import socket
 import time
 import weakref
@@ -137,17 +138,26 @@ WAIT_THEN_RESUME = (
 )
 
 
+PROBES = 5  # tries of a busy lock before its run is taken as live
+
+
 def check_not_live(run_dir: Path, fix: str = WAIT_OR_RENAME) -> None:
     """Raise RunDirError ("RUN_DIR is being written by another live process (pid N); `fix`") when another live
     process holds the lock of `run_dir`; the lock is only tried, never kept. A directory this process holds passes."""
     if str(run_dir.resolve()) in _HELD:  # held by this process
         return
-    try:
-        RunLock(run_dir, record=False).release()
-    except RunDirError:
-        raise busy_error(run_dir, fix) from None
-    except OSError:  # a directory that cannot be opened: the resume or the claim reports it
-        pass
+    for attempt in range(PROBES):
+        try:
+            RunLock(run_dir, record=False).release()
+            return
+        except RunDirError:
+            if attempt == PROBES - 1:
+                raise busy_error(run_dir, fix) from None
+            # another process's probe (a torchrun rank's --resume auto) holds the lock for microseconds, a live
+            # run for good: try again before calling it live, or two probing ranks could pick different runs
+            time.sleep(0.01 * (1 + random.random()))
+        except OSError:  # a directory that cannot be opened: the resume or the claim reports it
+            return
 
 
 def busy_error(run_dir: Path, fix: str = WAIT_OR_RENAME) -> RunDirError:
