@@ -62,8 +62,8 @@ from tasks import (  # noqa: E402
     train_defaults,
     user_train_defaults,
 )
-from trainer.checkpoint import STORAGE_ERRNOS, CheckpointError, StorageError, peek_checkpoint  # noqa: E402
-from trainer.cli.command import cli_command, cli_session, set_task_flag  # noqa: E402
+from trainer.checkpoint import STORAGE_ERRNOS, CheckpointError, StorageError  # noqa: E402
+from trainer.cli.command import cli_command, cli_session, peek_checkpoint, set_task_flag  # noqa: E402
 from trainer.cli.options import (  # noqa: E402
     add_dataclass_arguments,
     add_function_arguments,

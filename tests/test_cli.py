@@ -459,7 +459,8 @@ def test_a_bad_resume_target_is_said_first_and_alone(target, words, tmp_path, ca
 def test_a_large_checkpoint_is_checked_without_reading_its_tensors(tmp_path):
     """The check before set-up reads a large file's entries memory-mapped (no tensor read, no digest) and still tells
     a plainloop checkpoint from other files, with load_checkpoint's own messages."""
-    from trainer.checkpoint import INTEGRITY_KEY, CheckpointError, atomic_save, peek_checkpoint
+    from trainer.checkpoint import INTEGRITY_KEY, CheckpointError, atomic_save
+    from trainer.cli.command import peek_checkpoint
 
     atomic_save(
         {"model": {"w": torch.zeros(4)}, "step": 3, "task": "era5"}, tmp_path / "run" / "checkpoints" / "last.pt"

@@ -395,27 +395,6 @@ def not_a_checkpoint(path: Path, obj: object) -> CheckpointError:
     )
 
 
-def peek_checkpoint(path: str | os.PathLike, whole_below: int = 64 * 2**20) -> StateDict:
-    """Check, before a long set-up, that `path` (a file or a run directory) holds a plainloop checkpoint; returns its
-    entries. A file under `whole_below` bytes is loaded as a resume loads it (digest checked); a larger one is read
-    without its tensors (torch's zip format, memory-mapped: cheap at any size), its digest left to the resume's own
-    load. Raises load_checkpoint's errors (missing, corrupt, pickled objects, not a plainloop checkpoint)."""
-    file = checkpoint_file(path)
-    if file.stat().st_size < whole_below:
-        return load_checkpoint(file)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            ckpt = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # not a zip-format checkpoint, damaged, or refused: the whole load names the cause
-        return load_checkpoint(file)
-    if not isinstance(ckpt, dict) or "model" not in ckpt:
-        raise not_a_checkpoint(file, ckpt)
-    ckpt.pop(DIGEST_KEY, None)
-    ckpt[INTEGRITY_KEY] = "unverified: read without its tensors (the resume checks the digest)"
-    return ckpt
-
-
 # ------------------------------------------------------------------------------------------ orphan temps
 
 # .<target>.<host>~<pid>.<random>.tmp from atomic_save; older writers had no host~pid part

@@ -1,5 +1,6 @@
-"""How the command line is named in the engine's messages: `python train_optimized.py --resume ...` (or `plainloop
-...`) while the command line runs, so a printed resume or re-run line pastes as it is.
+"""The command line's side of a resume: how the command is named in the engine's messages (`python
+train_optimized.py --resume ...`, or `plainloop ...`) while it runs, so a printed resume or re-run line pastes as it
+is; and a cheap look into a --resume target before the long set-up.
 
 trainer/__init__.py plugs `resume_command` and `rerun_command` into the core (trainer/layers.py); without them the
 core's messages name the Python call, as in a repository that copied only `trainer/`.
@@ -11,8 +12,13 @@ import contextlib
 import os
 import shlex
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
+
+import torch
+
+from ..checkpoint import DIGEST_KEY, INTEGRITY_KEY, StateDict, checkpoint_file, load_checkpoint, not_a_checkpoint
 
 _CLI = [False]  # set while train_optimized.main runs (also when a test calls it in-process)
 _TASK_FLAG: list[str] = []  # a task file the CLI runs: its resume line names it (code from a run dir is not run)
@@ -67,3 +73,24 @@ def rerun_command(config_toml: str | os.PathLike[str]) -> str | None:
     if uses_cli() or Path("train_optimized.py").is_file():
         return f"{cli_command()} --config {shlex.quote(str(config_toml))}"
     return None
+
+
+def peek_checkpoint(path: str | os.PathLike, whole_below: int = 64 * 2**20) -> StateDict:
+    """Check, before a long set-up, that `path` (a file or a run directory) holds a plainloop checkpoint; returns its
+    entries. A file under `whole_below` bytes is loaded as a resume loads it (digest checked); a larger one is read
+    without its tensors (torch's zip format, memory-mapped: cheap at any size), its digest left to the resume's own
+    load. Raises load_checkpoint's errors (missing, corrupt, pickled objects, not a plainloop checkpoint)."""
+    file = checkpoint_file(path)
+    if file.stat().st_size < whole_below:
+        return load_checkpoint(file)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            ckpt = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not a zip-format checkpoint, damaged, or refused: the whole load names the cause
+        return load_checkpoint(file)
+    if not isinstance(ckpt, dict) or "model" not in ckpt:
+        raise not_a_checkpoint(file, ckpt)
+    ckpt.pop(DIGEST_KEY, None)
+    ckpt[INTEGRITY_KEY] = "unverified: read without its tensors (the resume checks the digest)"
+    return ckpt
