@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "trainer"
 LAYERS = ("compat", "extras", "cli")
 # the core may not grow past today's size; the goal is 4,000 lines (moving what every run does not need into layers)
-CORE_MAX_LINES = 5400
+CORE_MAX_LINES = 5200
 
 
 def _modules() -> dict[str, Path]:
