@@ -39,6 +39,16 @@ class NetCDFPerSampleDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return torch.from_numpy(x), torch.from_numpy(y)
 
 
+def seed_step(model: Any, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> None:
+    """One step as the seeds' loops took it: `loss.item()` every step, a host-device sync per step."""
+    x, y = x.to(device), y.to(device)
+    opt.zero_grad()
+    loss = model.loss(model(x), y)
+    loss.backward()
+    opt.step()
+    loss.item()
+
+
 def run_before(model: Any, train_set: Any, val_set: Any, device: torch.device, epochs: int = 1, batch_size: int = 50,
                lr: float = 1e-3, warmup_steps: int = 2, monitor: Any = None, seed: int = 0) -> dict[str, Any]:  # fmt: skip
     """Train `warmup_steps` untimed batches, then time `epochs` epochs, each validated: wall time, samples, steps and
@@ -49,17 +59,9 @@ def run_before(model: Any, train_set: Any, val_set: Any, device: torch.device, e
     train = DataLoader(train_set, batch_size=batch_size, shuffle=True, num_workers=0, pin_memory=False)
     val = DataLoader(val_set, batch_size=batch_size) if val_set is not None and len(val_set) else None
 
-    def step(x: torch.Tensor, y: torch.Tensor) -> None:
-        x, y = x.to(device), y.to(device)
-        opt.zero_grad()
-        loss = model.loss(model(x), y)
-        loss.backward()
-        opt.step()
-        loss.item()  # every step, as the seeds' loops did: a host-device sync per step
-
     model.train()
     for _, (x, y) in zip(range(warmup_steps), train):  # allocator, kernels, file cache: not measured
-        step(x, y)
+        seed_step(model, opt, x, y, device)
     samples = steps = 0
     data_s = step_s = val_s = 0.0
     if monitor is not None:
@@ -70,7 +72,7 @@ def run_before(model: Any, train_set: Any, val_set: Any, device: torch.device, e
         t0 = time.perf_counter()
         for x, y in train:
             t_data = time.perf_counter() - t0
-            step(x, y)
+            seed_step(model, opt, x, y, device)
             t1 = time.perf_counter()
             data_s, step_s, samples, steps = data_s + t_data, step_s + t1 - t0, samples + x.shape[0], steps + 1
             if monitor is not None:

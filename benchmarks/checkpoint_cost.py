@@ -23,13 +23,13 @@ import os
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.common import RESULTS_DIR, environment, md_table, parser, stats, sync, write_result
+from benchmarks.common import RESULTS_DIR, comma_list, environment, md_table, parser, stats, swapped, sync, write_result
 from benchmarks.run import PRESETS, Bench, _build_task, epochs_from_metrics, prepare_data
 
 VARIANTS = ("as_is", "in_line", "no_save", "no_fsync", "no_digest")
@@ -38,17 +38,10 @@ FLAGS = [("--preset", "tiny", "problem size", {"choices": sorted(PRESETS)}),
          ("--cache-dir", None, "generated data and cache"), ("--out", None, "JSON path")]  # fmt: skip
 
 
-@contextlib.contextmanager
-def _patched(variant: str, device: torch.device, phases: dict[str, list[float]], epochs: int) -> Iterator[None]:
-    """Install the variant's change and timers around the save's parts; undo both on exit."""
+def _patched(variant: str, device: torch.device, phases: dict[str, list[float]], epochs: int) -> contextlib.ExitStack:
+    """The variant's change and timers around the save's parts, undone when the returned stack closes."""
     import trainer.checkpoint as ck
     from trainer.state import Checkpointer
-
-    saved: list[tuple[Any, str, Any]] = []
-
-    def swap(obj: Any, name: str, new: Any) -> None:
-        saved.append((obj, name, getattr(obj, name)))
-        setattr(obj, name, new)
 
     def timed(key: str, fn: Callable[..., Any], pre_sync: bool = False) -> Callable[..., Any]:
         def wrapper(*a: Any, **k: Any) -> Any:
@@ -69,16 +62,16 @@ def _patched(variant: str, device: torch.device, phases: dict[str, list[float]],
             return run_dir / "checkpoints" / name
         return orig_save(self, name, run_dir, files, **kw)
 
-    swap(Checkpointer, "save", skip_epoch_saves if variant == "no_save" else timed("save", orig_save, pre_sync=True))
-    swap(os, "fsync", (lambda fd: None) if variant == "no_fsync" else timed("fsync", os.fsync))
-    swap(ck, "state_digest", (lambda obj: "sha256:" + "0" * 64) if variant == "no_digest" else
-         timed("digest", ck.state_digest))  # fmt: skip
-    swap(torch, "save", timed("torch_save", torch.save))
-    try:
-        yield
-    finally:
-        for obj, name, old in reversed(saved):
-            setattr(obj, name, old)
+    stack = contextlib.ExitStack()
+    for obj, name, new in (
+        (Checkpointer, "save", skip_epoch_saves if variant == "no_save" else timed("save", orig_save, pre_sync=True)),
+        (os, "fsync", (lambda fd: None) if variant == "no_fsync" else timed("fsync", os.fsync)),
+        (ck, "state_digest", (lambda obj: "sha256:" + "0" * 64) if variant == "no_digest" else
+         timed("digest", ck.state_digest)),
+        (torch, "save", timed("torch_save", torch.save)),
+    ):  # fmt: skip
+        stack.enter_context(swapped(obj, name, new))
+    return stack
 
 
 def run_variant(b: Bench, variant: str, batch: int) -> dict[str, Any]:
@@ -131,9 +124,7 @@ def render(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = parser(__doc__, FLAGS)
     args = ap.parse_args(argv)
-    variants = [v for v in args.variants.split(",") if v]
-    if bad := [v for v in variants if v not in VARIANTS]:
-        ap.error(f"--variants: unknown {bad}; choose from {VARIANTS}")
+    variants = comma_list(ap, "--variants", args.variants, VARIANTS)
     p, device = dict(PRESETS[args.preset]), torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cache, data = prepare_data(args.cache_dir, p)
     b, env = Bench(data, p, cache, device, 0), environment(device)

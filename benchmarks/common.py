@@ -25,15 +25,17 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.data import DataLoader, Dataset
 
 from benchmarks.sizes import CPU_MODEL, TINY_MODEL
 from tasks.era5 import SEED_PRESET
+from trainer.runtime import resolve_runtime
 from utils.performance_monitor import usable_cpus
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -131,28 +133,43 @@ def wait_for_quiet(max_load: float, max_wait_s: float, poll_s: float = 60.0) -> 
         time.sleep(min(poll_s, max(1.0, max_wait_s - waited)))
 
 
-def base_parser(doc: str | None, out: Path | None, reps: int | None = 3, threads: int = 1,
-                out_help: str = "") -> _Parser:  # fmt: skip
-    """The flags every timing harness has: --reps, --threads, --wait-load, --wait-max and --out.
+def parser(doc: str | None, flags: Sequence[tuple[Any, ...]] = (),
+           timing: tuple[int | None, int] | None = None) -> _Parser:  # fmt: skip
+    """A parser described by the module's docstring, with (flag, default, help[, argparse keywords]) rows: the type
+    is the default's (False makes a switch) and the help names the default.
 
-    parse_args() also sets `wait(rep)` (waits for quiet when --wait-load is given; returns the load average)
-    and `argv` (the command line as given)."""
+    timing = (reps, threads): a timing harness's flags first, --reps, --threads, --wait-load and --wait-max;
+    parse_args() then checks them, sets torch's threads and adds `wait(rep)` (waits for quiet when --wait-load is
+    given; returns the load average), `waits` (what each wait found) and `argv` (the command line as given)."""
     doc = doc or ""
     ap = _Parser(description=doc.split("\n\n")[0], epilog=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add = ap.add_argument
-    add("--reps", type=int, default=reps, help=f"interleaved repetitions (default: {reps or 'per preset'})")
-    add("--threads", type=int, default=threads, help=f"torch threads, 0 = torch's own (default: {threads})")
-    add("--wait-load", type=float, default=0.0, help="before each repetition, wait until the 1-minute load average "
-        "is below this (at most --wait-max s in all); 0 = do not wait (default: 0)")  # fmt: skip
-    add("--wait-max", type=float, default=3600.0, help="longest wait in all, seconds (default: 3600)")
-    shown = out_help or (str(out.relative_to(RESULTS_DIR.parent.parent)) if out else "")
-    add("--out", default=None if out is None else str(out), help=f"JSON path (default: {shown})")
+    if timing is not None:
+        ap.timing = True
+        reps = "interleaved repetitions" + (" (default: the preset's)" if timing[0] is None else "")
+        flags = [("--reps", timing[0], reps, {"type": int}),
+                 ("--threads", timing[1], "torch threads, 0 = torch's own"),
+                 ("--wait-load", 0.0, "before each repetition, wait until the 1-minute load average is below this "
+                  "(at most --wait-max s in all); 0 = do not wait"),
+                 ("--wait-max", 3600.0, "longest wait in all, seconds"), *flags]  # fmt: skip
+    for name, default, what, *more in flags:
+        kw: dict[str, Any] = dict(more[0]) if more else {}
+        if default is False:
+            kw.setdefault("action", "store_true")
+        elif default is not None and not {"nargs", "action", "type"} & set(kw):
+            kw["type"] = type(default)
+        shown = " ".join(map(str, default)) if isinstance(default, list | tuple) else default
+        plain = default is False or default is None  # a switch, or a help that says what happens without it
+        ap.add_argument(name, default=default, help=what if plain else f"{what} (default: {shown})", **kw)
     return ap
 
 
 class _Parser(argparse.ArgumentParser):
+    timing = False
+
     def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
         a = super().parse_args(args, namespace)
+        if not self.timing:
+            return a
         if (a.reps is not None and a.reps < 1) or a.threads < 0:
             self.error(f"--reps {a.reps} / --threads {a.threads}: need reps >= 1 and threads >= 0")
         if a.threads > 0:
@@ -173,21 +190,12 @@ class _Parser(argparse.ArgumentParser):
         return {k: v for k, v in vars(a).items() if k not in ("wait", "argv", "waits")}
 
 
-def parser(doc: str | None, flags: Sequence[tuple[Any, ...]] = ()) -> argparse.ArgumentParser:
-    """A parser described by the module's docstring, with (flag, default, help[, argparse keywords]) rows: the type
-    is the default's (False makes a switch) and the help names the default."""
-    doc = doc or ""
-    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=doc,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    for name, default, what, *more in flags:
-        kw: dict[str, Any] = dict(more[0]) if more else {}
-        if default is False:
-            kw.setdefault("action", "store_true")
-        elif default is not None and not {"nargs", "action", "type"} & set(kw):
-            kw["type"] = type(default)
-        shown = " ".join(map(str, default)) if isinstance(default, list | tuple) else default
-        ap.add_argument(name, default=default, help=what if default is False else f"{what} (default: {shown})", **kw)
-    return ap
+def comma_list(ap: argparse.ArgumentParser, flag: str, text: str, known: Collection[str]) -> list[str]:
+    """The items of a comma list given to `flag`, each one of `known`."""
+    items = [x for x in text.split(",") if x]
+    if bad := [x for x in items if x not in known]:
+        ap.error(f"{flag}: unknown {bad}; choose from {','.join(known)}")
+    return items
 
 
 def device_of(name: str | None) -> torch.device:
@@ -218,6 +226,11 @@ def epoch_ends(metrics: Path) -> tuple[list[dict[str, Any]], dict[int, float]]:
     return rows, ends
 
 
+def step_times(run_dir: str | os.PathLike[str]) -> dict[int, float]:
+    """The time of each logged training step of a plainloop run (its metrics.jsonl)."""
+    return {r["step"]: r["time"] for r in epoch_ends(Path(run_dir) / "metrics.jsonl")[0]}
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # note: sync point (timing boundary)
@@ -242,6 +255,68 @@ def matmul_peak_flops(device: torch.device, n: int | None = None, iters: int | N
         best = min(best, time.perf_counter() - t0)
     flops = 2.0 * n**3 * iters / best
     return {"flops": flops, "tflops": flops / 1e12, "dtype": str(dtype).replace("torch.", ""), "n": n, "iters": iters}
+
+
+# ------------------------------------------------------------------------------------------ the profiler
+def ancestors(e: Any) -> Iterator[Any]:
+    """The events around a profiler event on its thread, innermost first."""
+    p = e.cpu_parent
+    while p is not None:
+        yield p
+        p = p.cpu_parent
+
+
+def mark(name: str) -> None:
+    """An instant in the profile: the summaries cut the steps at these."""
+    with record_function(name):
+        pass
+
+
+@contextlib.contextmanager
+def swapped(obj: Any, name: str, new: Any) -> Iterator[None]:
+    """obj.name is `new` while the block runs (an attribute of a module, a class or one object), then as before."""
+    own, before = name in vars(obj), vars(obj).get(name)
+    setattr(obj, name, new)
+    try:
+        yield
+    finally:
+        if own:
+            setattr(obj, name, before)
+        else:
+            delattr(obj, name)
+
+
+def labelled(obj: Any, name: str, label: str) -> contextlib.AbstractContextManager[None]:
+    """obj.name (a method) runs inside record_function(label) while the block runs."""
+    orig = getattr(obj, name)
+
+    def wrapped(*a: Any, **k: Any) -> Any:
+        with record_function(label):
+            return orig(*a, **k)
+
+    return swapped(obj, name, wrapped)
+
+
+class Window:
+    """torch.profiler over part of a run: started and stopped once, where the harness says; marks while it is on."""
+
+    def __init__(self, device: torch.device, with_stack: bool = False) -> None:
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        self.prof, self.on, self.done = profile(activities=acts, with_stack=with_stack), False, False
+
+    def start(self) -> None:
+        if not self.on and not self.done:
+            self.prof.start()
+            self.on = True
+
+    def mark(self, name: str) -> None:
+        if self.on:
+            mark(name)
+
+    def stop(self) -> None:
+        if self.on:
+            self.on, self.done = False, True
+            self.prof.stop()
 
 
 # ------------------------------------------------------------------------------------------ statistics
@@ -273,19 +348,6 @@ def target_check(what: str, value: float | None, paired_value: float | None, goa
     met = ok(value) and (paired_value is None or ok(paired_value))
     return {"target": what, "config": config, "value": value, "paired": paired_value, "goal": goal,
             "direction": ">=" if higher else "<=", "unit": unit, "met": met}  # fmt: skip
-
-
-def all_figures_finite(obj: Any, path: str = "") -> list[str]:
-    """Paths of numbers in `obj` that are not finite (for tests and a final self-check)."""
-    if isinstance(obj, bool):
-        return []
-    if isinstance(obj, int | float):
-        return [] if math.isfinite(obj) else [path]
-    if isinstance(obj, dict):
-        return [p for k, v in obj.items() for p in all_figures_finite(v, f"{path}.{k}")]
-    if isinstance(obj, list | tuple):
-        return [p for i, v in enumerate(obj) for p in all_figures_finite(v, f"{path}[{i}]")]
-    return []
 
 
 # ------------------------------------------------------------------------------------------ output
@@ -339,6 +401,11 @@ SEED_LOADER = {"num_workers": 8, "pin_memory": True, "persistent_workers": True,
 SEED_PEER: dict[str, Any] = {"data": "loader", "progress_bar": True, "optimizer": "torch", "val_every": 1}
 SAME_DATA_PEER: dict[str, Any] = {"data": "gather", "progress_bar": False, "optimizer": "plainloop", "val_every": None}
 LIGHTNING_PRECISION = {"32": "32-true", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
+
+
+def lightning_precision(device: torch.device) -> str:
+    """plainloop's own precision on `device` (precision "auto" resolved), as Lightning names it."""
+    return LIGHTNING_PRECISION[resolve_runtime("auto", str(device)).precision]
 
 
 def lightning_available() -> str | None:

@@ -16,27 +16,15 @@ epoch boundaries, not the arithmetic, in the figure.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import (
-    RESULTS_DIR,
-    base_parser,
-    environment,
-    md_table,
-    paired,
-    quiet,
-    stats,
-    target_check,
-    write_result,
-)
+from benchmarks import common as bc
 from benchmarks.loop_overhead import TensorPairs, make_data, make_model, make_optimizer, mse_loss
 
 TARGET_SHORT_VS_LONG = 1.15
@@ -80,17 +68,21 @@ def plainloop(x: torch.Tensor, y: torch.Tensor, epochs: int, a: argparse.Namespa
     with tempfile.TemporaryDirectory() as tmp:
         cfg = TrainConfig(epochs=epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, output_dir=tmp,
                           run_name="epochs", device="cpu", log_every=math.gcd(TrainConfig.log_every, a.warmup))  # fmt: skip
-        with quiet():
+        with bc.quiet():
             summary = Trainer(cfg, task, log=lambda _s: None, callbacks=[CPUClock()]).fit()
         wall = time.perf_counter() - t_start
-        rows = [json.loads(r) for r in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
-    times = {r["step"]: r["time"] for r in rows if r["kind"] == "train"}
+        times = bc.step_times(summary["run_dir"])
     last = max(times)
     first = a.warmup if a.warmup in times else min(times)
     return {"timed_s": times[last] - times[first], "cpu_s": cpu[last] - cpu[first], "wall_s": wall, "steps": last}
 
 
 LOOPS = {"hand": hand, "plainloop": plainloop}
+FLAGS = [("--short", "150x4", "EPOCHSxSTEPS of the short-epoch run"),
+         ("--seed-job", "500x2", "EPOCHSxSTEPS of the seed job row"), ("--seed-batch", 100, "batch of the seed job row"),
+         ("--warmup", 100, "untimed leading steps"), ("--batch-size", 64, "batch size of short/long"),
+         ("--dim", 32, "input features"), ("--hidden", 64, "hidden units"), ("--lr", 1e-3, "AdamW learning rate"),
+         ("--seed", 0, "seed"), ("--out", str(bc.RESULTS_DIR / "epoch_boundaries_cpu.json"), "JSON path")]  # fmt: skip
 
 
 def parse_shape(text: str, flag: str) -> tuple[int, int]:
@@ -104,23 +96,14 @@ def parse_shape(text: str, flag: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = base_parser(__doc__, RESULTS_DIR / "epoch_boundaries_cpu.json", reps=5)
-    ap.add_argument("--short", default="150x4", help="EPOCHSxSTEPS of the short-epoch run (default: 150x4)")
-    ap.add_argument("--seed-job", default="500x2", help="EPOCHSxSTEPS of the seed job row (default: 500x2)")
-    ap.add_argument("--seed-batch", type=int, default=100, help="batch of the seed job row (default: 100)")
-    ap.add_argument("--warmup", type=int, default=100, help="untimed leading steps (default: 100)")
-    ap.add_argument("--batch-size", type=int, default=64, help="batch size of short/long (default: 64)")
-    ap.add_argument("--dim", type=int, default=32, help="input features (default: 32)")
-    ap.add_argument("--hidden", type=int, default=64, help="hidden units (default: 64)")
-    ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default: 1e-3)")
-    ap.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
+    ap = bc.parser(__doc__, FLAGS, timing=(5, 1))
     a = ap.parse_args(argv)
     epochs, per_epoch = parse_shape(a.short, "--short")
     job_epochs, job_steps = parse_shape(a.seed_job, "--seed-job")
     steps = epochs * per_epoch
     if not 1 <= a.warmup < steps or a.warmup % per_epoch:
         ap.error(f"--warmup {a.warmup}: must be below {steps} steps and a multiple of {per_epoch} (an epoch end)")
-    env = environment(torch.device("cpu"))
+    env = bc.environment(torch.device("cpu"))
     runs = {  # name: (loop, epochs, x, y)
         "short": (epochs, *make_data(per_epoch * a.batch_size, a.dim, a.seed)),
         "long": (1, *make_data(steps * a.batch_size, a.dim, a.seed)),
@@ -141,14 +124,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 for k, v in reps.items()}  # fmt: skip
     cpu_step = {k: [r["cpu_s"] / (r["steps"] - (a.warmup if "seed" not in k else job_steps)) for r in v]
                 for k, v in reps.items()}  # fmt: skip
-    ratio = {lp: {"ratio": stats(per_step[f"{lp}_short"])["median"] / stats(per_step[f"{lp}_long"])["median"],
-                  "paired": paired(per_step[f"{lp}_short"], per_step[f"{lp}_long"]),
+    ratio = {lp: {"ratio": bc.stats(per_step[f"{lp}_short"])["median"] / bc.stats(per_step[f"{lp}_long"])["median"],
+                  "paired": bc.paired(per_step[f"{lp}_short"], per_step[f"{lp}_long"]),
                   # CPU time: what a loaded machine's descheduling does not inflate (I/O waits are not in it)
-                  "cpu_ratio": stats(cpu_step[f"{lp}_short"])["median"] / stats(cpu_step[f"{lp}_long"])["median"],
-                  "cpu_paired": paired(cpu_step[f"{lp}_short"], cpu_step[f"{lp}_long"])} for lp in LOOPS}  # fmt: skip
-    target = target_check("plainloop short/long", ratio["plainloop"]["ratio"], ratio["plainloop"]["paired"],
+                  "cpu_ratio": bc.stats(cpu_step[f"{lp}_short"])["median"] / bc.stats(cpu_step[f"{lp}_long"])["median"],
+                  "cpu_paired": bc.paired(cpu_step[f"{lp}_short"], cpu_step[f"{lp}_long"])} for lp in LOOPS}  # fmt: skip
+    target = bc.target_check("plainloop short/long", ratio["plainloop"]["ratio"], ratio["plainloop"]["paired"],
                           TARGET_SHORT_VS_LONG, higher=False)  # fmt: skip
-    job = {lp: stats([r["wall_s"] for r in reps[f"{lp}_seed_job"]]) for lp in LOOPS}
+    job = {lp: bc.stats([r["wall_s"] for r in reps[f"{lp}_seed_job"]]) for lp in LOOPS}
     result: dict[str, Any] = {
         "schema": "plainloop-bench-epoch-boundaries-1",
         "command": "python -m benchmarks.epoch_boundaries " + " ".join(argv if argv is not None else a.argv),
@@ -156,8 +139,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "config": ap.config(a),
         "torch_threads": torch.get_num_threads(),
         "repetitions": reps,
-        "us_per_step": {k: stats([1e6 * v for v in vs]) for k, vs in per_step.items()},
-        "cpu_us_per_step": {k: stats([1e6 * v for v in vs]) for k, vs in cpu_step.items()},
+        "us_per_step": {k: bc.stats([1e6 * v for v in vs]) for k, vs in per_step.items()},
+        "cpu_us_per_step": {k: bc.stats([1e6 * v for v in vs]) for k, vs in cpu_step.items()},
         "short_vs_long": ratio,
         "seed_job_wall_s": job,
         "targets": [target],
@@ -174,11 +157,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"Epoch boundaries on {env['device_name']}, torch {env['torch']}, commit `{env['commit'][:12]}`, "
         f"{a.reps} interleaved repetitions, {torch.get_num_threads()} torch thread(s), 1-minute load average "
         f"{min(loads):.1f}–{max(loads):.1f} at their starts; steps {a.warmup}..{steps} timed; seed job: whole fit, "
-        f"set-up included.\n\n{md_table(head, rows)}\n\n"
+        f"set-up included.\n\n{bc.md_table(head, rows)}\n\n"
         f"Target: plainloop short/long ≤ {TARGET_SHORT_VS_LONG}×: **{'met' if target['met'] else 'missed'}** "
         "(of the medians and paired; both must reach it).\n"
     )
-    out = write_result(a.out, result, md)
+    out = bc.write_result(a.out, result, md)
     print(f"[epochs] wrote {out} and {out.with_suffix('.md')}")
     return result
 

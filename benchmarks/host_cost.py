@@ -3,33 +3,22 @@
     .venv/bin/python -m benchmarks.host_cost                  # cpu and seed configurations, ~10 min here
     .venv/bin/python -m benchmarks.host_cost --quick          # the tiny configuration, seconds (a test)
 
-For each configuration (the CPU preset: d_model 128 on a 32 x 72 grid; the seed's: d_model 512 on 180 x 80) and
-each loop, steps are timed between per-step marks, three ways, repetitions interleaved:
-  step time      wall time between the ends of two steps, without the profiler
-  operators      torch.profiler on the same steps: aten operator calls per step (all, and the outermost ones the
-                 Python code asks for; on CUDA also cudaLaunchKernel calls), and the host time inside the
-                 outermost operators
-  outside ops    step wall time under the profiler minus the time inside the outermost operators: Python, the
-                 loop's bookkeeping, the autograd engine, data handling in the main process. On a GPU the operators
-                 return after launching, so this plus the launches is what the host spends per step; when it
-                 exceeds the kernels' time, the GPU waits.
-  syncs          calls that read a tensor back to the host (.item(), .tolist(), .cpu(), .numpy(), bool(), float(),
-                 int()) between the marks, per step. On CUDA only reads of CUDA tensors count (each is a sync); on
-                 a CPU a read counts when the loop's code makes it (see SyncCounter; the callers are in the JSON).
-Medians over the steady steps (neither the first nor the last of an epoch); "incl. epoch ends" divides the totals
-of all timed steps by their number. Every step's raw figures are in the JSON.
+For each configuration (CONFIGS) and loop, steps are timed between per-step marks, repetitions interleaved: the
+wall time without the profiler; under torch.profiler the aten operators (all, and the outermost ones; on CUDA also
+the kernel launches) and the host time inside the outermost operators and outside them (Python, the loop, the
+autograd engine, data handling); and the reads of a tensor to the host that the loop's code makes (SyncCounter).
+Medians over the steady steps (neither the first nor the last of an epoch); "incl. epoch ends" averages all timed
+steps. docs/benchmarks/index.md ("Host cost per step") reads the figures.
 
 Loops (same model, same data held in memory, same batch, AdamW):
   before          the seed loop's habits: DataLoader(num_workers=0) with per-sample __getitem__ + collate over the
-                  cached data, optimizer.zero_grad(), loss.item() every step (benchmarks.run's "before" also reads
-                  netCDF per sample; that is data wait, measured there)
-  plainloop       trainer.Trainer with its defaults (on a CPU the non-finite guard's flag is read on the host every
-                  step, which is free there, and the schedule is a Python float)
+                  cached data, optimizer.zero_grad(), loss.item() every step
+  plainloop       trainer.Trainer with its defaults
   plainloop_gpu_path  the same loop taking its GPU path on the CPU: fused AdamW with a tensor learning rate (the
                   schedule on the device) and the guard's flag never read (`opt.host_reads = False`)
   lightning_data  lightning.Trainer on plainloop's data path (common.SAME_DATA_PEER)
-The seed configuration's step on a CPU takes seconds per sample, so --seed-batch (default 2 on a CPU) sets its
-batch there: operator counts and host time outside the operators do not depend on the batch size.
+On a CPU --seed-batch (default 2) sets the seed configuration's batch: a step at 150 takes about a minute, and
+operator counts and host time outside the operators do not depend on the batch size.
 """
 
 from __future__ import annotations
@@ -50,6 +39,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from benchmarks import common as bc
+from trainer.hooks import Monitor
 
 MARK = "hostcost::step_end"
 _KEYS = ("steps", "warmup", "file_grid", "years", "resolution", "batch", "before_batch")
@@ -60,6 +50,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 LOOPS = ("before", "plainloop", "plainloop_gpu_path", "lightning_data")
 _READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
+FLAGS = [("--configs", "cpu,seed", f"comma list from {','.join(CONFIGS)}"),
+         ("--loops", ",".join(LOOPS), f"comma list from {','.join(LOOPS)}"),
+         ("--steps", None, "timed steps per pass (default: 12 cpu, 6 seed, 4 tiny)", {"type": int}),
+         ("--warmup", None, "untimed steps first (default: 3 cpu, 2 seed/tiny)", {"type": int}),
+         ("--seed-batch", None, "batch of the seed configuration (default: 150 on CUDA, 2 on a CPU)", {"type": int}),
+         ("--device", None, "cuda or cpu (default: cuda when available)"),
+         ("--cache-dir", None, "netCDF + coarse cache (default: $PLAINLOOP_CACHE or ~/.cache/plainloop)"),
+         ("--quick", False, "the tiny configuration, 1 repetition, 4 steps (a test)"),
+         ("--out", None, "JSON path (default: benchmarks/results/host_cost_<cpu|gpu>.json)")]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ instruments
@@ -147,36 +146,26 @@ def _task(c: dict[str, Any], cache_dir: Path, device_cache: bool | None, seed: i
 
 
 def loop_before(c: dict, cache_dir: Path, device: torch.device, batch: int, marks: Marks, seed: int) -> None:
+    from benchmarks.before_loop import seed_step
+
     task = _task(c, cache_dir, False, seed)
     model = task.model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     loader = DataLoader(task.train_set, batch_size=batch, shuffle=True, num_workers=0, pin_memory=False)
     while not marks.done:
         for i, (x, y) in enumerate(loader):
-            x, y = x.to(device), y.to(device)
-            opt.zero_grad()
-            loss = model.loss(model(x), y)
-            loss.backward()
-            opt.step()
-            loss.item()  # every step, as the seeds' loops did
+            seed_step(model, opt, x, y, device)
             marks.mark(i + 1 == len(loader))
             if marks.done:
                 return
 
 
-class _MarksMonitor:
+class _MarksMonitor(Monitor):
     """plainloop's monitor hook (the TrainingMonitor API): one mark per iteration."""
 
     def __init__(self, marks: Marks) -> None:
         self.marks = marks
         self.trainer: Any = None
-
-    def start_monitoring(self) -> None: ...
-
-    def stop_monitoring(self) -> None: ...
-
-    def get_summary(self) -> dict[str, Any]:
-        return {}
 
     def log_iteration(self, seconds: float, data_seconds: float | None = None, samples: int | None = None) -> None:
         self.marks.mark(self.trainer.batches_done == self.trainer.batches_per_epoch)
@@ -204,8 +193,6 @@ def loop_lightning_data(c: dict[str, Any], cache_dir: Path, device: torch.device
                         seed: int) -> None:  # fmt: skip
     import lightning as L
 
-    from trainer.runtime import resolve_runtime
-
     task = _task(c, cache_dir, None, seed)
     loader, _ = bc.peer_loaders(task.train_set, None, device, batch, bc.SAME_DATA_PEER, {}, seed)
 
@@ -217,7 +204,7 @@ def loop_lightning_data(c: dict[str, Any], cache_dir: Path, device: torch.device
         warnings.simplefilter("ignore")
         trainer = L.Trainer(
             accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, max_steps=marks.warmup + marks.steps,
-            precision=bc.LIGHTNING_PRECISION[resolve_runtime("auto", str(device)).precision],  # type: ignore[arg-type]
+            precision=bc.lightning_precision(device),  # type: ignore[arg-type]
             logger=False, default_root_dir=tmp, enable_model_summary=False, enable_progress_bar=False,
             callbacks=[Mark()],
         )  # fmt: skip
@@ -264,7 +251,7 @@ def profiled_pass(run: Callable[..., None], args: tuple, device: torch.device, w
     """Operator calls and host time inside/outside the outermost operators per step, from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
-    from utils.profiling import _inside_aten, _native_output_to  # kineto's lines go to fds 1/2 directly
+    from utils.profiling import _native_output_to  # kineto's lines go to fds 1/2 directly
 
     marks = Marks(warmup, steps)
     with _native_output_to([]):
@@ -284,7 +271,7 @@ def profiled_pass(run: Callable[..., None], args: tuple, device: torch.device, w
             continue
         if e.name.startswith("aten::"):
             per[k]["ops"] += 1
-            if not _inside_aten(e):
+            if not any(p.name.startswith("aten::") for p in bc.ancestors(e)):  # an outermost one
                 per[k]["outer_ops"] += 1
                 per[k]["in_ops_us"] += e.time_range.end - e.time_range.start
         elif e.name.startswith("cuda"):
@@ -350,26 +337,11 @@ def render(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     # 1 thread: host cost is single-threaded, and on a shared machine a descheduled second thread stalls every op
-    ap = bc.base_parser(__doc__, None, reps=3, threads=1, out_help="benchmarks/results/host_cost_<cpu|gpu>.json")
-    for flag, default, what in (
-        ("--configs", "cpu,seed", f"comma list from {','.join(CONFIGS)}"),
-        ("--loops", ",".join(LOOPS), f"comma list from {','.join(LOOPS)}"),
-        ("--steps", None, "timed steps per pass (default: 12 cpu, 6 seed, 4 tiny)"),
-        ("--warmup", None, "untimed steps first (default: 3 cpu, 2 seed/tiny)"),
-        ("--seed-batch", None, "batch of the seed configuration (default: 150 on CUDA, 2 on a CPU)"),
-        ("--device", None, "cuda or cpu (default: cuda when available)"),
-        ("--cache-dir", None, "netCDF + coarse cache (default: $PLAINLOOP_CACHE or ~/.cache/plainloop)"),
-    ):
-        ap.add_argument(flag, default=default, type=int if flag in ("--steps", "--warmup", "--seed-batch") else str,
-                        help=what if default is None else f"{what} (default: {default})")  # fmt: skip
-    ap.add_argument("--quick", action="store_true", help="the tiny configuration, 1 repetition, 4 steps (a test)")
+    ap = bc.parser(__doc__, FLAGS, timing=(3, 1))
     a = ap.parse_args(argv)
     if a.quick:
         a.configs, a.reps = "tiny", 1
-    configs, loops = a.configs.split(","), a.loops.split(",")
-    for flag, vals, known in (("--configs", configs, CONFIGS), ("--loops", loops, LOOPS)):
-        if bad := [v for v in vals if v not in known]:
-            ap.error(f"{flag}: unknown {bad}; choose from {','.join(known)}")
+    configs, loops = bc.comma_list(ap, "--configs", a.configs, CONFIGS), bc.comma_list(ap, "--loops", a.loops, LOOPS)
     if (a.steps is not None and a.steps < 2) or (a.warmup is not None and a.warmup < 1):
         ap.error(f"--steps {a.steps} / --warmup {a.warmup}: need steps >= 2, warmup >= 1")
     device, notes = bc.device_of(a.device), []

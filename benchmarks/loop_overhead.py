@@ -1,29 +1,19 @@
 """What the loop itself costs: a tiny model where the per-step Python overhead dominates.
 
     .venv/bin/python -m benchmarks.loop_overhead                 # ~1 min on 2 CPU cores
-    .venv/bin/python -m benchmarks.loop_overhead --profile       # + cProfile of plainloop's steps
 
-Three loops train the same MLP on the same in-memory tensors, same batch, same AdamW, same data order
-source (indices gathered from tensors held in memory, no DataLoader workers):
-  hand       the 10-line loop below (`hand_loop`): gather, forward, backward, step
-  plainloop  trainer.loop.Trainer with TrainConfig defaults (max_steps), a dataset exposing gather()
-  plain_model  the same Trainer with a user's own model (no `loss` method, default loss) and a TensorDataset
-  basetrainer  BaseTrainer (seed 000's door) with the user's own model class and TensorDataset class, no area
-  lightning  lightning.Trainer, defaults except logger=False; a DataLoader yielding whole gathered batches
-Repetitions are interleaved (hand, plainloop, lightning, hand, ...) because the machine is shared; samples/s
-is timed between step `--warmup` and the last step; the table reports medians. Target: plainloop, plain_model and basetrainer >= 0.97x hand.
-The loops' own console output (plainloop's epoch lines, Lightning's progress bar, which stays on as by
-default) is written to a buffer (`quiet`): the output shows the [overhead] lines and the table only.
+The same MLP on the same in-memory tensors, batch, AdamW and data order (no DataLoader workers), trained by
+`hand_loop` (the 10-line loop below), plainloop's Trainer (a gather() dataset and its own loss), the same with a
+user's own model and a TensorDataset (plain_model), BaseTrainer with the user's own classes (basetrainer) and
+lightning.Trainer; docs/benchmarks/index.md ("The loop's own cost") has the rows. Repetitions are interleaved;
+samples/s is timed from step --warmup to the last; the table reports medians. Target: plainloop, plain_model and
+basetrainer >= 0.97x hand. The loops' own console output goes to a buffer (`quiet`).
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
-import json
 import math
-import pstats
 import tempfile
 import time
 import warnings
@@ -34,18 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.common import (
-    RESULTS_DIR,
-    base_parser,
-    environment,
-    lightning_available,
-    md_table,
-    paired,
-    quiet,
-    stats,
-    target_check,
-    write_result,
-)
+from benchmarks import common as bc
 
 TARGET_VS_HAND = 0.97
 
@@ -117,27 +96,13 @@ def plainloop_loop(x: torch.Tensor, y: torch.Tensor, a: argparse.Namespace, plai
 
     # the default LOG_EVERY, or less when the timed window's ends are not log points (tiny test runs)
     log_every = math.gcd(TrainConfig.log_every, a.warmup, a.steps)
-    model = make_model(a.dim, a.hidden, a.seed)
-    task = (
-        Task("overhead", model, TensorDataset(x, y))
-        if plain
-        else Task("overhead", model, TensorPairs(x, y), loss_fn=mse_loss)
-    )
+    data, loss = (TensorDataset(x, y), None) if plain else (TensorPairs(x, y), mse_loss)
+    task = Task("overhead", make_model(a.dim, a.hidden, a.seed), data, loss_fn=loss)
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = TrainConfig(
-            max_steps=a.steps,
-            batch_size=a.batch_size,
-            lr=a.lr,
-            seed=a.seed,
-            output_dir=tmp,
-            run_name="overhead",
-            device="cpu" if a.device == "cpu" else None,
-            log_every=log_every,
-        )
-        with quiet():  # the epoch line goes to the bar's write when a bar exists, not to `log`
-            summary = Trainer(cfg, task, log=lambda _s: None).fit()
-        rows = [json.loads(r) for r in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
-    times = {r["step"]: r["time"] for r in rows if r["kind"] == "train"}  # one row every log_every=50 steps
+        cfg = TrainConfig(max_steps=a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed, output_dir=tmp,
+                          run_name="overhead", device="cpu" if a.device == "cpu" else None, log_every=log_every)  # fmt: skip
+        with bc.quiet():  # the epoch line goes to the bar's write when a bar exists, not to `log`
+            times = bc.step_times(Trainer(cfg, task, log=lambda _s: None).fit()["run_dir"])  # one row every log_every
     return (a.steps - a.warmup) * a.batch_size / (times[a.steps] - times[a.warmup])
 
 
@@ -164,24 +129,14 @@ def lightning_loop(x: torch.Tensor, y: torch.Tensor, a: argparse.Namespace) -> f
             if trainer.global_step in (a.warmup, a.steps):
                 marks[trainer.global_step] = time.perf_counter()
 
-    sampler = torch.utils.data.BatchSampler(
-        torch.utils.data.RandomSampler(range(x.shape[0]), generator=torch.Generator().manual_seed(a.seed)),
-        a.batch_size,
-        drop_last=True,
-    )
+    sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(range(x.shape[0]),
+                                            generator=torch.Generator().manual_seed(a.seed)), a.batch_size, True)  # fmt: skip
     loader = torch.utils.data.DataLoader(TensorPairs(x, y), batch_size=None, sampler=sampler)
     # quiet(): its progress bar runs, as by default, but its redraws (and start-up notes) go nowhere
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings(), quiet():
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings(), bc.quiet():
         warnings.simplefilter("ignore")
-        trainer = L.Trainer(
-            accelerator="cpu" if a.device == "cpu" else "auto",
-            devices=1,
-            max_steps=a.steps,
-            logger=False,
-            default_root_dir=tmp,
-            enable_model_summary=False,
-            callbacks=[Clock()],
-        )
+        trainer = L.Trainer(accelerator="cpu" if a.device == "cpu" else "auto", devices=1, max_steps=a.steps,
+                            logger=False, default_root_dir=tmp, enable_model_summary=False, callbacks=[Clock()])  # fmt: skip
         trainer.fit(Module(), loader)
     return (a.steps - a.warmup) * a.batch_size / (marks[a.steps] - marks[a.warmup])
 
@@ -206,70 +161,38 @@ def basetrainer_loop(x: torch.Tensor, y: torch.Tensor, a: argparse.Namespace) ->
             super().__init__(nn.Linear(a.dim, a.hidden), nn.GELU(), nn.Linear(a.hidden, 1))
 
     with tempfile.TemporaryDirectory() as tmp:
-        tp = {
-            "max_steps": a.steps,
-            "batch_size": a.batch_size,
-            "lr": a.lr,
-            "seed": a.seed,
-            "output_dir": tmp,
-            "log_every": math.gcd(TrainConfig.log_every, a.warmup, a.steps),
-            "split_ratio": [1.0, 0.0],
-            "device": "cpu" if a.device == "cpu" else None,
-        }
+        tp = {"max_steps": a.steps, "batch_size": a.batch_size, "lr": a.lr, "seed": a.seed, "output_dir": tmp,
+              "log_every": math.gcd(TrainConfig.log_every, a.warmup, a.steps), "split_ratio": [1.0, 0.0],
+              "device": "cpu" if a.device == "cpu" else None}  # fmt: skip
         bt = BaseTrainer("overhead", "bt", None, MLP, Pairs, Path(tmp) / "model.pt", trainer_params=tp,
                          log=lambda _s: None)  # fmt: skip
-        with quiet():
+        with bc.quiet():
             bt.train()
         assert bt.trainer is not None and bt.trainer.run_dir is not None
-        rows = [json.loads(r) for r in (bt.trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
-    times = {r["step"]: r["time"] for r in rows if r["kind"] == "train"}
+        times = bc.step_times(bt.trainer.run_dir)
     return (a.steps - a.warmup) * a.batch_size / (times[a.steps] - times[a.warmup])
 
 
-LOOPS = {
-    "hand": hand_loop,
-    "plainloop": plainloop_loop,
-    "plain_model": plain_model_loop,
-    "basetrainer": basetrainer_loop,
-    "lightning": lightning_loop,
-}
-
-
-def profile_plainloop(x: torch.Tensor, y: torch.Tensor, a: argparse.Namespace, top: int = 25) -> str:
-    """cProfile of one plainloop run: the functions with the most own time, for the per-step overhead hunt."""
-    prof = cProfile.Profile()
-    prof.enable()
-    plainloop_loop(x, y, a)
-    prof.disable()
-    buf = io.StringIO()
-    st = pstats.Stats(prof, stream=buf).sort_stats("tottime")
-    st.print_stats(top)
-    return buf.getvalue()
+LOOPS = {"hand": hand_loop, "plainloop": plainloop_loop, "plain_model": plain_model_loop,
+         "basetrainer": basetrainer_loop, "lightning": lightning_loop}  # fmt: skip
+FLAGS = [("--steps", 600, "optimizer steps per run"), ("--warmup", 100, "untimed leading steps"),
+         ("--batch-size", 64, "batch size"), ("--dim", 32, "input features"), ("--hidden", 64, "hidden units"),
+         ("--lr", 1e-3, "AdamW learning rate"), ("--seed", 0, "seed"),
+         ("--device", "cpu", "device (the loop's overhead is host-side)"),
+         ("--loops", ",".join(LOOPS), "comma list"),
+         ("--out", str(bc.RESULTS_DIR / "loop_overhead_cpu.json"), "JSON path")]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     # One intra-op thread for every loop: on a tiny model threading buys nothing, and on a shared machine a
     # descheduled second OpenMP thread stalls every op (ms per step) and buries the loop cost in noise.
-    ap = base_parser(__doc__, RESULTS_DIR / "loop_overhead_cpu.json", reps=7, threads=1)
-    add = ap.add_argument
-    add("--steps", type=int, default=600, help="optimizer steps per run (default: 600)")
-    add("--warmup", type=int, default=100, help="untimed leading steps (default: 100)")
-    add("--batch-size", type=int, default=64, help="batch size (default: 64)")
-    add("--dim", type=int, default=32, help="input features (default: 32)")
-    add("--hidden", type=int, default=64, help="hidden units (default: 64)")
-    add("--lr", type=float, default=1e-3, help="AdamW learning rate (default: 1e-3)")
-    add("--seed", type=int, default=0, help="seed (default: 0)")
-    add("--device", default="cpu", help="device (default: cpu: the loop's overhead is host-side)")
-    add("--loops", default=",".join(LOOPS), help=f"comma list (default: {','.join(LOOPS)})")
-    add("--profile", action="store_true", help="also cProfile one plainloop run and print it")
+    ap = bc.parser(__doc__, FLAGS, timing=(7, 1))
     a = ap.parse_args(argv)
     if a.warmup < 1 or a.steps <= a.warmup:
         ap.error(f"--warmup {a.warmup} / --steps {a.steps}: need 1 <= warmup < steps")
-    loops = a.loops.split(",")
-    if bad := [n for n in loops if n not in LOOPS]:
-        ap.error(f"--loops: unknown {bad}; choose from {list(LOOPS)}")
+    loops = bc.comma_list(ap, "--loops", a.loops, LOOPS)
     notes = []
-    if "lightning" in loops and lightning_available() is None:
+    if "lightning" in loops and bc.lightning_available() is None:
         loops.remove("lightning")
         notes.append("lightning is not installed: its row is skipped")
     x, y = make_data(a.steps * a.batch_size, a.dim, a.seed)  # one epoch holds every step: no epoch boundary
@@ -279,28 +202,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for n in loops:  # interleaved
             reps[n].append(LOOPS[n](x, y, a))
             print(f"[overhead] rep {r + 1}/{a.reps} {n:10s} {reps[n][-1]:10.0f} samples/s", flush=True)
-    summ = {n: stats(v) for n, v in reps.items()}
+    summ = {n: bc.stats(v) for n, v in reps.items()}
     hand = summ.get("hand", {}).get("median")
     vs_hand = {n: summ[n]["median"] / hand for n in loops} if hand else {}
-    vs_paired = {n: paired(reps[n], reps["hand"]) for n in loops} if hand else {}
+    vs_paired = {n: bc.paired(reps[n], reps["hand"]) for n in loops} if hand else {}
     result: dict[str, Any] = {
-        "schema": "plainloop-bench-loop-overhead-1", "environment": environment(torch.device(a.device)),
+        "schema": "plainloop-bench-loop-overhead-1", "environment": bc.environment(torch.device(a.device)),
         "command": "python -m benchmarks.loop_overhead " + " ".join(a.argv),
-        "config": {k: v for k, v in ap.config(a).items() if k != "profile"}, "torch_threads": torch.get_num_threads(),
+        "config": ap.config(a), "torch_threads": torch.get_num_threads(),
         "model": f"Linear({a.dim},{a.hidden}) GELU Linear({a.hidden},1), AdamW, MSE", "repetitions": reps,
         "summary": summ, "vs_hand": vs_hand, "vs_hand_paired": vs_paired, "target_vs_hand": TARGET_VS_HAND,
         "notes": notes,
     }  # fmt: skip
     if hand:  # met only when both the ratio of the medians and the paired ratio reach the target
         engine = [n for n in ("plainloop", "plain_model", "basetrainer") if n in summ]
-        result["target_met_by"] = {n: target_check(n, vs_hand[n], vs_paired[n], TARGET_VS_HAND)["met"] for n in engine}
+        result["target_met_by"] = {
+            n: bc.target_check(n, vs_hand[n], vs_paired[n], TARGET_VS_HAND)["met"] for n in engine
+        }
         result["target_met"] = all(result["target_met_by"].values())
     rows = [[n, f"{summ[n]['median']:.0f}", f"{summ[n]['min']:.0f}–{summ[n]['max']:.0f}",
              f"{1e6 * a.batch_size / summ[n]['median']:.0f}",
              f"{vs_hand[n]:.3f}× ({vs_paired[n]:.3f}×)" if hand else "n/a",
              f"{1e6 * a.batch_size / summ[n]['median'] - 1e6 * a.batch_size / hand:+.0f}" if hand else "n/a"]
             for n in loops]  # fmt: skip
-    table = md_table(["loop", "samples/s (median)", "min–max", "µs/step", "× hand (paired)", "µs/step vs hand"], rows)
+    table = bc.md_table(
+        ["loop", "samples/s (median)", "min–max", "µs/step", "× hand (paired)", "µs/step vs hand"], rows
+    )
     env = result["environment"]
     verdict = "".join(
         f"\n\nTarget {n} ≥ {TARGET_VS_HAND}× hand: **{'met' if ok else 'missed'}** ({vs_hand[n]:.3f}× of the "
@@ -312,10 +239,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{result['model']}, batch {a.batch_size}, {a.steps} steps ({a.warmup} untimed), {a.reps} interleaved "
         f"repetitions, {torch.get_num_threads()} torch thread(s).\n\n{table}{verdict}\n"
     )
-    if a.profile:
-        result["profile_plainloop"] = prof = profile_plainloop(x, y, a)
-        print(prof)
-    out = write_result(a.out, result, md)
+    out = bc.write_result(a.out, result, md)
     print(f"[overhead] wrote {out} and {out.with_suffix('.md')}")
     return result
 

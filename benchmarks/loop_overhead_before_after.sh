@@ -20,21 +20,15 @@ for r in 1 2 3; do
       --out "$out/loop_overhead_${t}_$r.json")
   done
 done
-"$py" - "$out" <<'PY'
-import json, statistics, sys
+PYTHONPATH="$root" "$py" - "$out" <<'PY'
+import json, sys
 from pathlib import Path
 
-out = Path(sys.argv[1])
+from benchmarks.common import paired, stats
+
 for tree in ("before", "after"):
-    ratios: dict[str, list[float]] = {}
-    hand: list[float] = []
-    for r in (1, 2, 3):
-        d = json.loads((out / f"loop_overhead_{tree}_{r}.json").read_text())
-        reps = d["repetitions"]
-        hand += reps["hand"]
-        for name, values in reps.items():
-            if name != "hand":
-                ratios.setdefault(name, []).extend(a / b for a, b in zip(values, reps["hand"]))
-    med = {n: round(statistics.median(v), 3) for n, v in ratios.items()}
-    print(tree, d["environment"]["commit"][:7], med, "hand median samples/s", round(statistics.median(hand)))
+    runs = [json.loads((Path(sys.argv[1]) / f"loop_overhead_{tree}_{r}.json").read_text()) for r in (1, 2, 3)]
+    reps = {n: [v for d in runs for v in d["repetitions"][n]] for n in runs[0]["repetitions"]}
+    med = {n: round(paired(v, reps["hand"]), 3) for n, v in reps.items() if n != "hand"}
+    print(tree, runs[-1]["environment"]["commit"][:7], med, "hand median samples/s", round(stats(reps["hand"])["median"]))
 PY

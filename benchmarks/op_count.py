@@ -3,43 +3,26 @@
     .venv/bin/python -m benchmarks.op_count                          # bf16 autocast with CUDA's cast rules
     .venv/bin/python -m benchmarks.op_count --precision 32 --out benchmarks/results/op_count_fp32.json
 
-Counts, not times: no figure depends on the machine's load. The task is build_era5_task on the built-in sample (or
---data-path) with the full preset's model shape (3 layers x 2 recursions, 8 heads, dropout 0.1, one input month,
-calendar on, prior auto) at a CPU-sized width; width, grid and batch change no count. plainloop's Trainer runs
---warmup steps, then torch.profiler records --steps steps with a mark at every on_train_batch_end: an interval holds
-everything the loop does for one step (log point, gather, forward, loss, backward, optimizer step).
+Counts, not times, made on a CPU: the kernels a GPU would launch (docs/benchmarks/index.md, "Operators per SST
+training step", says how the CPU's operators are counted as a GPU's launches). plainloop's Trainer trains the task
+of build_era5_task on the built-in sample (or --data-path) with the full preset's model shape at a CPU-sized width
+(width, grid and batch change no count) for --warmup steps; then torch.profiler records --steps steps, with a mark
+at every on_train_batch_end: an interval holds everything the loop does for one step.
 
-The CPU is not the GPU; where they differ the harness counts what a GPU launches:
-  --policy cuda  (default) layer_norm under autocast runs as CUDA's autocast runs it, in float32 with its input cast
-                 up (the CPU's autocast lets it through in bf16, with no cast); the other operators this model uses
-                 follow the same autocast rules on both
-  fused ops      attention, dropout, fused AdamW and the for-each ops are one kernel on a GPU (OPAQUE); what the CPU
-                 runs inside them (the attention's math path, the optimizer's scalar reads) is not counted, and
-                 their gradient counts once
-  atomic ops     matmuls, norms and reductions are one kernel; the CPU's copies inside them (addmm's bias, sum's
-                 bool-to-int cast) and inside an elementwise op (a mixed-dtype add converts its input first, where
-                 a GPU kernel converts as it reads) are not counted
-
-Per step the JSON gives
-  aten_ops      every aten operator the profiler records, nested ones included
-  kernels       what a GPU would launch: leaf operators less views and allocations, fused and atomic ops once
-  copy_         every aten::copy_ as the profiler records it (the GPU profile's figure counts the same calls)
-  cast/copy     the copy kernels: _to_copy (a cast), clone (a layout copy: reshape, contiguous), a direct copy_
-  by category   kernels split into cast/copy, elementwise, matmul, norm/softmax, reduction, rng, concat/index, sync
-  by phase      forward, loss, backward, optimizer, data (the split's gather), loop (the rest)
-  sites         the top call sites in the project of the kernels and of the copies (function, then the call it
-                made); a backward kernel is placed at the forward call that made its autograd node
+Per step the JSON gives aten_ops (every aten operator, nested ones included), kernels (what a GPU would launch),
+copy_ (every aten::copy_), cast_copy_kernels (_to_copy, clone, a direct copy_), the kernels by category and by
+phase (forward, loss, backward, optimizer, data: the split's gather, loop: the rest), and the call sites of the
+kernels and of the casts and copies; a backward kernel is placed at the forward call that made its autograd node.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import functools
 import re
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,14 +74,9 @@ def category(name: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ counting
-def _ancestors(e: Any) -> Iterator[Any]:
-    p = e.cpu_parent
-    while p is not None:
-        yield p
-        p = p.cpu_parent
-
-
 _FRAME = re.compile(r"^(.+\.py)\(\d+\): ")
+BACKWARD = "autograd::engine::evaluate_function"
+Kernel = collections.namedtuple("Kernel", "name phase site")  # one launch a GPU would make
 
 
 @functools.cache
@@ -111,102 +89,34 @@ def _own_frame(name: str) -> bool:
     return (Path(ROOT) / m.group(1)).is_file() and not m.group(1).startswith(("torch/", ".venv/"))
 
 
-def _clean(name: str) -> str:
-    return re.sub(r" of [^>]* object at 0x[0-9a-f]+", "", name)
+def _node(e: Any) -> Any:
+    """The autograd node (evaluate_function event) `e` runs in, or None in the forward."""
+    return next((p for p in (e, *bc.ancestors(e)) if p.name.startswith(BACKWARD)), None)
 
 
-@dataclasses.dataclass(frozen=True)
-class Kernel:
-    """One launch a GPU would make: its operator, phase of the step and the project's call site."""
-
-    name: str
-    phase: str
-    site: str
+def _fused(e: Any) -> Any:
+    """The outermost operator around (or equal to) `e` that is one fused kernel on a GPU, or None."""
+    return next((p for p in reversed((e, *bc.ancestors(e))) if p.name.startswith(OPAQUE_PREFIX)), None)
 
 
-class _Tree:
-    """Facts of one profile's events: fused ancestry, phase and call site. A backward operator is placed at the
-    forward operator that made its autograd node (same sequence number)."""
-
-    def __init__(self, events: Sequence[Any]) -> None:
-        self.fwd: dict[int, tuple[str, Any]] = {}  # sequence number -> (forward site, its fused root or None)
-        # An operator that makes no node records the next number: the node's maker is the last one holding it.
-        for e in sorted(events, key=lambda e: e.time_range.start):
-            seq = getattr(e, "sequence_nr", -1)
-            if seq >= 0 and e.name.startswith("aten::") and self.node(e) is None:
-                self.fwd[seq] = (f"{self.forward_site(e)} ({e.name})", self.fused_root(e))
-
-    @staticmethod
-    def node(e: Any) -> Any:
-        """The autograd node (evaluate_function event) `e` runs in, or None in the forward."""
-        for p in [e, *_ancestors(e)]:
-            if p.name.startswith("autograd::engine::evaluate_function"):
-                return p
-        return None
-
-    @staticmethod
-    def fused_root(e: Any) -> Any:
-        """The outermost operator around (or equal to) `e` that is one fused kernel on a GPU, or None."""
-        root = None
-        for p in [e, *_ancestors(e)]:
-            if p.name.startswith(OPAQUE_PREFIX):
-                root = p
-        return root
-
-    def backward_root(self, e: Any) -> Any:
-        """For a backward operator: the fused forward operator whose gradient it computes, or None."""
-        node = self.node(e)
-        return None if node is None else self.fwd.get(getattr(node, "sequence_nr", -1), ("", None))[1]
-
-    @staticmethod
-    def phase(e: Any) -> str:
-        names = [p.name for p in _ancestors(e)]
-        if any(n.startswith("autograd::engine::evaluate_function") for n in names):
-            return "backward"
-        for label, phase in ((LOSS, "loss"), (FORWARD, "forward"), (DATA, "data")):
-            if label in names:
-                return phase
-        if any(n.startswith("Optimizer.") for n in names):
-            return "optimizer"
-        return "loop"
-
-    @staticmethod
-    def forward_site(e: Any) -> str:
-        """The nearest project frame above `e` and the call it made towards `e` (a module or a torch function)."""
-        path = [e, *_ancestors(e)]
-        for i, p in enumerate(path):
-            if _own_frame(p.name):
-                via = next((q.name for q in reversed(path[:i]) if q.name.startswith(("nn.Module: ", "<built-in"))), "")
-                return p.name + (f" > {_clean(via)}" if via else "")
-        return "(torch internals)"
-
-    def site(self, e: Any) -> str:
-        node = self.node(e)
-        if node is None:
-            return self.forward_site(e)
-        where = self.fwd.get(getattr(node, "sequence_nr", -1), ("?", None))[0]
-        return f"{where} <- backward ({node.name.split(': ', 1)[-1]})"
+def _phase(e: Any) -> str:
+    names = [p.name for p in bc.ancestors(e)]
+    if any(n.startswith(BACKWARD) for n in names):
+        return "backward"
+    for label, phase in ((LOSS, "loss"), (FORWARD, "forward"), (DATA, "data")):
+        if label in names:
+            return phase
+    return "optimizer" if any(n.startswith("Optimizer.") for n in names) else "loop"
 
 
-def kernels_of(events: Sequence[Any], tree: _Tree | None = None) -> list[Kernel]:
-    """What a GPU would launch for `events`: see _is_kernel; a fused operator (OPAQUE) once in the forward and once
-    in the backward, whatever the CPU runs inside it."""
-    tree = tree or _Tree(events)
-    out: list[Kernel] = []
-    seen: set[int] = set()
-    for e in events:
-        if not e.name.startswith("aten::"):
-            continue
-        root = tree.fused_root(e) or tree.backward_root(e)
-        if root is not None:
-            key = id(root) * 2 + (tree.node(e) is not None)
-            if key not in seen:  # the fused operator itself, or its gradient, once
-                seen.add(key)
-                back = tree.node(e) is not None
-                out.append(Kernel(root.name + (" (backward)" if back else ""), tree.phase(e), tree.site(e)))
-        elif _is_kernel(e) and not any(_is_kernel(p) for p in _ancestors(e) if p.name.startswith("aten::")):
-            out.append(Kernel(e.name, tree.phase(e), tree.site(e)))
-    return out
+def _site(e: Any) -> str:
+    """The nearest project frame above `e` and the call it made towards `e` (a module or a torch function)."""
+    path = [e, *bc.ancestors(e)]
+    for i, p in enumerate(path):
+        if _own_frame(p.name):
+            via = next((q.name for q in reversed(path[:i]) if q.name.startswith(("nn.Module: ", "<built-in"))), "")
+            return p.name + (" > " + re.sub(r" of [^>]* object at 0x[0-9a-f]+", "", via) if via else "")
+    return "(torch internals)"
 
 
 def _launches(e: Any) -> list[Any]:
@@ -227,13 +137,40 @@ def _is_kernel(e: Any) -> bool:
     return e.name in ATOMIC or all(c.name in ("aten::copy_", "aten::_to_copy") for c in _launches(e))
 
 
+def kernels_of(events: Sequence[Any]) -> list[Kernel]:
+    """What a GPU would launch for `events`: see _is_kernel; a fused operator (OPAQUE) once in the forward and once
+    in the backward, whatever the CPU runs inside it. A backward operator is placed at the forward operator that
+    made its autograd node (the same sequence number)."""
+    made: dict[int, tuple[str, Any]] = {}  # sequence number -> (forward site, its fused root or None)
+    # An operator that makes no node records the next number: the node's maker is the last one holding it.
+    for e in sorted(events, key=lambda e: e.time_range.start):
+        if getattr(e, "sequence_nr", -1) >= 0 and e.name.startswith("aten::") and _node(e) is None:
+            made[e.sequence_nr] = (f"{_site(e)} ({e.name})", _fused(e))
+    out: list[Kernel] = []
+    seen: set[tuple[int, bool]] = set()
+    for e in (e for e in events if e.name.startswith("aten::")):
+        node = _node(e)
+        maker = None if node is None else made.get(getattr(node, "sequence_nr", -1), ("?", None))
+        root = _fused(e) or (maker[1] if maker else None)
+        if root is not None:
+            if (id(root), node is not None) in seen:
+                continue  # the fused operator itself, or its gradient, once
+            seen.add((id(root), node is not None))
+            name = root.name + (" (backward)" if node is not None else "")
+        elif _is_kernel(e) and not any(_is_kernel(p) for p in bc.ancestors(e)):
+            name = e.name
+        else:
+            continue
+        site = _site(e) if maker is None else f"{maker[0]} <- backward ({node.name.split(': ', 1)[-1]})"
+        out.append(Kernel(name, _phase(e), site))
+    return out
+
+
 def summarise(events: Sequence[Any], steps: int, top: int = 25) -> dict[str, Any]:
     """Per-step counts of the aten operators in `events` (the profile of `steps` training steps)."""
     aten = [e for e in events if e.name.startswith("aten::")]
-    tree = _Tree(events)
-    per = float(max(steps, 1))
-    kernels = kernels_of(events, tree)
-    copies = [e for e in aten if e.name == "aten::copy_"]
+    per, kernels = float(max(steps, 1)), kernels_of(events)
+    casts = [k for k in kernels if category(k.name) == "cast/copy"]
 
     def rate(c: collections.Counter[str]) -> dict[str, float]:
         return {k: round(v / per, 2) for k, v in c.most_common()}
@@ -242,12 +179,9 @@ def summarise(events: Sequence[Any], steps: int, top: int = 25) -> dict[str, Any
         c = collections.Counter((k.site, k.name) for k in ks)
         return [{"site": s, "op": n, "per_step": round(v / per, 2)} for (s, n), v in c.most_common(top)]
 
-    casts = [k for k in kernels if category(k.name) == "cast/copy"]
     return {
-        "steps": steps,
-        "aten_ops": round(len(aten) / per, 2),
-        "kernels": round(len(kernels) / per, 2),
-        "copy_": round(len(copies) / per, 2),
+        "steps": steps, "aten_ops": round(len(aten) / per, 2), "kernels": round(len(kernels) / per, 2),
+        "copy_": round(sum(e.name == "aten::copy_" for e in aten) / per, 2),
         "cast_copy_kernels": round(len(casts) / per, 2),
         "calls": {n: round(sum(e.name == n for e in aten) / per, 2) for n in COPY_NAMES},
         "kernels_by_category": rate(collections.Counter(category(k.name) for k in kernels)),
@@ -255,9 +189,8 @@ def summarise(events: Sequence[Any], steps: int, top: int = 25) -> dict[str, Any
         "cast_copy_by_phase": rate(collections.Counter(k.phase for k in casts)),
         "kernels_by_name": rate(collections.Counter(k.name for k in kernels)),
         "aten_ops_by_name": dict(list(rate(collections.Counter(e.name for e in aten)).items())[:40]),
-        "cast_copy_sites": sites(casts),
-        "kernel_sites": sites(kernels),
-    }
+        "cast_copy_sites": sites(casts), "kernel_sites": sites(kernels),
+    }  # fmt: skip
 
 
 def step_window(events: Sequence[Any]) -> tuple[list[Any], int]:
@@ -265,15 +198,13 @@ def step_window(events: Sequence[Any]) -> tuple[list[Any], int]:
     marks = sorted(e.time_range.start for e in events if e.name == MARK)
     if len(marks) < 2:
         raise ValueError("op_count: fewer than two step marks in the profile")
-    lo, hi = marks[0], marks[-1]
-    return [e for e in events if lo <= e.time_range.start < hi and e.name != MARK], len(marks) - 1
+    return [e for e in events if marks[0] <= e.time_range.start < marks[-1] and e.name != MARK], len(marks) - 1
 
 
 # ------------------------------------------------------------------------------------------ running
-@contextlib.contextmanager
-def cuda_autocast_policy() -> Iterator[None]:
-    """layer_norm as CUDA's autocast runs it: in float32, a lower-precision input cast up (and its gradient cast
-    back); the CPU's autocast runs it in the input's dtype with no cast. Outside autocast nothing changes."""
+def autocast_rules(policy: str) -> contextlib.AbstractContextManager[None]:
+    """policy "cuda": layer_norm under autocast runs as CUDA's autocast runs it, in float32, a lower-precision input
+    cast up (and its gradient cast back); "cpu": torch's CPU rules, which run it in the input's dtype with no cast."""
     orig = F.layer_norm
 
     def layer_norm(input: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor | None = None,
@@ -285,31 +216,7 @@ def cuda_autocast_policy() -> Iterator[None]:
             w, b = (t.float() if t is not None else None for t in (weight, bias))
             return orig(input.float(), normalized_shape, w, b, eps)
 
-    F.layer_norm = layer_norm
-    try:
-        yield
-    finally:
-        F.layer_norm = orig
-
-
-def _policy(name: str) -> contextlib.AbstractContextManager[None]:
-    return cuda_autocast_policy() if name == "cuda" else contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def labelled(obj: Any, name: str, label: str) -> Iterator[None]:
-    """obj.name (a method of this object) runs inside record_function(label) while the block runs."""
-    orig = getattr(obj, name)
-
-    def wrapped(*a: Any, **k: Any) -> Any:
-        with record_function(label):
-            return orig(*a, **k)
-
-    setattr(obj, name, wrapped)
-    try:
-        yield
-    finally:
-        delattr(obj, name)
+    return bc.swapped(F, "layer_norm", layer_norm) if policy == "cuda" else contextlib.nullcontext()
 
 
 def profile_model_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str = "32",
@@ -317,64 +224,43 @@ def profile_model_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, preci
     """One forward, loss and backward of `model` outside the loop (no optimizer, no data): summarise() of it."""
     amp = {"32": None, "bf16-mixed": torch.bfloat16}[precision]
     model.train()
-    loss_fn: Any = model.loss
-    with _policy(policy), profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
-        with record_function(MARK):
-            pass
+    with autocast_rules(policy), profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        bc.mark(MARK)
         with record_function(FORWARD):
             with torch.autocast("cpu", dtype=amp) if amp is not None else contextlib.nullcontext():
                 pred = model(x)
                 with record_function(LOSS):
-                    loss = loss_fn(pred, y)
+                    loss = model.loss(pred, y)  # type: ignore[operator]
         loss.backward()
-        with record_function(MARK):
-            pass
+        bc.mark(MARK)
     return summarise(*step_window(prof.events()))
 
 
-def build_task(a: Any) -> Any:
-    from tasks.era5 import build_era5_task
-
-    kw = dict(d_model=a.d_model, num_heads=8, num_layers=3, dim_feedforward=2 * a.d_model, recursion_depth=2,
-              dropout=0.1, seq_len=2, resolution=a.resolution, calendar=not a.no_calendar, prior=a.prior,
-              ensemble=a.ensemble, seed=a.seed, data_path=a.data_path, cache_dir=a.cache_dir)  # fmt: skip
-    with bc.quiet():
-        return build_era5_task(**kw)
-
-
-def profile_loop(task: Any, a: Any, with_stack: bool = True) -> tuple[list[Any], int]:
+def profile_loop(task: Any, a: Any) -> tuple[list[Any], int]:
     """plainloop's Trainer on `task`: a.warmup steps, then a.steps profiled ones, one mark at every step end."""
     from trainer import Callback, TrainConfig, Trainer
 
-    prof = profile(activities=[ProfilerActivity.CPU], with_stack=with_stack)
-    first, last = a.warmup, a.warmup + a.steps
-    on = [False]
+    w, first, last = bc.Window(torch.device("cpu"), with_stack=True), a.warmup, a.warmup + a.steps
 
     class Marks(Callback):
         def on_train_batch_end(self, trainer: Any, outputs: torch.Tensor, batch: Any, batch_idx: int) -> None:
-            step = trainer.progress.step
-            if step == first:
-                prof.start()
-                on[0] = True
-            if on[0]:
-                with record_function(MARK):
-                    pass
-            if step == last and on[0]:
-                prof.stop()
-                on[0] = False
+            if trainer.progress.step == first:
+                w.start()
+            w.mark(MARK)
+            if trainer.progress.step == last:
+                w.stop()
 
-    model = task.model
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        stack.enter_context(labelled(model, "forward", FORWARD))
-        stack.enter_context(labelled(model, "loss", LOSS))
-        stack.enter_context(labelled(task.train_set, "gather", DATA))
-        stack.enter_context(_policy(a.policy))
+        for obj, name, label in ((task.model, "forward", FORWARD), (task.model, "loss", LOSS),
+                                 (task.train_set, "gather", DATA)):  # fmt: skip
+            stack.enter_context(bc.labelled(obj, name, label))
+        stack.enter_context(autocast_rules(a.policy))
         cfg = TrainConfig(max_steps=last + 1, batch_size=a.batch, output_dir=tmp, run_name="op_count", seed=a.seed,
                           device="cpu", precision=a.precision, validation_interval=10**6, progress_bar=False,
                           save_best=False, summary=False)  # fmt: skip
         with bc.quiet():
             Trainer(cfg, task, log=lambda _s: None, callbacks=[Marks()]).fit()
-    return step_window(prof.events())
+    return step_window(w.prof.events())
 
 
 def render(result: dict[str, Any]) -> str:
@@ -407,9 +293,15 @@ FLAGS = [("--precision", "bf16-mixed", "plainloop precision (the GPU runs bf16-m
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from tasks.era5 import build_era5_task
+
     a = bc.parser(__doc__, FLAGS).parse_args(argv)
     torch.manual_seed(a.seed)
-    task = build_task(a)
+    with bc.quiet():
+        task = build_era5_task(d_model=a.d_model, num_heads=8, num_layers=3, dim_feedforward=2 * a.d_model,
+                               recursion_depth=2, dropout=0.1, seq_len=2, resolution=a.resolution,
+                               calendar=not a.no_calendar, prior=a.prior, ensemble=a.ensemble, seed=a.seed,
+                               data_path=a.data_path, cache_dir=a.cache_dir)  # fmt: skip
     events, steps = profile_loop(task, a)
     result = {
         "schema": "plainloop-bench-op-count-1",

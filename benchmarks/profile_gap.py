@@ -19,18 +19,16 @@ Writes raw JSON (every gap, with the host operators that overlap it) and a Markd
 from __future__ import annotations
 
 import bisect
-import contextlib
 import heapq
 import json
 import math
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import record_function
 
 from benchmarks import common as bc
 from benchmarks.run import PRESETS, Bench, _build_task, prepare_data
@@ -48,29 +46,22 @@ FLAGS = [("--preset", "tiny", "problem size", {"choices": sorted(PRESETS)}),
          ("--out", None, "JSON path (default: benchmarks/results/profile_gap_<device>.json)")]  # fmt: skip
 
 
-class Window:
-    """The profiler on from epoch `start` to the first step end after epoch `stop_epoch`, and the marks inside it."""
+class Window(bc.Window):
+    """The profiler on from epoch `first` to the first step end after epoch `stop_epoch`, and the marks inside it."""
 
-    def __init__(self, device: torch.device, start: int, stop_epoch: int) -> None:
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        self.prof, self.start, self.stop_epoch = profile(activities=acts), start, stop_epoch
-        self.on = self.done = False
+    def __init__(self, device: torch.device, first: int, stop_epoch: int) -> None:
+        super().__init__(device)
+        self.first, self.stop_epoch = first, stop_epoch
         self.val: Any = None
 
     def epoch_start(self, epoch: int) -> None:
-        if epoch == self.start and not self.done:
-            self.prof.start()
-            self.on = True
-
-    def mark(self, name: str) -> None:
-        if self.on:
-            with record_function(name):
-                pass
+        if epoch == self.first:
+            self.start()
 
     def step_end(self, epoch: int) -> None:
         self.mark(STEP)
         if epoch > self.stop_epoch:
-            self.finish()
+            self.stop()
 
     def val_start(self) -> None:
         if self.on:
@@ -81,27 +72,6 @@ class Window:
         if self.val is not None:
             self.val.__exit__(None, None, None)
             self.val = None
-
-    def finish(self) -> None:
-        if self.on:
-            self.on, self.done = False, True
-            self.prof.stop()
-
-
-@contextlib.contextmanager
-def labelled(obj: Any, name: str, label: str) -> Iterator[None]:
-    """obj.name runs inside record_function(label) while the block runs."""
-    orig = getattr(obj, name)
-
-    def wrapped(*a: Any, **k: Any) -> Any:
-        with record_function(label):
-            return orig(*a, **k)
-
-    setattr(obj, name, wrapped)
-    try:
-        yield
-    finally:
-        setattr(obj, name, orig)
 
 
 def trace_plainloop(b: Bench, w: Window, epochs: int) -> None:
@@ -124,7 +94,7 @@ def trace_plainloop(b: Bench, w: Window, epochs: int) -> None:
         def on_validation_end(self, trainer: Any, metrics: dict[str, float]) -> None:
             w.val_end()
 
-    with tempfile.TemporaryDirectory() as tmp, labelled(Checkpointer, "save", CKPT):
+    with tempfile.TemporaryDirectory() as tmp, bc.labelled(Checkpointer, "save", CKPT):
         cfg = TrainConfig(epochs=epochs + 1, batch_size=b.p["batch"], output_dir=tmp, run_name="profile", seed=b.seed,
                           device=str(b.device), validation_interval=epochs, progress_bar=False)  # fmt: skip
         Trainer(cfg, _build_task(b, None), log=lambda _s: None, callbacks=[Hooks()]).fit()
@@ -132,8 +102,6 @@ def trace_plainloop(b: Bench, w: Window, epochs: int) -> None:
 
 def trace_lightning(b: Bench, w: Window, epochs: int) -> None:
     import lightning as L
-
-    from trainer.runtime import resolve_runtime
 
     class Hooks(L.Callback):
         def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
@@ -151,9 +119,9 @@ def trace_lightning(b: Bench, w: Window, epochs: int) -> None:
         def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
             w.val_end()
 
-    task, warmup = _build_task(b, None), w.start
-    precision = bc.LIGHTNING_PRECISION[resolve_runtime("auto", str(b.device)).precision]
-    with labelled(L.Trainer, "save_checkpoint", CKPT):
+    task, warmup = _build_task(b, None), w.first
+    precision = bc.lightning_precision(b.device)
+    with bc.labelled(L.Trainer, "save_checkpoint", CKPT):
         bc.run_lightning(task.model, task.train_set, task.val_set, b.device, epochs=epochs + 1 - warmup,
                          warmup_epochs=warmup, batch_size=b.p["batch"], precision=precision, seed=b.seed,
                          peer=dict(bc.SAME_DATA_PEER, val_every=epochs), callbacks=[Hooks()])  # fmt: skip
@@ -285,7 +253,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             w, path = Window(device, a.warmup_epochs, a.warmup_epochs + n_ep - 1), Path(tmp) / f"{loop}.json"
             with bc.quiet():  # the loops' own console lines; the profile is what this prints
                 (trace_plainloop if loop == "plainloop" else trace_lightning)(b, w, a.warmup_epochs + n_ep)
-            w.finish()
+            w.stop()
             w.prof.export_chrome_trace(str(path))
             out_loops[loop] = summarise_trace(json.loads(path.read_text()), a.min_gap_us)
             print(f"[gap] traced {loop}", flush=True)

@@ -3,19 +3,12 @@
     .venv/bin/python -m benchmarks.run --preset cpu            # this 2-core box: ~10 minutes
     bash benchmarks/run_gpu.sh                                 # H100/H200: the seed's SST configuration
 
-Configurations (same model, same data, same optimizer AdamW(lr 1e-3, wd 0.01)):
-  before          the seed guides' unoptimised loop (benchmarks/before_loop.py): fp32, batch 50, num_workers 0,
-                  no pinning, netCDF read per sample, loss.item() every step, validation every epoch
-  defaults        plainloop's Trainer with TrainConfig() defaults: batch 150, precision auto, data held on the device
-  seed_loader     defaults on the seed's data path: a DataLoader with 8 workers, pinned, persistent (device_cache
-                  off): defaults / seed_loader = the data path's share
-  tuned           defaults + torch.compile (--compile-mode) + a batch size found by trainer.extras.autobatch
-  user_trainer    a user's own model (the seed's network, forward only, no `loss` method) through Trainer
-  user_base       the same model through the seed guides' door, `trainer.BaseTrainer(...).train()`
-  lightning       lightning.Trainer as the guides' BaseTrainer (common.SEED_PEER) on the cached dataset
-  lightning_data  lightning.Trainer on exactly plainloop's data path (common.SAME_DATA_PEER):
-                  defaults / lightning_data = the loop's own share
-  lightning_fp32  `lightning` with precision "32" (on a CPU Lightning turns 16-mixed into bf16)
+Configurations (same model, same data, same optimizer AdamW(lr 1e-3, wd 0.01); docs/benchmarks/index.md, "The
+rows", says what each is): before (benchmarks/before_loop.py, the seed guides' loop), defaults (TrainConfig()
+defaults), seed_loader (defaults on the seed's 8-worker loader: defaults / seed_loader = the data path's share),
+tuned (defaults + torch.compile + an autotuned batch), user_trainer and user_base (a user's own model, no `loss`
+method, through Trainer and through BaseTrainer), lightning (common.SEED_PEER), lightning_data (common.SAME_DATA_PEER:
+defaults / lightning_data = the loop's own share), lightning_fp32 (lightning at precision "32").
 Repetitions are interleaved (A B C A B C ...). Each builds the configuration afresh, runs untimed warm-up epochs,
 then times whole epochs: training, validation (at the row's own interval) and checkpoint writes included.
 samples/s = training samples of the timed epochs / their wall time. Writes raw JSON (environment, config, every
@@ -59,6 +52,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     "seed": {**dict(zip(_KEYS, (0.25, 50, 2.0, 50, 150, 3, 2, 20, 1, 8))), "model": bc.MODEL_SIZES["seed"],
              "configs": (*_CPU_ROWS[:3], "tuned", *_CPU_ROWS[3:])},
 }  # fmt: skip
+FLAGS = [("--preset", "cpu", "problem size", {"choices": sorted(PRESETS)}),
+         ("--file-grid", None, "grid (degrees) of the generated ERA5-format file, e.g. 0.25 = ERA5's native 1440 x 721 "
+          "(default: the preset's)", {"type": float}),
+         ("--configs", None, f"comma list from {','.join(ALL_CONFIGS)} (default: the preset's list)"),
+         ("--epochs", None, "timed epochs per repetition (default: the preset's)", {"type": int}),
+         ("--device", None, "cuda or cpu (default: cuda when available)"),
+         ("--cache-dir", None, "the generated netCDF and the coarse cache (default: $PLAINLOOP_CACHE or "
+          "~/.cache/plainloop)"),
+         ("--compile-mode", "default", "torch.compile mode of the tuned row; none = autotuned batch without compile",
+          {"choices": ("default", "reduce-overhead", "max-autotune", "none")}),
+         ("--seed", 0, "model/data-order seed"),
+         ("--out", None, "JSON path (default: benchmarks/results/run_<cpu|gpu>.json)")]  # fmt: skip
 # The seed's whole job: 500 epochs over 252 months (seq_len 2, split 0.8/0.1/0.1 -> 200 training samples).
 JOB_EPOCHS, JOB_MONTHS = 500, 252
 GUIDE_ESTIMATE = {"before_h": 83.0, "after_h": "12–20", "gpu": "RTX 4060 Ti"}
@@ -240,12 +245,8 @@ def run_base_trainer_config(b: Bench, name: str) -> dict[str, Any]:
 
 
 def run_lightning_config(b: Bench, name: str) -> dict[str, Any]:
-    from trainer.runtime import resolve_runtime
-
     same = name == "lightning_data"  # plainloop's own resolved precision; the seed's 16-mixed or 32 otherwise
-    precision = "32" if name == "lightning_fp32" else "16-mixed"
-    if same:
-        precision = bc.LIGHTNING_PRECISION[resolve_runtime("auto", str(b.device)).precision]
+    precision = bc.lightning_precision(b.device) if same else "32" if name == "lightning_fp32" else "16-mixed"
     task, mon = _build_task(b, None if same else False), _monitor(b.device, b.p["batch"])
     r = bc.run_lightning(task.model, task.train_set, task.val_set, b.device, epochs=b.p["epochs"],
                          warmup_epochs=b.p["warmup_epochs"], batch_size=b.p["batch"], precision=precision,
@@ -491,24 +492,10 @@ def setup_notes(b: Bench, configs: tuple[str, ...]) -> tuple[tuple[str, ...], li
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = bc.base_parser(__doc__, None, reps=None, threads=0, out_help="benchmarks/results/run_<cpu|gpu>.json")
-    add = ap.add_argument
-    add("--preset", choices=sorted(PRESETS), default="cpu", help="problem size (default: cpu)")
-    add("--file-grid", type=float, default=None, help="grid (degrees) of the generated ERA5-format file, e.g. 0.25 = "
-        "ERA5's native 1440 x 721 (default: the preset's)")  # fmt: skip
-    add("--configs", default=None, help=f"comma list from {','.join(ALL_CONFIGS)} (default: the preset's list)")
-    add("--epochs", type=int, default=None, help="timed epochs per repetition (default: the preset's)")
-    add("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    add("--cache-dir", default=None, help="the generated netCDF and the coarse cache (default: $PLAINLOOP_CACHE or "
-        "~/.cache/plainloop)")  # fmt: skip
-    add("--compile-mode", default="default", choices=("default", "reduce-overhead", "max-autotune", "none"),
-        help="torch.compile mode of the tuned row; none = autotuned batch without compile (default: default)")  # fmt: skip
-    add("--seed", type=int, default=0, help="model/data-order seed (default: 0)")
+    ap = bc.parser(__doc__, FLAGS, timing=(None, 0))
     args = ap.parse_args(argv)
     p = dict(PRESETS[args.preset], **({"file_grid": args.file_grid} if args.file_grid is not None else {}))
-    configs = tuple(args.configs.split(",")) if args.configs else p["configs"]
-    if unknown := [c for c in configs if c not in ALL_CONFIGS]:
-        ap.error(f"--configs: unknown {unknown}; choose from {ALL_CONFIGS}")
+    configs = tuple(bc.comma_list(ap, "--configs", args.configs, ALL_CONFIGS)) if args.configs else p["configs"]
     for key in ("reps", "epochs"):
         if (v := getattr(args, key)) is not None:
             if v < 1:

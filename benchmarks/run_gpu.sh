@@ -4,14 +4,11 @@
 #     bash benchmarks/run_gpu.sh
 #     TINY=1 bash benchmarks/run_gpu.sh        # dry run: the same steps on the tiny preset, any device, ~3 min on 2 cores
 #
-# 1. benchmarks.run --preset seed: the seed guides' SST configuration (RecursiveAttentionTransformer, 180 x 80 grid
-#    at 2°, d_model 512, 8 heads, 3 layers, ff 1024, recursion 2) read from a generated ERA5-format file on the
-#    native 0.25° grid (1440 x 721, 600 months, ~1.3 GB, made once into $CACHE_DIR; ~30 s). Rows: plainloop's
-#    defaults, tuned (torch.compile + autotuned batch), Lightning as the guides' BaseTrainer and Lightning on
-#    plainloop's own data path; 3 interleaved repetitions of 10 timed epochs (~3 min).
-# 2. benchmarks.profile_gap --preset seed: a torch.profiler trace of plainloop and of Lightning on the same data path,
-#    at least 10 steps and the epoch ends among them (one validating), summarised into the GPU's busy time per step
-#    and each idle gap with its likely cause (~1 min).
+# 1. benchmarks.run --preset seed: the seed guides' SST configuration read from a generated ERA5-format file on the
+#    native 0.25° grid (made once into $CACHE_DIR): plainloop's defaults, tuned, Lightning as the guides' BaseTrainer
+#    and Lightning on plainloop's own data path (~3 min).
+# 2. benchmarks.profile_gap --preset seed: where the GPU idles in a trace of plainloop and Lightning (~1 min).
+# docs/benchmarks/index.md ("GPU (H200), the seed guides' configuration") says what each step does.
 # Both write raw JSON and a Markdown table into $OUT_DIR, named after the device (run_gpu_<device>.json,
 # profile_gap_<device>.json); the script prints the headline at the end. Each step has a time limit, so one that
 # hangs cannot take the others' time. Installs nothing: it needs python with torch (CUDA), numpy, netCDF4 and psutil;

@@ -5,22 +5,14 @@ sampler at 1x, 4x and 16x SYSU-MM01's size.
     .venv/bin/python -m benchmarks.scaling --years 5,10 --peers xarray_dask
     .venv/bin/python -m benchmarks.scaling --quick               # tiny files, in-process, seconds (a test)
 
-ERA5 (legacy and CDS-2024 layouts; files generated once into --cache-dir, one per layout and length, and left in
-the OS page cache by that: every reader below reads warm files):
-  build        plainloop's coarse cache built from scratch (ERA5SSTMonthlyDataset into an empty cache directory):
-               time, peak resident memory of the process and above its start, cache size on disk
-  xarray_dask  the peer: xarray.open_mfdataset(chunks of 12 months, dask) -> the area -> cos-latitude weighted
-               mean over the finite points of each cell via coarsen -> land (missing in any month) masked ->
-               computed and saved as .npy: the same numbers as plainloop's cache (the test checks)
-  xarray       the same with xarray.open_dataset and no dask (eager, the whole field in memory); skipped above
-               --eager-max-gb of decoded data
-  train        plainloop's Trainer (defaults) on the built cache with a small model: the task's build (datasets
-               opened from the cache, the LIM prior fitted), the first epoch (data placement included) and steady
-               epochs (median of the rest)
-Each measurement runs in a fresh Python process (peak RSS = its ru_maxrss); --quick runs them in-process with a
-sampled RSS peak instead. Sampler: construction and one epoch of `CachedModalAwarePKSampler`, and the seed's
-per-batch modality inference ("before", per-sample; benchmarks/sampler.py), on SYSU-like metadata with k x 395
-identities of SYSU's per-identity sizes. Writes raw JSON to --out and a Markdown table beside it.
+ERA5 files (legacy and CDS-2024 layouts) are generated once into --cache-dir and read warm from the OS page cache.
+Per file: plainloop's coarse cache built from scratch (time, peak resident memory, cache size), the xarray peer doing
+the same area mean with dask (xarray_dask) and without (xarray: the whole field in memory, skipped above
+--eager-max-gb decoded), and plainloop's Trainer on the built cache with a small model (task build, first and steady
+epochs). Each measurement runs in a fresh Python process (peak RSS = its ru_maxrss); --quick runs them in-process
+with a sampled RSS peak. The sampler: construction and one epoch of CachedModalAwarePKSampler against the seed's
+per-batch modality inference (benchmarks/sampler.py) on SYSU-like metadata. docs/benchmarks/index.md ("Cost as the
+work grows") reads the figures.
 """
 
 from __future__ import annotations

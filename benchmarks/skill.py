@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common import RESULTS_DIR, environment, md_table, parser, write_json
+from benchmarks.common import RESULTS_DIR, environment, md_table, parser, write_json, write_result
 from datasets.era5_records import RECORDS, ensure_record
 from tasks.era5 import PRIOR_BASELINE, load_wide_region
 from utils.baselines import (
@@ -487,7 +487,7 @@ def run_rolling(args: argparse.Namespace) -> int:
                   f"{_pct(ratios['corrected_vs_lim'])}", flush=True)  # fmt: skip
         result["boxes"][box] = block
         write_json(out, result)  # partial results survive an interrupted run
-    _write(out, result, render_rolling(result))
+    write_result(out, result, render_rolling(result))
     return 0
 
 
@@ -527,12 +527,6 @@ def render_rolling(result: dict[str, Any]) -> str:
     return text
 
 
-def _write(out: Path, result: dict[str, Any], md: str) -> None:
-    write_json(out, result)
-    out.with_suffix(".md").write_text(md, encoding="utf-8")
-    print(md + f"\n[skill] results: {out} (+ .md)")
-
-
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, FLAGS)
     args = p.parse_args(argv)
@@ -541,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         rolling = res.get("benchmark") == "skill_rolling"
         for block in [] if rolling else res["datasets"].values():
             block["summary"] = aggregate(block["runs"])
-        _write(Path(args.render), res, render_rolling(res) if rolling else render(res))
+        write_result(Path(args.render), res, render_rolling(res) if rolling else render(res))
         return 0
     if args.seeds is None:  # a network hindcast trains 16 models a seed; asked-for seeds are always kept
         args.seeds = [0] if args.rolling and args.network else [0, 1, 2]
@@ -579,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         result["datasets"][name] = {"description": desc, "source": source, "lon": lon, "lat": lat, "resolution": 5.0,
                                     "runs": runs, "summary": aggregate(runs)}  # fmt: skip
         write_json(out, result)  # partial results survive an interrupted grid
-    _write(out, result, render(result))
+    write_result(out, result, render(result))
     plot(result, out.with_suffix(".png"))
     return 0
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.common import all_figures_finite, lightning_available, paired, stats, target_check
+from benchmarks.common import lightning_available, paired, stats, target_check
 
 pytest.importorskip("netCDF4")
 
@@ -34,6 +34,19 @@ SUMMARY_POSITIVE = (
     "vs_before",
     "batch_size",
 )
+
+
+def all_figures_finite(obj: object, path: str = "") -> list[str]:
+    """Paths of numbers in `obj` that are not finite."""
+    if isinstance(obj, bool):
+        return []
+    if isinstance(obj, int | float):
+        return [] if math.isfinite(obj) else [path]
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in all_figures_finite(v, f"{path}.{k}")]
+    if isinstance(obj, list | tuple):
+        return [p for i, v in enumerate(obj) for p in all_figures_finite(v, f"{path}[{i}]")]
+    return []
 
 
 def _positive_finite(v: object, where: str) -> None:

@@ -3,6 +3,7 @@ them left float32 results as they were: the model is checked against its earlier
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.op_count import profile_model_step
+from benchmarks.op_count import main, profile_model_step
 from models.ratransformer import RecursiveAttentionTransformer
 from tasks.era5 import PriorForecaster
 
@@ -163,3 +164,11 @@ def test_launches_per_step_do_not_grow(precision: str) -> None:
     counts = profile_model_step(pf, x, y, precision, policy="cuda")
     got = {k: counts[k] for k in BUDGET[precision]}
     assert all(got[k] <= v for k, v in BUDGET[precision].items()), (got, counts["cast_copy_sites"])
+
+
+def test_the_harness_counts_the_steps_of_plainloops_loop(tmp_path: Path) -> None:
+    """benchmarks.op_count end to end: two steps of plainloop's Trainer profiled, each part of a step counted."""
+    s = main(["--steps", "2", "--warmup", "1", "--top", "5", "--out", str(tmp_path / "oc.json")])["per_step"]
+    assert s["steps"] == 2 and (tmp_path / "oc.md").is_file()
+    assert {"forward", "loss", "backward", "optimizer", "loop"} <= set(s["kernels_by_phase"])
+    assert 0 < s["cast_copy_kernels"] < s["kernels"] < s["aten_ops"] and len(s["cast_copy_sites"]) == 5
