@@ -283,7 +283,7 @@ def _rolling_case(data_file, tmp_path):
 
 
 def test_rolling_hindcast_never_fits_or_chooses_on_a_test_month(sample_file, tmp_path):
-    from benchmarks.skill import VAL_MONTHS, rolling_statistical
+    from utils.hindcast import VAL_MONTHS, rolling_statistical
 
     data, months, lats, mask = _rolling_case(sample_file, tmp_path / "c")
     year = int(months[-1] // 12)  # the last year of the 12-year sample
@@ -332,8 +332,8 @@ def test_wide_region_rule_and_cell_index(sample_file, tmp_path):
 
 
 def test_wide_predictors_never_see_a_test_month(sample_file, tmp_path):
-    from benchmarks.skill import rolling_statistical
     from utils.baselines import WideRegion
+    from utils.hindcast import rolling_statistical
 
     data, months, lats, mask = _rolling_case(sample_file, tmp_path / "c")
     ds = ERA5SSTMonthlyDataset(
@@ -366,7 +366,7 @@ def test_wide_predictors_never_see_a_test_month(sample_file, tmp_path):
 
 
 def test_small_rolling_skill_run(sample_file, tmp_path):
-    from benchmarks.skill import bootstrap_ratio, pooled_rmse, rolling_statistical
+    from utils.hindcast import bootstrap_ratio, pooled_rmse, rolling_statistical
 
     data, months, lats, mask = _rolling_case(sample_file, tmp_path / "c")
     last = int(months[-1] // 12)
