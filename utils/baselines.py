@@ -28,7 +28,7 @@ Leads count months from the last input month to the target month (the dataset's 
   misses on the leading principal components of the last 1-2 input months, optionally modulated by the
   target's calendar month (each predictor also times cos and sin of its phase), optionally with the
   leading PCs of a wider region (remote drivers) beside the area's own. Its settings are chosen on held-out
-  months by the caller (`benchmarks.skill`'s rolling hindcast).
+  months by the caller (`utils.hindcast`'s rolling hindcast).
 - Wide-region hybrid (`wide_region`, `WideRegion`): the hybrid fitted on every longitude and the area's
   latitudes widened to at least 30°S-30°N, read on the area's cells; the "blend" is its mean with the
   area's own hybrid (two untuned forecasts whose errors are partly independent).
