@@ -101,6 +101,9 @@ OTHER_PROGRAMS = {
     "steps",
     "warmup",
     "sizes",
+    "top",  # benchmarks.op_count
+    "label",
+    "policy",
 }
 
 
