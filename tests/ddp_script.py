@@ -124,6 +124,11 @@ trainer.fit()  # the trainer stays referenced, as in a user script
 # Linux: after the exit-time cleanup no gloo thread may be left to outlive the interpreter
 if os.path.isdir("/proc/self/task"):
     cleanup_distributed()
-    names = [Path(f"/proc/self/task/{t}/comm").read_text() for t in os.listdir("/proc/self/task")]
+    names = []
+    for t in os.listdir("/proc/self/task"):
+        try:
+            names.append(Path(f"/proc/self/task/{t}/comm").read_text())
+        except FileNotFoundError:  # a thread that ended after the listing: not left over
+            pass
     left = sum("gloo" in n for n in names)
     print(f"rank {os.environ.get('RANK', '0')}: gloo threads left after destroy_process_group: {left}")
