@@ -481,14 +481,17 @@ class Trainer:
         it: Iterator[Any] = iter(self.data.loader)
         for _ in range(replay):
             next(it)
+        # read once: what every step below consults
+        total, run, device, ddp = self.length.total_steps, self.run, self.rt.device, self.rt.distributed
+        move, bar, stop = not self.data.on_device, run.bar, run.stop
         window_start, t0, agreed = start, time.perf_counter(), False
         i_samples, i_t = 0, t0
         norm: torch.Tensor | None = None
         want_norm = False
         for i in range(start, nb):
             batch = next(it)
-            if not self.data.on_device:
-                batch = to_device(batch, self.rt.device)
+            if move:
+                batch = to_device(batch, device)
             if cfg.channels_last:
                 batch = knobs.to_channels_last(batch)
             t_data = time.perf_counter() - t0
@@ -509,13 +512,13 @@ class Trainer:
             if hooks.batch_end:
                 hooks("on_train_batch_end", loss, batch, i)
             if boundary:
-                logged = p.step % cfg.log_every == 0 or p.step >= self.length.total_steps or i + 1 == nb
+                logged = p.step % cfg.log_every == 0 or p.step >= total or i + 1 == nb
                 if logged:
                     # a save may follow: the weights' finiteness rides in the log point's one transfer
-                    save_due = self.checkpointer.clock.due(epoch_end=i + 1 == nb) or p.step >= self.length.total_steps
+                    save_due = self.checkpointer.clock.due(epoch_end=i + 1 == nb) or p.step >= total
                     i_t = self._log_point(pending, i_samples, i_data, i_t, norm if want_norm else None, save_due)
                     i_samples, i_data = 0, 0.0
-                    if self.rt.distributed:  # every rank must stop at the same step: agree at the log point (a sync)
+                    if ddp:  # every rank must stop at the same step: agree at the log point (a sync)
                         agreed = self._agree_stop() is not None
                 elif want_norm:
                     self._log_norm(norm)
@@ -533,17 +536,13 @@ class Trainer:
             n_iters += 1
             data_s += t_data
             iter_s += t1 - t0
-            if self.run.bar is not None and ((i + 1) % cfg.progress_every == 0 or i + 1 == nb):
-                self.run.bar.update(self.batches_total_done() - self.run.bar.n)
+            if bar is not None and ((i + 1) % cfg.progress_every == 0 or i + 1 == nb):
+                bar.update(self.batches_total_done() - bar.n)
             t0 = t1
-            if (
-                p.step >= self.length.total_steps
-                or agreed
-                or (boundary and self.run.stop.signum and not self.rt.distributed)
-            ):
+            if p.step >= total or agreed or (boundary and stop.signum and not ddp):
                 break
         for k, v in (("samples", n_samples), ("iters", n_iters), ("data_s", data_s), ("iter_s", iter_s)):
-            self.run.stats[k] += v
+            run.stats[k] += v
         if p.batches_done >= nb:  # the epoch ran to its end (not stopped by max_steps or a signal)
             p.epoch += 1
             p.batches_done = 0
@@ -570,9 +569,8 @@ class Trainer:
         with no_sync:
             with self.rt.autocast() if self.rt.amp_dtype is not None else _NULL:
                 loss = self.loss_fn(self.model, batch)
-            if (
-                not self.run.loss_checked
-            ):  # once: a float, detached or vector loss is one line, not backward's traceback
+            # once: a float, detached or vector loss is one line, not backward's traceback
+            if not self.run.loss_checked:
                 if why := loss_problem(loss):
                     raise LossError(f"{self.task.name}: {why}")
                 self.run.loss_checked = True
