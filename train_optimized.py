@@ -81,7 +81,7 @@ from trainer.config import (  # noqa: E402
     knob,
 )
 from trainer.extras.loggers import CSVLogger, WandbLogger, parse_logger_names  # noqa: E402
-from trainer.runfiles import WAIT_THEN_RESUME, RunDirError, check_not_live, find_resumable, is_run_dir  # noqa: E402
+from trainer.runfiles import RunDirError, find_resumable, refuse_if_live  # noqa: E402
 from trainer.runtime import launch_prefix  # noqa: E402
 from trainer.signals import handled_signals  # noqa: E402
 from trainer.state import ResumeError, RunFinished, resume_changes  # noqa: E402
@@ -440,25 +440,16 @@ def _resume_dir(resume: str, given: dict[str, Any], notes: list[str] | None = No
         if not p.is_dir() and not p.is_file():  # reading a FIFO would wait forever for a writer
             raise ResumeError(f"--resume {resume}: not a checkpoint file or a run directory (a FIFO or a device?)")
         run_dir = p if p.is_dir() else p.parent.parent
-        _refuse_if_live(run_dir)  # before looking for last.pt: a live run may not have written one yet
+        refuse_if_live(run_dir)  # before looking for last.pt: a live run may not have written one yet
         return run_dir
     if given.get("run_name"):  # a fixed name: continue it if it has a checkpoint, else start it
         cand = out / given["run_name"]
         if not (cand / "checkpoints" / "last.pt").is_file():
             return None
-        _refuse_if_live(cand)
+        refuse_if_live(cand)
         return cand
     task = given.get("task", RunOptions.task)
     return find_resumable_user_task(out, task) if is_user_task(task) else find_resumable(out, task, notes)
-
-
-def _refuse_if_live(run_dir: Path, fix: str = WAIT_THEN_RESUME) -> None:
-    """RunDirError when another live process writes the run directory `run_dir` (its lock is tried, not kept). Rank 0
-    alone tries it: ranks trying one lock at once would each see the other's try as a live run."""
-    if int(os.environ.get("RANK", "0")) != 0 or not run_dir.is_dir():
-        return
-    if (run_dir / "checkpoints").is_dir() or is_run_dir(run_dir):  # a run's: never a lock file in another folder
-        check_not_live(run_dir, fix)
 
 
 def _auto_note(given: dict[str, Any]) -> str:
@@ -470,7 +461,7 @@ def _auto_note(given: dict[str, Any]) -> str:
         return f"resume auto: nothing to resume under {what}; starting a new run"
     place = out / given["run_name"]
     try:
-        _refuse_if_live(place, "it has no last.pt yet; this run starts in a directory of its own")
+        refuse_if_live(place, "it has no last.pt yet; this run starts in a directory of its own")
     except RunDirError as e:
         return f"resume auto: {e}"
     return f"resume auto: nothing to resume under {place}; starting a new run"

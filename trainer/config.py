@@ -548,7 +548,7 @@ class TrainConfig:
 
     def __new__(cls, *args: object, **kwargs: object) -> TrainConfig:
         # a misspelt keyword gets the nearest names, as a flag, a config file or a BaseTrainer dict does
-        if unknown := unknown_keys(kwargs, [f.name for f in dataclasses.fields(cls)]):
+        if unknown := unknown_keys(kwargs, field_rules(cls)):
             raise TypeError(f"{cls.__name__}: unknown setting(s) {'; '.join(unknown)}")
         return super().__new__(cls)
 

@@ -160,6 +160,15 @@ def check_not_live(run_dir: Path, fix: str = WAIT_OR_RENAME) -> None:
             return
 
 
+def refuse_if_live(run_dir: Path, fix: str = WAIT_THEN_RESUME, main: bool | None = None) -> None:
+    """check_not_live for a resume target before its last.pt is looked for (a live run may have none yet): only a
+    run's folder (no lock file in a user's), only on rank 0 (None: torchrun's RANK), as ranks trying one lock at
+    once would each see the other as live."""
+    main = int(os.environ.get("RANK", "0")) == 0 if main is None else main
+    if main and run_dir.is_dir() and ((run_dir / "checkpoints").is_dir() or is_run_dir(run_dir)):
+        check_not_live(run_dir, fix)
+
+
 def busy_error(run_dir: Path, fix: str = WAIT_OR_RENAME) -> RunDirError:
     """The refusal of a second process on `run_dir`, naming the owner its .lock records."""
     owner = _recorded_owner(Path(run_dir) / ".lock")

@@ -22,14 +22,13 @@ from typing import Any, Protocol, cast
 import torch
 from torch import nn
 
-from . import layers
 from .checkpoint import CheckpointError, StateDict, atomic_save, load_checkpoint, snapshot_to_host, storage_error
 from .config import TrainConfig
 from .evaluation import BestTracker
 from .hooks import Hooks
-from .runfiles import WAIT_THEN_RESUME, RunFiles, check_not_live, finished, is_run_dir
+from .runfiles import RunFiles, finished, refuse_if_live
 from .runtime import Runtime, launch_prefix, rng_state, set_rng_state
-from .usercode import resume_hint
+from .usercode import cli_resume_line, resume_hint
 
 Settings = dict[str, dict[str, Any]]  # {table: {key: value}}, as config.toml and every checkpoint hold them
 
@@ -421,9 +420,7 @@ class Checkpointer:
         """Check that `path` (a checkpoint or a run directory's last.pt) can continue this run, then walk the
         registry in; one line per remark goes to `notes`. Returns the run directory it lives in, or None."""
         found = path if path.is_dir() else path.parent.parent
-        if self.rt.is_main and found.is_dir() and ((found / "checkpoints").is_dir() or is_run_dir(found)):
-            # a live run is named as such, also before its first last.pt (not "last.pt does not exist")
-            check_not_live(found, WAIT_THEN_RESUME)
+        refuse_if_live(found, main=self.rt.is_main)  # a live run is named as such, not "last.pt does not exist"
         ckpt = upgrade(self._load(path, notes))
         self._check_same_run(path, ckpt, total_steps)  # before any part changes
         self.state.load_state_dict(ckpt, source=path)
@@ -458,10 +455,8 @@ class Checkpointer:
             old_task = ckpt["task"]
             run = ckpt.get("settings", {}).get("run") if isinstance(ckpt.get("settings"), dict) else None
             spec = run.get("task") if isinstance(run, dict) else None
-            if _cli_resume(path) is None:
-                fix = f"build the Task named {old_task!r}"
-            else:
-                fix = f"give --task {shlex.quote(spec)}" if isinstance(spec, str) else "give --task with its builder"
+            fix = f"give --task {shlex.quote(spec)}" if isinstance(spec, str) else "give --task with its builder"
+            fix = fix if cli_resume_line(path, launch_prefix()) else f"build the Task named {old_task!r}"
             raise ResumeError(
                 f"{path} is a checkpoint of task {old_task!r}, not {self.task_name!r}; to continue it, {fix}; or "
                 f"resume a run of task {self.task_name!r}"
@@ -520,16 +515,9 @@ class Checkpointer:
     def _longer(self, target: Path, total_steps: int) -> str:
         """A resume that gives the run more optimizer steps, in the words of the door in use."""
         key, now = ("max_steps", total_steps) if self.cfg.max_steps else ("epochs", self.cfg.epochs)
-        line = _cli_resume(target)
-        if line is not None:
+        if line := cli_resume_line(target, launch_prefix()):
             return f"{line} --{key} N, with N above {now}"
         return f"TrainConfig(..., resume={str(target)!r}, {key}=N), with N above {now}"
-
-
-def _cli_resume(target: Path) -> str | None:
-    """The command line's resume line for `target` while the command line runs (trainer/layers.py), else None (the
-    Python door: messages name TrainConfig's fields, not flags)."""
-    return next((line for command in layers.RESUME_COMMANDS if (line := command(target, launch_prefix()))), None)
 
 
 def weights_finite(model: nn.Module) -> torch.Tensor:

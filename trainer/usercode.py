@@ -19,11 +19,15 @@ from . import layers
 Collate = Callable[[list[Any]], object]  # a DataLoader's collate_fn: a list of samples -> a batch
 
 
+def cli_resume_line(target: str | os.PathLike[str], prefix: str = "python") -> str | None:
+    """The command line's own resume line while it runs (trainer/layers.py), else None (the Python door)."""
+    return next((line for command in layers.RESUME_COMMANDS if (line := command(target, prefix))), None)
+
+
 def resume_hint(target: str | os.PathLike[str], prefix: str = "python") -> str:
-    """How to continue a run: the command line's own line while it runs (trainer/layers.py), else the Python call."""
-    for command in layers.RESUME_COMMANDS:
-        if line := command(target, prefix):
-            return line
+    """How to continue a run: the command line's own line while it runs, else the Python call."""
+    if line := cli_resume_line(target, prefix):
+        return line
     script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] not in ("", "-c") else ""
     # a plain script of the user's names itself; `python -m pkg` and tools (pytest) run a __main__.py
     again = f", then run {prefix} {script} again" if script.endswith(".py") and script != "__main__.py" else ""
