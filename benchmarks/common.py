@@ -5,7 +5,8 @@ Lightning (a benchmark-only dependency, requirements-bench.txt) in two set-ups:
   SEED_PEER       as the seed guides' BaseTrainer: "16-mixed", 8 workers, pinned, persistent, prefetch 2, torch's
                   AdamW, validation every epoch, progress bar, reading plainloop's cached dataset via a DataLoader
   SAME_DATA_PEER  plainloop's own data path, so that only the loop differs: the in-memory split gathered by index
-                  in plainloop's order, 0 workers, plainloop's precision and AdamW, validation at the last epoch,
+                  in plainloop's order, 0 workers, plainloop's precision and AdamW, validation as often as
+                  plainloop's default validates and, given `evaluate`, the task's own scoring (the same work),
                   no logger, progress bar or model summary
 """
 
@@ -25,7 +26,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from benchmarks.sizes import CPU_MODEL, TINY_MODEL
 from tasks.era5 import SEED_PRESET
+from trainer.config import validation_every
 from trainer.runtime import resolve_runtime
 from utils.performance_monitor import usable_cpus
 
@@ -399,7 +401,12 @@ def quiet() -> Iterator[None]:
 
 SEED_LOADER = {"num_workers": 8, "pin_memory": True, "persistent_workers": True, "prefetch_factor": 2}
 SEED_PEER: dict[str, Any] = {"data": "loader", "progress_bar": True, "optimizer": "torch", "val_every": 1}
-SAME_DATA_PEER: dict[str, Any] = {"data": "gather", "progress_bar": False, "optimizer": "plainloop", "val_every": None}
+SAME_DATA_PEER: dict[str, Any] = {
+    "data": "gather",
+    "progress_bar": False,
+    "optimizer": "plainloop",
+    "val_every": "auto",
+}
 LIGHTNING_PRECISION = {"32": "32-true", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
 
 
@@ -454,8 +461,10 @@ def peer_loaders(train_set: Any, val_set: Any, device: torch.device, batch_size:
     return DataLoader(train_set, batch_size=batch_size, shuffle=True, **kw), val
 
 
-def peer_module(model: torch.nn.Module, lr: float, device: torch.device, peer: dict[str, Any]) -> Any:
-    """A LightningModule around a plainloop task's model: its loss, logged per step, and the peer's AdamW."""
+def peer_module(model: torch.nn.Module, lr: float, device: torch.device, peer: dict[str, Any],
+                evaluate: Callable[..., dict[str, float]] | None = None) -> Any:  # fmt: skip
+    """A LightningModule around a plainloop task's model: its loss, logged per step, and the peer's AdamW.
+    Validation scores the loss per batch, or with `evaluate` (a task's evaluate_fn) the task's own scores once."""
     import lightning as L
 
     class SeedModule(L.LightningModule):
@@ -469,8 +478,14 @@ def peer_module(model: torch.nn.Module, lr: float, device: torch.device, peer: d
             return loss
 
         def validation_step(self, batch: Any, batch_idx: int) -> None:
-            loss = self.model.loss(self.model(batch[0]), batch[1])  # type: ignore[operator]
-            self.log("val_loss", loss, prog_bar=peer["progress_bar"])
+            if evaluate is None:  # else the task's scoring, below, reads the split itself
+                loss = self.model.loss(self.model(batch[0]), batch[1])  # type: ignore[operator]
+                self.log("val_loss", loss, prog_bar=peer["progress_bar"])
+
+        def on_validation_epoch_end(self) -> None:
+            if evaluate is not None:  # what plainloop's validation runs: the task's scores, under its autocast
+                with self.trainer.precision_plugin.forward_context():
+                    self.log("val_loss", evaluate(self.model, "val", device)["val_loss"])
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
             if peer["optimizer"] == "plainloop":
@@ -485,8 +500,10 @@ def peer_module(model: torch.nn.Module, lr: float, device: torch.device, peer: d
 def run_lightning(model: torch.nn.Module, train_set: Any, val_set: Any, device: torch.device, epochs: int = 1,
                   warmup_epochs: int = 1, batch_size: int = 150, lr: float = 1e-3, precision: str = "16-mixed",
                   loader: dict[str, Any] | None = None, monitor: Any = None, seed: int = 0,
-                  peer: dict[str, Any] | None = None, callbacks: Sequence[Any] = ()) -> dict[str, Any]:  # fmt: skip
+                  peer: dict[str, Any] | None = None, callbacks: Sequence[Any] = (),
+                  evaluate: Callable[..., dict[str, float]] | None = None) -> dict[str, Any]:  # fmt: skip
     """Fit for warmup_epochs + epochs; time the last `epochs` (training + validation + checkpointing).
+    peer["val_every"]: epochs between validations, None for the last epoch only, "auto" for plainloop's default.
 
     Data wait has the definition of plainloop's monitor: from the end of the previous step (or the epoch start)
     until the batch reaches training_step."""
@@ -494,6 +511,7 @@ def run_lightning(model: torch.nn.Module, train_set: Any, val_set: Any, device: 
 
     peer, loader = dict(peer or SEED_PEER), dict(loader or SEED_LOADER)
     total = warmup_epochs + epochs
+    val_every = validation_every(None, total)[0] if peer["val_every"] == "auto" else peer["val_every"] or total
     torch.manual_seed(seed)
     train_loader, val_loader = peer_loaders(train_set, val_set, device, batch_size, peer, loader, seed)
     marks: dict[str, list[float]] = {"epoch_end": [], "samples": [], "data_s": [], "step_s": []}
@@ -530,11 +548,11 @@ def run_lightning(model: torch.nn.Module, train_set: Any, val_set: Any, device: 
             accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, precision=precision,  # type: ignore[arg-type]
             max_epochs=total, logger=False, default_root_dir=tmp, enable_model_summary=False,
             enable_progress_bar=peer["progress_bar"], num_sanity_val_steps=0, callbacks=[Clock(), *callbacks],
-            check_val_every_n_epoch=peer["val_every"] or total,  # None: the last epoch, as plainloop
+            check_val_every_n_epoch=val_every,
         )  # fmt: skip
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "does not have many workers" etc.: the seed's settings on purpose
-            trainer.fit(peer_module(model, lr, device, peer), train_loader, val_loader)
+            trainer.fit(peer_module(model, lr, device, peer, evaluate), train_loader, val_loader)
         resolved = str(trainer.precision)
     if monitor is not None:
         monitor.stop_monitoring()

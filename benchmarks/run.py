@@ -251,7 +251,8 @@ def run_lightning_config(b: Bench, name: str) -> dict[str, Any]:
     r = bc.run_lightning(task.model, task.train_set, task.val_set, b.device, epochs=b.p["epochs"],
                          warmup_epochs=b.p["warmup_epochs"], batch_size=b.p["batch"], precision=precision,
                          loader=dict(bc.SEED_LOADER, num_workers=b.p["lightning_workers"]), monitor=mon, seed=b.seed,
-                         peer=bc.SAME_DATA_PEER if same else bc.SEED_PEER)  # fmt: skip
+                         peer=bc.SAME_DATA_PEER if same else bc.SEED_PEER,
+                         evaluate=task.evaluate_fn if same else None)  # fmt: skip
     extra = {"batch_size": b.p["batch"], "precision": r["precision_resolved"], "precision_requested": precision,
              "epochs_timed": b.p["epochs"], "loader": r["loader"]}  # fmt: skip
     return _rep_record(name, r, b.device, mon.get_summary() if mon else None, extra)
@@ -482,7 +483,8 @@ def setup_notes(b: Bench, configs: tuple[str, ...]) -> tuple[tuple[str, ...], li
     if "lightning_data" in configs:
         notes.append("Lightning, plainloop's data path: the same in-memory dataset gathered by index in the same "
                      "order, 0 workers, plainloop's precision and AdamW (its warmup+cosine schedule is not given to "
-                     "Lightning), validation at the last epoch, no logger/progress bar/model summary")  # fmt: skip
+                     "Lightning), validation as often as plainloop's default and with the task's own scoring, no "
+                     "logger/progress bar/model summary")  # fmt: skip
     if "tuned" in configs:
         at = autotune_batch(b)
         b.tuned_batch = at["batch_size"]

@@ -486,3 +486,45 @@ def test_checkpoint_cost_times_each_save_and_its_no_save_variant_skips_the_per_e
     assert r["checkpoint_mb"] > 0 and (tmp_path / "ck.md").read_text().count("| as_is |") == 1
     for run in (as_is, no_save):
         _positive_finite(run["samples_per_s"], "samples_per_s")
+
+
+class _HeldSplit(torch.utils.data.Dataset):
+    """A split with plainloop's residency protocol (gather, maybe_to_device), as the same-data peer needs."""
+
+    def __init__(self, n: int) -> None:
+        g = torch.Generator().manual_seed(n)
+        self.x, self.y = torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def gather(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        return [self.x[idx], self.y[idx]]
+
+    def maybe_to_device(self, device: torch.device) -> bool:
+        return True
+
+
+def test_same_data_peer_validates_as_often_as_plainloop_with_the_tasks_scoring():
+    """The loop's share compares equal work: Lightning validates at plainloop's auto interval (every epoch in a
+    short run) and runs the task's evaluate_fn, not a loss of its own."""
+    if lightning_available() is None:
+        pytest.skip("lightning is not installed")
+    from benchmarks.common import SAME_DATA_PEER, run_lightning
+    from trainer.config import validation_every
+
+    class Net(torch.nn.Linear):
+        def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.mse_loss(out, y)
+
+    calls: list[tuple[str, bool]] = []
+
+    def evaluate(m: torch.nn.Module, split: str, device: torch.device) -> dict[str, float]:
+        calls.append((split, m.training))
+        return {"val_loss": 1.0}
+
+    r = run_lightning(Net(4, 1), _HeldSplit(32), _HeldSplit(8), torch.device("cpu"), epochs=2, warmup_epochs=1,
+                      batch_size=8, precision="32-true", peer=SAME_DATA_PEER, evaluate=evaluate)  # fmt: skip
+    assert validation_every(None, 3)[0] == 1
+    assert calls == [("val", False)] * 3  # each of the 3 epochs, in eval mode
+    assert r["samples"] == 64
