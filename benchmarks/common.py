@@ -4,10 +4,8 @@ targets, the JSON and Markdown output, and Lightning, the peer plainloop is meas
 Lightning (a benchmark-only dependency, requirements-bench.txt) in two set-ups:
   SEED_PEER       as the seed guides' BaseTrainer: "16-mixed", 8 workers, pinned, persistent, prefetch 2, torch's
                   AdamW, validation every epoch, progress bar, reading plainloop's cached dataset via a DataLoader
-  SAME_DATA_PEER  plainloop's own data path, so that only the loop differs: the in-memory split gathered by index
-                  in plainloop's order, 0 workers, plainloop's precision and AdamW, validation as often as
-                  plainloop's default validates and, given `evaluate`, the task's own scoring (the same work),
-                  no logger, progress bar or model summary
+  SAME_DATA_PEER  only the loop differs: plainloop's split gathered by index in its order, 0 workers, its precision
+                  and AdamW, validation as often as its default and (peer["evaluate"]) the task's own scoring
 """
 
 from __future__ import annotations
@@ -401,12 +399,8 @@ def quiet() -> Iterator[None]:
 
 SEED_LOADER = {"num_workers": 8, "pin_memory": True, "persistent_workers": True, "prefetch_factor": 2}
 SEED_PEER: dict[str, Any] = {"data": "loader", "progress_bar": True, "optimizer": "torch", "val_every": 1}
-SAME_DATA_PEER: dict[str, Any] = {
-    "data": "gather",
-    "progress_bar": False,
-    "optimizer": "plainloop",
-    "val_every": "auto",
-}
+SAME_DATA_PEER: dict[str, Any] = {"data": "gather", "progress_bar": False, "optimizer": "plainloop",
+                                  "val_every": "auto"}  # fmt: skip
 LIGHTNING_PRECISION = {"32": "32-true", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
 
 
@@ -461,10 +455,10 @@ def peer_loaders(train_set: Any, val_set: Any, device: torch.device, batch_size:
     return DataLoader(train_set, batch_size=batch_size, shuffle=True, **kw), val
 
 
-def peer_module(model: torch.nn.Module, lr: float, device: torch.device, peer: dict[str, Any],
-                evaluate: Callable[..., dict[str, float]] | None = None) -> Any:  # fmt: skip
+def peer_module(model: torch.nn.Module, lr: float, device: torch.device, peer: dict[str, Any]) -> Any:
     """A LightningModule around a plainloop task's model: its loss, logged per step, and the peer's AdamW.
-    Validation scores the loss per batch, or with `evaluate` (a task's evaluate_fn) the task's own scores once."""
+    Validation scores the loss per batch, or with peer["evaluate"] (a task's evaluate_fn) the task's scores."""
+    evaluate: Callable[..., dict[str, float]] | None = peer.get("evaluate")
     import lightning as L
 
     class SeedModule(L.LightningModule):
@@ -500,10 +494,9 @@ def peer_module(model: torch.nn.Module, lr: float, device: torch.device, peer: d
 def run_lightning(model: torch.nn.Module, train_set: Any, val_set: Any, device: torch.device, epochs: int = 1,
                   warmup_epochs: int = 1, batch_size: int = 150, lr: float = 1e-3, precision: str = "16-mixed",
                   loader: dict[str, Any] | None = None, monitor: Any = None, seed: int = 0,
-                  peer: dict[str, Any] | None = None, callbacks: Sequence[Any] = (),
-                  evaluate: Callable[..., dict[str, float]] | None = None) -> dict[str, Any]:  # fmt: skip
+                  peer: dict[str, Any] | None = None, callbacks: Sequence[Any] = ()) -> dict[str, Any]:  # fmt: skip
     """Fit for warmup_epochs + epochs; time the last `epochs` (training + validation + checkpointing).
-    peer["val_every"]: epochs between validations, None for the last epoch only, "auto" for plainloop's default.
+    peer["val_every"]: epochs between validations; None: the last epoch only; "auto": plainloop's default.
 
     Data wait has the definition of plainloop's monitor: from the end of the previous step (or the epoch start)
     until the batch reaches training_step."""
@@ -552,7 +545,7 @@ def run_lightning(model: torch.nn.Module, train_set: Any, val_set: Any, device: 
         )  # fmt: skip
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "does not have many workers" etc.: the seed's settings on purpose
-            trainer.fit(peer_module(model, lr, device, peer, evaluate), train_loader, val_loader)
+            trainer.fit(peer_module(model, lr, device, peer), train_loader, val_loader)
         resolved = str(trainer.precision)
     if monitor is not None:
         monitor.stop_monitoring()

@@ -124,8 +124,8 @@ def trace_lightning(b: Bench, w: Window, epochs: int) -> None:
     with bc.labelled(L.Trainer, "save_checkpoint", CKPT):
         bc.run_lightning(task.model, task.train_set, task.val_set, b.device, epochs=epochs + 1 - warmup,
                          warmup_epochs=warmup, batch_size=b.p["batch"], precision=precision, seed=b.seed,
-                         peer=dict(bc.SAME_DATA_PEER, val_every=epochs), callbacks=[Hooks()],
-                         evaluate=task.evaluate_fn)  # fmt: skip
+                         peer=dict(bc.SAME_DATA_PEER, val_every=epochs, evaluate=task.evaluate_fn),
+                         callbacks=[Hooks()])  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ the summary

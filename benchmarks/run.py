@@ -3,16 +3,11 @@
     .venv/bin/python -m benchmarks.run --preset cpu            # this 2-core box: ~10 minutes
     bash benchmarks/run_gpu.sh                                 # H100/H200: the seed's SST configuration
 
-Configurations (same model, same data, same optimizer AdamW(lr 1e-3, wd 0.01); docs/benchmarks/index.md, "The
-rows", says what each is): before (benchmarks/before_loop.py, the seed guides' loop), defaults (TrainConfig()
-defaults), seed_loader (defaults on the seed's 8-worker loader: defaults / seed_loader = the data path's share),
-tuned (defaults + torch.compile + an autotuned batch), user_trainer and user_base (a user's own model, no `loss`
-method, through Trainer and through BaseTrainer), lightning (common.SEED_PEER), lightning_data (common.SAME_DATA_PEER:
-defaults / lightning_data = the loop's own share), lightning_fp32 (lightning at precision "32").
-Repetitions are interleaved (A B C A B C ...). Each builds the configuration afresh, runs untimed warm-up epochs,
-then times whole epochs: training, validation (at the row's own interval) and checkpoint writes included.
-samples/s = training samples of the timed epochs / their wall time. Writes raw JSON (environment, config, every
-repetition) and a Markdown table to --out and its .md.
+The rows (same model, data and AdamW) are LABELS below; docs/benchmarks/index.md, "The rows", says what each is.
+Repetitions are interleaved (A B C A B C ...). Each builds its row afresh, runs untimed warm-up epochs, then times
+whole epochs: training, validation (at the row's own interval) and checkpoint writes included. samples/s = training
+samples of the timed epochs / their wall time. Writes raw JSON (environment, config, every repetition) and a
+Markdown table to --out and its .md.
 """
 
 from __future__ import annotations
@@ -251,8 +246,7 @@ def run_lightning_config(b: Bench, name: str) -> dict[str, Any]:
     r = bc.run_lightning(task.model, task.train_set, task.val_set, b.device, epochs=b.p["epochs"],
                          warmup_epochs=b.p["warmup_epochs"], batch_size=b.p["batch"], precision=precision,
                          loader=dict(bc.SEED_LOADER, num_workers=b.p["lightning_workers"]), monitor=mon, seed=b.seed,
-                         peer=bc.SAME_DATA_PEER if same else bc.SEED_PEER,
-                         evaluate=task.evaluate_fn if same else None)  # fmt: skip
+                         peer=dict(bc.SAME_DATA_PEER, evaluate=task.evaluate_fn) if same else bc.SEED_PEER)  # fmt: skip
     extra = {"batch_size": b.p["batch"], "precision": r["precision_resolved"], "precision_requested": precision,
              "epochs_timed": b.p["epochs"], "loader": r["loader"]}  # fmt: skip
     return _rep_record(name, r, b.device, mon.get_summary() if mon else None, extra)
@@ -481,10 +475,9 @@ def setup_notes(b: Bench, configs: tuple[str, ...]) -> tuple[tuple[str, ...], li
         notes.append("user model: the seed's network wrapped in a plain nn.Module with no loss method (plainloop's "
                      "default MSE over every cell, land included, where the built-in task masks land)")  # fmt: skip
     if "lightning_data" in configs:
-        notes.append("Lightning, plainloop's data path: the same in-memory dataset gathered by index in the same "
-                     "order, 0 workers, plainloop's precision and AdamW (its warmup+cosine schedule is not given to "
-                     "Lightning), validation as often as plainloop's default and with the task's own scoring, no "
-                     "logger/progress bar/model summary")  # fmt: skip
+        notes.append("Lightning, plainloop's data path (common.SAME_DATA_PEER): the same split gathered by index in "
+                     "the same order, plainloop's precision and AdamW (not its schedule), validation as often as "
+                     "plainloop's default and with the task's own scoring")  # fmt: skip
     if "tuned" in configs:
         at = autotune_batch(b)
         b.tuned_batch = at["batch_size"]

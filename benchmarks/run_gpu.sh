@@ -1,18 +1,15 @@
 #!/usr/bin/env bash
-# The GPU check in one command, sized for under 8 minutes on one H100 (data generation included):
+# The GPU check in one command, under 8 minutes on one H100 (data generation included); docs/benchmarks/index.md
+# ("GPU (H100), this tree") says what each step does and what it found:
 #
 #     bash benchmarks/run_gpu.sh
-#     TINY=1 bash benchmarks/run_gpu.sh        # dry run: the same steps on the tiny preset, any device, ~3 min on 2 cores
+#     TINY=1 bash benchmarks/run_gpu.sh        # dry run: the same steps on the tiny preset, any device
 #
-# 1. benchmarks.run --preset seed: the seed guides' SST configuration read from a generated ERA5-format file on the
-#    native 0.25° grid (made once into $CACHE_DIR): plainloop's defaults, tuned, Lightning as the guides' BaseTrainer
-#    and Lightning on plainloop's own data path (~3 min).
-# 2. benchmarks.profile_gap --preset seed: where the GPU idles in a trace of plainloop and Lightning (~1 min).
-# docs/benchmarks/index.md ("GPU (H200), the seed guides' configuration") says what each step does.
-# Both write raw JSON and a Markdown table into $OUT_DIR, named after the device (run_gpu_<device>.json,
-# profile_gap_<device>.json); the script prints the headline at the end. Each step has a time limit, so one that
-# hangs cannot take the others' time. Installs nothing: it needs python with torch (CUDA), numpy, netCDF4 and psutil;
-# lightning and nvidia-ml-py are optional (without lightning its rows are skipped with a note).
+# 1. benchmarks.run --preset seed: plainloop's defaults, tuned, Lightning as the guides' BaseTrainer and Lightning on
+#    plainloop's own data path, on a generated ERA5-format file on the native 0.25° grid (made once into $CACHE_DIR).
+# 2. benchmarks.profile_gap --preset seed: where the GPU idles in a trace of plainloop and Lightning.
+# Both write raw JSON and a Markdown table into $OUT_DIR named after the device, each step under a time limit.
+# Installs nothing: needs python with torch (CUDA), numpy, netCDF4, psutil; lightning and nvidia-ml-py optional.
 #
 # Settings (env vars, defaults in brackets):
 #   PYTHON        interpreter                      [first of .venv/bin/python, python3, python with CUDA torch]
@@ -60,9 +57,8 @@ print(f"python {sys.version.split()[0]}, torch {torch.__version__}, cuda {torch.
 missing = [m for m in ("netCDF4", "lightning", "psutil", "pynvml") if importlib.util.find_spec(m) is None]
 if missing:
     print("missing optional modules:", ", ".join(missing), file=sys.stderr)
-for m in ("netCDF4", "psutil"):
-    if m in missing:
-        sys.exit(f"{m} is required (ERA5 files, the monitor): install it, e.g. from a local wheel (pip install --no-index {m})")
+if need := [m for m in ("netCDF4", "psutil") if m in missing]:
+    sys.exit(f"{need[0]} is required (ERA5 files, the monitor): install it, e.g. from a local wheel (pip install --no-index {need[0]})")
 if gpu is None:
     print("WARNING: no CUDA device; the run will measure the CPU", file=sys.stderr)
 print(re.sub(r"[^a-z0-9]+", "_", (gpu or "cpu").lower()).replace("nvidia_", "").strip("_"))
@@ -70,8 +66,7 @@ EOF
 )
 [ "$TINY" = 1 ] && DEV=tiny
 df -h "$CACHE_DIR" | tail -1 | awk '{print "== disk free at cache: " $4 " (the 0.25° file needs ~1.3 GB)"}'
-RUN_JSON="$OUT_DIR/run_gpu_$DEV.json"
-GAP_JSON="$OUT_DIR/profile_gap_$DEV.json"
+RUN_JSON="$OUT_DIR/run_gpu_$DEV.json"; GAP_JSON="$OUT_DIR/profile_gap_$DEV.json"
 
 echo "== 1. benchmarks.run --preset $PRESET ($CONFIGS, $REPS reps of $EPOCHS epochs; at most $RUN_LIMIT s)"
 timeout "$RUN_LIMIT" "$PYTHON" -m benchmarks.run --preset "$PRESET" --configs "$CONFIGS" --reps "$REPS" --epochs "$EPOCHS" \
@@ -88,8 +83,7 @@ echo "== headline (raw: $RUN_JSON, $GAP_JSON)"
 import json, os, sys
 run, gap = sys.argv[1:3]
 if os.path.isfile(run):
-    r = json.load(open(run))
-    h = r["headline"]
+    r = json.load(open(run)); h = r["headline"]
     x = lambda v, spec=".2f", unit="": "n/a" if v is None else f"{v:{spec}}{unit}"
     print(f"{r['environment']['device_name']}: {h['config']} {x(h['samples_per_s'], '.1f')} samples/s, "
           f"x Lightning seed {x(h['vs_lightning'])} (paired {x(h['vs_lightning_paired'])}), "

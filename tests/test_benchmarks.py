@@ -524,7 +524,7 @@ def test_same_data_peer_validates_as_often_as_plainloop_with_the_tasks_scoring()
         return {"val_loss": 1.0}
 
     r = run_lightning(Net(4, 1), _HeldSplit(32), _HeldSplit(8), torch.device("cpu"), epochs=2, warmup_epochs=1,
-                      batch_size=8, precision="32-true", peer=SAME_DATA_PEER, evaluate=evaluate)  # fmt: skip
+                      batch_size=8, precision="32-true", peer=dict(SAME_DATA_PEER, evaluate=evaluate))  # fmt: skip
     assert validation_every(None, 3)[0] == 1
     assert calls == [("val", False)] * 3  # each of the 3 epochs, in eval mode
     assert r["samples"] == 64

@@ -118,6 +118,14 @@ def test_the_core_stays_readable():
     assert lines <= CORE_MAX_LINES, f"the core is {lines} lines (at most {CORE_MAX_LINES}): move what is not the loop"
 
 
+def test_the_benchmarks_stay_in_proportion():
+    """benchmarks/ holds the harnesses behind quoted figures, sharing common.py: at most 4,500 lines."""
+    bench = ROOT.parent / "benchmarks"
+    files = sorted([*bench.glob("*.py"), *bench.glob("*.sh")])
+    lines = sum(len(f.read_text(encoding="utf-8").splitlines()) for f in files)
+    assert files and lines <= 4500, f"benchmarks/ is {lines} lines (at most 4,500): fold or delete a harness"
+
+
 def test_the_checker_sees_a_bad_import(tmp_path):
     """The walk above is not vacuous: it finds a core module importing a layer, and one inside a function."""
     f = tmp_path / "loop.py"
