@@ -112,6 +112,26 @@ def test_no_import_circles():
     assert cycles == []
 
 
+def test_no_private_member_is_used_across_modules():
+    """A `_name` defined in one trainer module (a function, method or `self._attr`) is used only there."""
+    trees = {name: ast.parse(path.read_text(encoding="utf-8")) for name, path in MODULES.items()}
+    owners: dict[str, set[str]] = {}
+    for name, tree in trees.items():
+        for n in ast.walk(tree):
+            own = n.name if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) else None
+            if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and ast.unparse(n.value) == "self":
+                own = n.attr
+            if own and own.startswith("_") and not own.startswith("__"):
+                owners.setdefault(own, set()).add(name)
+    bad = [
+        f"{name}:{n.lineno} {ast.unparse(n)} (defined in {', '.join(sorted(owners[n.attr]))})"
+        for name, tree in trees.items()
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and n.attr in owners and name not in owners[n.attr]
+    ]
+    assert bad == [], "use a public name: " + "; ".join(bad)
+
+
 def test_the_core_stays_readable():
     core = [p for name, p in MODULES.items() if _layer(name) is None]
     lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in core)

@@ -175,11 +175,10 @@ class Trainer:
         # a LightningModule or nanoGPT-style model becomes a plain Task here (trainer/layers.py): its loss,
         # evaluation, optimizer and callbacks are the task's, and nothing below knows where they came from
         self.requested, self.cfg, self.task = cfg, cfg.effective(), adapt_task(task)
-        task = self.task
+        cfg, task = self.cfg, self.task
         self._print, self.monitor = log, monitor or Monitor()
         callbacks = [*(callbacks or []), *task.callbacks]
         self.progress, self.run_dir, self.run = Progress(), None, FitState()
-        cfg = self.cfg
 
         # runtime
         self.rt = rt = resolve_runtime(cfg.precision, cfg.device, cfg.tf32, cfg.cudnn_benchmark)
@@ -271,11 +270,9 @@ class Trainer:
             background=cfg.async_checkpoint if cfg.async_checkpoint is not None else rt.device.type == "cuda",
         )
         if cfg.resume:
-            path = Path(cfg.resume)
             horizon = getattr(setup.schedule, "total_steps", None)
-            length = self.length
             self.run_dir = self.checkpointer.resume(
-                path, length.total_steps, length.batches_per_epoch, self.notes, horizon
+                Path(cfg.resume), self.length.total_steps, self.length.batches_per_epoch, self.notes, horizon
             )
             if is_stream(task.train_set):  # a stream is one long epoch of this run's length: count its batches
                 self.progress.epoch, self.progress.batches_done = 0, self.progress.step * cfg.accumulate_grad_batches
@@ -332,7 +329,10 @@ class Trainer:
         try:
             return self._fit()
         except BaseException:
-            self._settle_checkpoint()
+            try:  # a failed fit still lets the background write in flight finish: last.pt is whole, old or new
+                self.checkpointer.wait()
+            except Exception as e:  # the fit's own error is the one raised; this one is reported
+                self.log(f"[plainloop] {e}")
             if self.run.files is not None:  # a fit that failed releases its run dir: the same process may resume it
                 self.run.files.close()
             raise
@@ -343,13 +343,6 @@ class Trainer:
                 # interpreter shutdown, where one freeing a finished all-reduce aborts the process (SIGABRT)
                 self.model = self.raw_model
                 gc.collect()
-
-    def _settle_checkpoint(self) -> None:
-        """A failed fit still lets the background write in flight finish: last.pt is whole, old or new."""
-        try:
-            self.checkpointer.wait()
-        except Exception as e:  # the fit's own error is the one raised; this one is reported
-            self.log(f"[plainloop] {e}")
 
     def _fit(self) -> dict[str, Any]:
         self.hooks.resolve()  # callbacks added since the constructor count too
@@ -549,11 +542,14 @@ class Trainer:
             hooks("on_train_epoch_end", p.epoch - 1)
         del it
 
-    def forward_backward(self, batch: Any, window: int, sync_grads: bool = True) -> torch.Tensor:
-        """Forward under autocast and a scaled backward; returns the detached loss (on the device)."""
+    def forward_backward(
+        self, batch: Any, window: int, sync_grads: bool = True, split_on_oom: bool = True
+    ) -> torch.Tensor:
+        """Forward under autocast and a scaled backward; returns the detached loss (on the device). Out of CUDA
+        memory, the batch is split into micro-batches, unless split_on_oom is False (a batch-size search)."""
         while True:
             try:
-                if self.run.chunks == 1:
+                if self.run.chunks == 1 or not split_on_oom:
                     return self._forward_backward(batch, window, sync_grads)
                 parts = split_batch(batch, self.run.chunks)
                 losses = [
@@ -562,6 +558,8 @@ class Trainer:
                 ]
                 return torch.stack(losses).mean()
             except torch.OutOfMemoryError:
+                if not split_on_oom:
+                    raise
                 self._shrink_micro_batch(batch)
 
     def _forward_backward(self, batch: Any, window: int, sync_grads: bool) -> torch.Tensor:

@@ -187,7 +187,7 @@ def auto_batch_size(cfg: TrainConfig, task: Task) -> tuple[TrainConfig, str]:
             else to_device(collate([ds[i] for i in idx.tolist()]), dev)
         )
         # the step without the loop's out-of-memory fallback (which would split the batch and always "fit")
-        probe._forward_backward(batch, 1, True)
+        probe.forward_backward(batch, 1, split_on_oom=False)
         for p in probe.opt.params:
             p.grad = None
 
