@@ -350,17 +350,19 @@ def _wide_prior_anomalies(
 
 
 def _predict_all(
-    model: PriorForecaster, ds: Any, device: torch.device, batch_size: int = 64, part: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Normalised predictions (or `model.parts(x)[part]`) and targets for every sample of `ds`, in order."""
-    preds, targets = [], []
+    model: PriorForecaster, ds: Any, device: torch.device, batch_size: int = 64, parts: bool = False
+) -> tuple[torch.Tensor, ...]:
+    """Normalised predictions, or with `parts` the prior forecast and the correction (`model.parts`), then the
+    targets, for every sample of `ds` in order: one forward of the network per batch."""
+    outs: list[tuple[torch.Tensor, ...]] = []
+    targets = []
     for start in range(0, len(ds), batch_size):
         idx = torch.arange(start, min(start + batch_size, len(ds)))
         x, y = ds.gather(idx)  # served from wherever the split is held
         x = x.to(device, non_blocking=True)
-        preds.append((model(x) if part is None else model.parts(x)[part]).float())
+        outs.append(tuple(t.float() for t in (model.parts(x) if parts else (model(x),))))
         targets.append(y.to(device, non_blocking=True))
-    return torch.cat(preds), torch.cat(targets)
+    return (*(torch.cat(c) for c in zip(*outs)), torch.cat(targets))
 
 
 def build_era5_task(
@@ -507,6 +509,7 @@ def build_era5_task(
     model = PriorForecaster(members, chosen, prior_t, fields=seq_len - 1)
     artifacts: dict[str, Any] = {}
     refs: dict[str, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = {}
+    baseline_scores: dict[str, dict[str, dict[str, float]]] = {}  # per split: fixed, so scored once
 
     def reference(split: str, ds: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         if split not in refs:  # fixed for a split: computed once
@@ -529,8 +532,7 @@ def build_era5_task(
         truth_c = ref["truth_c"]
         shrink = {}
         if split == "val":  # the correction scale validation prefers (0 = the prior)
-            base, y = _predict_all(m, ds, device, part=0)
-            corr, _ = _predict_all(m, ds, device, part=1)
+            base, corr, y = _predict_all(m, ds, device, parts=True)
             # note: sync point (evaluation) — the prior and the correction come to the host once
             base_c = ds.denormalize(base.cpu(), torch.arange(len(ds))).numpy()
             corr_c = corr.cpu().numpy() * ds.anomaly_std
@@ -552,7 +554,9 @@ def build_era5_task(
             ds.lats,
             mask,
             extra=extra,
+            baselines=baseline_scores.get(split),
         )
+        baseline_scores[split] = {k: v for k, v in scores.items() if k != "model"}
         out = {f"{split}_rmse_c": scores["model"]["rmse"], f"{split}_acc": scores["model"]["acc"]}
         if split == "val":
             out["val_loss"] = float(m.loss(pred, y))

@@ -80,3 +80,18 @@ def test_score_forecasts_scores_extra_baselines_by_name():
     assert "| lim |" in format_scores(scores)
     with pytest.raises(ValueError, match="clashes"):
         score_forecasts(truth, truth, truth, clim_t, clim_t, LATS, mask, extra={"persistence": truth})
+
+
+def test_score_forecasts_reuses_the_baselines_of_an_earlier_call_on_the_split():
+    """A validation after the first scores only the model: the baselines' numbers are the first call's, and the
+    result is the same as scoring everything again."""
+    truth, clim_t, mask = _fields(seed=4)
+    extra = {"damped_persistence": clim_t + 0.3}
+    args = (truth, truth + 0.2, clim_t, clim_t - 0.1, LATS, mask)
+    first = score_forecasts(truth + 0.4, *args, extra=extra)
+    kept = {k: v for k, v in first.items() if k != "model"}
+    again = score_forecasts(truth - 0.3, *args, extra=extra)
+    reused = score_forecasts(truth - 0.3, *args, baselines=kept)
+    assert reused == again and list(reused) == list(again)
+    sentinel = {"persistence": {"rmse": -1.0, "acc": -1.0}}  # taken as given, not recomputed
+    assert score_forecasts(truth, *args, baselines=sentinel)["persistence"] == {"rmse": -1.0, "acc": -1.0}

@@ -249,6 +249,33 @@ def test_validation_keeps_the_prior_where_the_correction_hurts(sample_file, tmp_
     assert "correction_scale" in m.state_dict()
 
 
+def test_a_validation_runs_the_network_once_and_scores_the_baselines_once(sample_file, tmp_path, monkeypatch):
+    """The prior and the correction come from one forward per batch; the baselines, fixed for a split, are scored
+    at its first evaluation and reused after it with the same numbers, while the model is scored anew."""
+    import utils.metrics
+
+    task = small_task(sample_file, tmp_path, prior="hybrid")
+    m = task.model.eval()
+    forwards, baseline_sets = [], []
+    m.members[0].register_forward_hook(lambda *_: forwards.append(1))
+    real = utils.metrics.unfitted_forecasts
+    monkeypatch.setattr(utils.metrics, "unfitted_forecasts", lambda *a: baseline_sets.append(1) or real(*a))
+    cpu = torch.device("cpu")
+    with torch.no_grad():
+        task.evaluate_fn(m, "val", cpu)
+        assert len(forwards) == -(-len(task.val_set) // 64) and len(baseline_sets) == 1
+        task.evaluate_fn(m, "val", cpu)
+        first = task.evaluate_fn(m, "test", cpu)
+        assert len(baseline_sets) == 2  # once per split
+        torch.nn.init.normal_(m.members[0].head.weight, std=1.0)
+        m.correction_scale.fill_(1.0)
+        second = task.evaluate_fn(m, "test", cpu)
+    assert len(baseline_sets) == 2
+    baselines = [k for k in first if k.startswith("test_") and k not in ("test_rmse_c", "test_acc")]
+    assert baselines and all(second[k] == first[k] for k in baselines)
+    assert second["test_rmse_c"] != first["test_rmse_c"]
+
+
 def test_the_models_hybrid_prior_carries_the_neighbour_term(sample_file, tmp_path):
     # lead 1 on the whole sample: leave-one-out keeps the neighbour term; the model's prior equals the numpy one
     task = small_task(sample_file, tmp_path, prior="hybrid", lon=(0, 360), lat=(-60, 60), seq_len=2, offset=0)

@@ -77,10 +77,18 @@ def score_forecasts(
     lats: np.ndarray,
     mask: Any,
     extra: dict[str, Any] | None = None,
+    baselines: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, dict[str, float]]:
     """RMSE and ACC of the model and of three baselines, all against the same truth and climatology:
     persistence (last input month), climatology (calendar-month mean of the target) and anomaly persistence
-    (target climatology + the last input month's anomaly); then every °C forecast in `extra` by its name."""
+    (target climatology + the last input month's anomaly); then every °C forecast in `extra` by its name.
+
+    `baselines`: what an earlier call on the same split returned without "model" (the baselines do not change
+    between validations): reused as they are, so only the model is scored."""
+    if baselines is not None:
+        ct = _np(clim_target_c)
+        model = {"rmse": weighted_rmse(pred_c, truth_c, lats, mask), "acc": acc(pred_c, truth_c, ct, lats, mask)}
+        return {"model": model, **baselines}
     forecasts = {"model": _np(pred_c), **unfitted_forecasts(_np(last_input_c), _np(clim_target_c), _np(clim_input_c))}
     ct = forecasts["climatology"]
     for name, f in (extra or {}).items():
