@@ -128,9 +128,12 @@ def state_digest(obj: object) -> str:
                     t = t.to_dense()
                 if t.device.type != "cpu":
                     t = t.to("cpu")  # note: sync point (checkpoint), as torch.save's own copy is
+                if t.is_quantized:  # its integers, and what maps them to values
+                    per_tensor = t.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric)
+                    feed((t.q_scale(), t.q_zero_point()) if per_tensor else (
+                        t.q_per_channel_scales(), t.q_per_channel_zero_points(), t.q_per_channel_axis()))  # fmt: skip
+                    t = t.int_repr()
                 t = t.resolve_conj().resolve_neg().contiguous()
-                if t.is_quantized and t.numel():
-                    raise TypeError("a quantized tensor's bytes leave out its scale")
                 # its memory as uint8, without a copy (`t` stays alive until put(): the view points into it)
                 view = t.reshape(-1).view(torch.uint8).numpy().data if t.numel() else memoryview(b"")
             except (RuntimeError, TypeError, ValueError):  # quantized or exotic tensors: hash their values instead
