@@ -6,6 +6,7 @@ tests switch it on to walk the same code.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -87,6 +88,35 @@ def test_checkpoint_events_reach_callbacks_on_the_loops_thread_after_the_file_is
     lasts = [s for s in seen if s[0] == "last.pt"]
     assert len(lasts) == 3 and all(ok for _, ok, _ in seen)
     assert [step for _, _, step in lasts] == [8, 16, 24]  # each event names the file as that save wrote it
+
+
+def test_best_pt_is_written_in_the_background_too_and_is_whole_when_fit_returns(tmp_path, monkeypatch):
+    """A validation that improves queues best.pt like last.pt (the loop waits only for the copy); the run's end
+    waits for it, and best.pt, best.json and their on_log events match the best validation."""
+    names: list[str] = []
+    real = checkpointer_mod.Checkpointer._write_in_background
+
+    def spy(self, state, path, best, files):
+        names.append(path.name)
+        real(self, state, path, best, files)
+
+    monkeypatch.setattr(checkpointer_mod.Checkpointer, "_write_in_background", spy)
+    events: list[str] = []
+
+    class Watch:
+        def on_log(self, trainer, row):
+            if row.get("kind") == "checkpoint":
+                events.append(row["name"])
+
+    t = Trainer(toy_config(tmp_path, epochs=3, async_checkpoint=True), task(), callbacks=[Watch()])
+    t.fit()
+    assert "best.pt" in names and events.count("best.pt") == names.count("best.pt")
+    best = load_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")
+    assert (
+        best["integrity"] == "verified"
+        and best["step"] == json.loads((tmp_path / "run" / "best.json").read_text())["step"]
+    )
+    assert t.checkpointer._writer is None
 
 
 def test_a_failed_background_write_stops_the_run_naming_the_file_and_keeps_the_previous_one(tmp_path, monkeypatch):

@@ -501,8 +501,8 @@ class TrainConfig:
     )
     async_checkpoint: bool | None = knob(
         None,
-        "write last.pt from a background thread after a copy to host memory, so training waits only for the "
-        "copy (default: auto = on a GPU; on a CPU the write would share the cores)",
+        "write last.pt and best.pt from a background thread after a copy to host memory, so training waits only "
+        "for the copy (default: auto = on a GPU; on a CPU the write would share the cores)",
         LOG,
     )
     save_best: bool = knob(True, "keep best.pt by the task's validation metric", LOG)

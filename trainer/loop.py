@@ -699,7 +699,7 @@ class Trainer:
                 + (" (best so far; best.pt saved)" if improved and self.cfg.save_best else "")
             )
             if improved and self.cfg.save_best:
-                self._save("best.pt")
+                self._save("best.pt", background=self.checkpointer.background)
         self._keep_top_k(metrics, p.epoch + (1 if p.batches_done else 0))
         return metrics
 
