@@ -259,3 +259,16 @@ def test_schedules_follow_the_schedule_protocol(tmp_path):
     step.backward(model(torch.ones(4, 2)).sum())
     step.step()
     assert const.current_lr() == 0.5 and const.state_dict() == {}
+
+
+def test_on_before_optimizer_step_sees_the_gradients_before_clipping(tmp_path):
+    """As in Lightning: a callback that logs the gradient norm there sees the true one, not the clipped one."""
+    seen: list[float] = []
+
+    class Norms(Callback):
+        def on_before_optimizer_step(self, trainer: Any, optimizer: torch.optim.Optimizer) -> None:
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            seen.append(float(torch.nn.utils.get_total_norm(grads)))
+
+    Trainer(toy_config(tmp_path, epochs=1, gradient_clip_val=1e-3), make_task(), callbacks=[Norms()]).fit()
+    assert seen and min(seen) > 1e-3 * 1.01  # clipped, every norm would be 1e-3

@@ -73,7 +73,7 @@ class Callback:
         """Every batch, already on the device; `batch_idx` counts batches within the epoch."""
 
     def on_before_optimizer_step(self, trainer: TrainerView, optimizer: torch.optim.Optimizer) -> None:
-        """On accumulation boundaries, after the gradients were unscaled and clipped, before the step."""
+        """On accumulation boundaries, after unscaling, before clipping and the step (as in Lightning)."""
 
     def on_train_batch_end(self, trainer: TrainerView, outputs: torch.Tensor, batch: Any, batch_idx: int) -> None:
         """Every batch, after the optimizer step when it closed a window; `outputs` is the detached device loss."""

@@ -95,7 +95,7 @@ class OptimizerStep:
         # skipped steps: counted on the host when the host learned of them, else on the device (read at log points)
         self.skips, self.skip_run = 0, 0
         self._dev_skips, self._dev_run = torch.zeros((), device=device), torch.zeros((), device=device)
-        # called after unscale/clip, right before the optimizer step (the callbacks' on_before_optimizer_step)
+        # called after unscaling, before clipping and the step (the callbacks' on_before_optimizer_step)
         self.before_step = before_step
         self._loss_bad: torch.Tensor | None = None  # a non-finite loss in this accumulation window (device flag)
         # made once: the checks below run every step
@@ -120,6 +120,8 @@ class OptimizerStep:
             self._loss_bad = None
         if self.fp16:
             self.scaler.unscale_(self.optimizer)  # clipping and the check must see true gradients, once per step
+        if self.before_step is not None:  # as Lightning: after unscaling, before clipping and the check
+            self.before_step()
         grads = [p.grad for p in params if p.grad is not None]
         nonfinite_flag(grads, found.zero_(), self._one)
         norm: torch.Tensor | None = None
@@ -129,8 +131,6 @@ class OptimizerStep:
             norm = torch.nn.utils.clip_grad_norm_(params, self.clip_val)
         elif want_norm:
             norm = torch.nn.utils.get_total_norm(grads)
-        if self.before_step is not None:
-            self.before_step()
         if self.fp16:
             self.scaler.step(self.optimizer)  # skips optimizer.step() on inf/NaN gradients
             self.scaler.update(self.static_scale)  # a static scale is re-imposed, never grown or backed off
