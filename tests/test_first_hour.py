@@ -127,6 +127,22 @@ def test_metrics_are_scored_beside_the_loss_with_one_read(tmp_path, monkeypatch)
     assert "val_acc" in summary["final_metrics"] and list(summary["best"]) == ["val_acc"]
 
 
+def test_a_test_split_given_to_a_plain_task_is_scored_at_the_end(tmp_path):
+    """Task(test_set=...) with plainloop's own evaluation: fit() ends with test_loss and test_<metric> in the
+    summary, a "test" row in metrics.jsonl and a [test] line (they were scored only with an evaluate_fn)."""
+    from trainer import accuracy
+
+    task = classifier({"acc": accuracy})
+    task.test_set = task.val_set
+    lines: list[str] = []
+    summary = Trainer(toy_config(tmp_path, epochs=2, batch_size=16), task, log=lines.append).fit()
+    final = summary["final_metrics"]
+    assert {"test_loss", "test_acc"} <= set(final) and 0 <= final["test_acc"] <= 1
+    rows = [r for r in metric_rows(Path(summary["run_dir"])) if r["kind"] == "test"]
+    assert len(rows) == 1 and rows[0]["test_acc"] == final["test_acc"]
+    assert any(line.startswith("[test] ") and "test_acc=" in line for line in lines)
+
+
 def test_metrics_with_an_own_evaluation_or_a_bad_entry_are_one_line(tmp_path):
     from trainer import accuracy
 
@@ -304,3 +320,32 @@ def test_measuring_tools_system_report_after_the_run(tmp_path, capsys):
     assert all(torch.equal(final[k], trained[k]) for k in trained)  # the trained weights are back after the trials
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-2] == f"[plainloop] system report: {report}" and lines[-1].startswith("[plainloop] done: ")
+
+
+class _Dicts(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"x": torch.ones(3), "y": torch.ones(1)}
+
+
+class _IntLabels(_Dicts):
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:  # type: ignore[override]
+        return torch.ones(3), i % 2
+
+
+def test_the_default_loss_refuses_what_it_cannot_score_in_one_line(tmp_path):
+    """Dict samples and Python class labels are refused before the run directory exists; an output whose shape
+    differs from the targets' (MSE would broadcast it and learn nothing) at the first step, naming both shapes."""
+    for ds, match in ((_Dicts(), r"samples are dicts \(keys \['x', 'y'\]\).*Task\(loss_fn"),
+                      (_IntLabels(), r"targets are torch.int64 \(class labels\?\)")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            Trainer(toy_config(tmp_path, epochs=1, batch_size=4), Task("t", nn.Linear(3, 1), ds, None))
+    assert not (tmp_path / "run").exists()
+    x = torch.randn(16, 3)
+    flat = TensorDataset(x, x.sum(1))  # targets (N,) against outputs (N, 1)
+    with pytest.raises(ValueError, match=r"output \(8, 1\) and the targets \(8,\) differ in shape"):
+        Trainer(toy_config(tmp_path, epochs=1, batch_size=8), Task("t", nn.Linear(3, 1), flat, None)).fit()
+    fixed = TensorDataset(x, x.sum(1, keepdim=True))
+    Trainer(toy_config(tmp_path, run_name="ok", epochs=1, batch_size=8), Task("t", nn.Linear(3, 1), fixed, None)).fit()

@@ -748,8 +748,7 @@ class Trainer:
 
     def _test(self) -> dict[str, float]:
         """Rank 0 scores the test split (with best.pt's weights under test_with_best); then on_test_end."""
-        scored = self.task.evaluate_fn is not None or self.task.batch_evaluate_fn is not None
-        if self.task.test_set is None or not scored or not self.rt.is_main:
+        if self.task.test_set is None or not self.rt.is_main:
             return {}
         assert self.run_dir is not None
         best = self.run_dir / "checkpoints" / "best.pt"
@@ -759,6 +758,10 @@ class Trainer:
             self.notes.append(f"test: scored with the weights of {best} ({self.best.metric}={value})")
         metrics = self.evaluate("test")
         self.hooks("on_test_end", metrics)
+        if metrics:
+            self.log_row({"kind": "test", "step": self.progress.step, **metrics})
+            shown = [k.replace("val_", "test_", 1) for k in self.task.console_metrics or ()] or list(metrics)
+            self.log("[test] " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k in shown))
         return metrics
 
     # ------------------------------------------------------------------ deciding to stop
@@ -911,7 +914,7 @@ class Trainer:
 
     def log_row(self, row: dict[str, Any]) -> None:
         """Append `row` to metrics.jsonl (rank 0; other ranks drop it); callbacks see it in on_log. A row has
-        "kind" ("train", "val", "norm", "event" or a kind of its own) and "step"."""
+        "kind" ("train", "val", "test", "norm", "event" or a kind of its own) and "step"."""
         if self.run.files is not None:  # rank 0
             self.run.files.log(row)
 
@@ -991,14 +994,11 @@ class Trainer:
 
 
 def _first_sample(ds: Any) -> Any:
-    """The first (x, y) sample when the dataset can be indexed (for the default loss's look at the targets)."""
+    """The first sample when the dataset can be indexed (for the default loss's look at the targets), else None."""
     try:
-        sample = ds[0]
+        return ds[0]
     except Exception:  # an iterable or lazily opened dataset: no peek, plain MSE
         return None
-    if isinstance(sample, list | tuple) and len(sample) > 1 and isinstance(sample[1], torch.Tensor):
-        return sample
-    return None
 
 
 def _samples(ds: Any) -> str:
@@ -1026,7 +1026,7 @@ def model_problem(model: nn.Module, task: Task, amp_dtype: torch.dtype | None) -
             f"train: call model.float() (and give float32 inputs), or use --precision 32"
         )
     sample = _first_sample(task.train_set)
-    x = sample[0] if sample is not None else None
+    x = sample[0] if isinstance(sample, list | tuple) and sample else None
     if wide and isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float64:
         return (
             f"{task.name}: the model's parameters are torch.float64 and the data's inputs {x.dtype}: a layer cannot "

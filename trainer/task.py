@@ -90,13 +90,26 @@ def mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
 
 def plain_mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     """MSE on (x, y) batches, for a model without a `loss` method (decided once, not per step)."""
-    return F.mse_loss(model(batch[0]), batch[1])
+    pred, y = model(batch[0]), batch[1]
+    return F.mse_loss(_same_shape(pred, y), y)
+
+
+def _same_shape(pred: Any, y: Any) -> Any:
+    """`pred`, when it has the targets' shape: MSE would broadcast others, every output against every target."""
+    if isinstance(pred, torch.Tensor) and isinstance(y, torch.Tensor) and pred.shape != y.shape:
+        raise ValueError(
+            f"loss: the model's output {tuple(pred.shape)} and the targets {tuple(y.shape)} differ in shape, so the "
+            f"default MSE would compare every output with every target. Make the targets the output's shape (e.g. "
+            f"y.unsqueeze(-1)), or give Task(loss_fn=...) (class labels: lambda m, b: F.cross_entropy(m(b[0]), b[1]))"
+        )
+    return pred
 
 
 def masked_mse_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     """MSE over the finite targets only (land cells, missing labels), for a model without a `loss` method; no host
     sync to learn how many."""
     pred, y = model(batch[0]), batch[1]
+    pred = _same_shape(pred, y)
     finite = torch.isfinite(y)
     diff = torch.where(finite, pred.float() - torch.nan_to_num(y.float()), torch.zeros((), device=y.device))
     return (diff**2).sum() / finite.sum().clamp_min(1)
@@ -107,9 +120,18 @@ def pick_default_loss(model: nn.Module, first_batch: Any) -> tuple[LossFn, str |
     decided once at start-up from the model and the first sample: the model's `loss(pred, y)`; else MSE, over finite
     targets only when the first sample's target holds NaN. A non-float target without either is an error naming loss_fn."""
     inner = unwrap_model(model)
+    pair = isinstance(first_batch, list | tuple) and len(first_batch) > 1
+    if first_batch is not None and not pair:
+        what = f"dicts (keys {list(first_batch)[:4]})" if isinstance(first_batch, dict) else type(first_batch).__name__
+        raise ValueError(
+            f"loss: the dataset's samples are {what}, and the default loss (MSE, or the model's loss(pred, y)) takes "
+            f"(input, target) pairs. Return (x, y) from __getitem__, or give Task(loss_fn=...) with "
+            f"loss_fn(model, batch) -> scalar tensor that reads the batch as your dataset makes it"
+        )
     if hasattr(inner, "loss"):
         return mse_loss, None
-    y = first_batch[1] if isinstance(first_batch, list | tuple) and len(first_batch) > 1 else None
+    y = first_batch[1] if pair else None
+    y = torch.as_tensor(y) if isinstance(y, int | float) else y  # a Python label: collated into a tensor
     if isinstance(y, torch.Tensor) and not y.is_floating_point():
         raise ValueError(
             f"loss: the targets are {y.dtype} (class labels?) and {type(inner).__name__} has no loss, so the default "
