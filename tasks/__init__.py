@@ -399,12 +399,27 @@ def build_user_task(spec: str, cfg: TrainConfig, kwargs: dict[str, Any]) -> Task
     kw = {k: _convert(flags[k].annotation, v) for k, v in kwargs.items() if k in flags}
     seed_everything(cfg.seed)  # --seed: the builder's weights and data draws repeat, as the built-in tasks' do
     task = fn(cfg, **kw) if _takes_cfg(fn) else fn(**kw)
-    if not isinstance(task, Task):
-        raise TaskSpecError(
-            f"--task {spec}: {fn.__name__} returned {type(task).__name__}, not a trainer.Task; return "
-            f"Task(name, model, train_set, val_set, ...)"
-        )
-    return task
+    return as_engine_task(spec, fn.__name__, task)
+
+
+def as_engine_task(spec: str, fn_name: str, task: Any) -> Task:
+    """The builder's result as this engine's Task. A Task from another import of the engine (`from plainloop import
+    Task` where plainloop and trainer are two module objects, or a copy of the engine under another package name) is
+    rebuilt from its field values, the same model and dataset objects; anything else is a TaskSpecError."""
+    if isinstance(task, Task):
+        return task
+    cls = type(task)
+    names = tuple(f.name for f in dataclasses.fields(Task))
+    if (
+        cls.__name__ == "Task"
+        and dataclasses.is_dataclass(task)
+        and tuple(f.name for f in dataclasses.fields(task)) == names
+    ):
+        return Task(**{name: getattr(task, name) for name in names})
+    raise TaskSpecError(
+        f"--task {spec}: {fn_name} returned {cls.__module__}.{cls.__qualname__}, not a Task; return "
+        f"Task(name, model, train_set, val_set, ...) with Task from plainloop (or trainer)"
+    )
 
 
 def _convert(tp: Any, v: Any) -> Any:

@@ -14,6 +14,7 @@ from trainer import TrainConfig
 
 BUILDER = '''
 """A regression task of the user's own, in a package outside plainloop."""
+import dataclasses
 from pathlib import Path
 from typing import Literal
 
@@ -48,6 +49,14 @@ def build(cfg: TrainConfig, *, hidden: int = 8, noise: float = 0.1, act: Literal
 
 def not_a_task(*, n: int = 1):
     return n
+
+
+def task_lookalike():
+    @dataclasses.dataclass
+    class Task:  # named Task, without the engine's fields
+        name: str
+
+    return Task("x")
 
 
 def positional_only(a: int, /, b: int = 2):
@@ -107,7 +116,8 @@ def test_a_file_path_works_too(user_pkg):
         ("nopkg.mod:build", {}, "no module named 'nopkg'; run from the folder"),
         ("userpkg.regress:missing", {}, "has no 'missing'; its functions: build, not_a_task"),
         ("userpkg.regress:build", {}, "needs --tag"),
-        ("userpkg.regress:not_a_task", {}, "returned int, not a trainer.Task"),
+        ("userpkg.regress:not_a_task", {}, "returned builtins.int, not a Task; return Task(name, model"),
+        ("userpkg.regress:task_lookalike", {}, "returned userpkg.regress.task_lookalike.<locals>.Task, not a Task"),
         ("userpkg.regress:positional_only", {}, "'a' is positional-only"),
         ("userpkg.regress:bad_annotation", {}, "'model' is annotated"),
         ("nowhere.py:build", {}, "no such file nowhere.py"),
@@ -268,7 +278,12 @@ def test_a_bad_spec_on_the_cli_is_one_line(cli, capsys):
     assert cli.main(["--task", "userpkg.regress:nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: --task userpkg.regress:nope: userpkg.regress has no 'nope'; its functions: build, not_a_task, "
-                   "positional_only, bad_annotation, clash"]  # fmt: skip
+                   "task_lookalike, positional_only, bad_annotation, clash"]  # fmt: skip
+    assert cli.main(["--task", "userpkg.regress:not_a_task", *QUIET]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == ("error: --task userpkg.regress:not_a_task: not_a_task returned builtins.int, not a Task; return "
+                      "Task(name, model, train_set, val_set, ...) with Task from plainloop (or trainer)")  # fmt: skip
+    assert not any(line.startswith(("Traceback", "  File")) for line in err)
     assert cli.main(["--task", "userpkg.regress:clash"]) == 2
     assert "the training flag --lr" in capsys.readouterr().err
     assert cli.main(["--task", "nonsense"]) == 2
@@ -382,3 +397,76 @@ def test_two_identical_cli_runs_of_a_user_task_are_bit_identical(unseeded, monke
     rows = [[r["loss"] for r in map(json.loads, Path(f"runs/{n}/metrics.jsonl").read_text().splitlines())
              if r.get("kind") == "train"] for n in ("a", "b")]  # fmt: skip
     assert rows[0] and rows[0] == rows[1]
+
+
+# ------------------------------------------------------------------------------ a Task from another import of the engine
+ELSEWHERE = """
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from otherengine import Task  # the engine imported a second time, as plainloop or a copy of it under another name
+
+MADE = []
+
+
+def build(*, hidden: int = 4) -> Task:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 3, generator=g)
+    y = x.sum(1, keepdim=True)
+    task = Task("elsewhere", nn.Sequential(nn.Linear(3, hidden), nn.Tanh(), nn.Linear(hidden, 1)),
+                TensorDataset(x, y), TensorDataset(x[:16], y[:16]), info={"from": "otherengine"})
+    MADE.append(task)
+    return task
+"""
+
+
+@pytest.fixture
+def other_engine(tmp_path, monkeypatch):
+    """The engine's folder imported again as the package `otherengine` (its own module objects and classes), and a
+    builder file elsewhere.py that returns otherengine.Task."""
+    import importlib.util
+
+    import trainer
+
+    engine = Path(trainer.__file__).resolve().parent
+    spec = importlib.util.spec_from_file_location(
+        "otherengine", engine / "__init__.py", submodule_search_locations=[str(engine)]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "otherengine", module)
+    spec.loader.exec_module(module)
+    assert module.Task is not trainer.Task and module.Task.__module__ == "otherengine.task"
+    (tmp_path / "elsewhere.py").write_text(ELSEWHERE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # what the loader appends goes away with the test
+    yield tmp_path / "elsewhere.py"
+    for name in [m for m in sys.modules if m.startswith("otherengine.") or m == "elsewhere"]:
+        del sys.modules[name]
+
+
+def test_a_task_from_another_import_of_the_engine_is_rebuilt_as_the_engines_own(other_engine):
+    from trainer import Task
+
+    spec = f"{other_engine}:build"
+    task = tasks.build_task(spec, TrainConfig(), hidden=5)
+    made = inspect.getmodule(tasks.load_builder(spec)).MADE[-1]
+    assert type(task) is Task and type(made) is not Task and type(made).__name__ == "Task"
+    assert task.model is made.model and task.train_set is made.train_set and task.info is made.info  # no copies
+    assert task.model[0].out_features == 5
+
+
+def test_a_task_from_another_import_of_the_engine_trains_on_the_cli(other_engine, monkeypatch):
+    import json
+
+    import train_optimized
+
+    builders, modules = dict(tasks.TASK_BUILDERS), dict(tasks.USER_MODULES)
+    monkeypatch.setattr(tasks, "TASK_BUILDERS", builders)
+    monkeypatch.setattr(tasks, "USER_MODULES", modules)
+    monkeypatch.setattr(train_optimized, "TASK_BUILDERS", builders)
+    argv = ["--task", "elsewhere.py:build", "--max_steps", "3", "--batch_size", "16", "--run_name", "else", *QUIET]
+    assert train_optimized.main(argv) == 0
+    summary = json.loads(Path("runs/else/summary.json").read_text())
+    assert summary["steps"] == 3 and summary["task"] == "elsewhere"
