@@ -637,3 +637,70 @@ def test_model_params_that_do_not_fit_the_model_are_one_line(tmp_path):
                      {"epochs": 1, "output_dir": str(tmp_path / "runs")}, {"dim": 16})  # fmt: skip
     with pytest.raises(ConfigError, match=r"model_params: .*RecursiveAttentionTransformer; it takes .*width"):
         tr.build_task()
+
+
+def test_a_save_path_that_is_a_directory_is_refused_before_anything_is_written(tmp_path):
+    """save() would find a directory in its place after the whole run: one line at construction instead, naming
+    save_path and the file path to give."""
+    from trainer.config import ConfigError
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    out = tmp_path / "runs"
+    with pytest.raises(ConfigError, match=r"save_path='.*models' is a directory; give a file path .*models/model\.pt"):
+        BaseTrainer("t", "u", None, Linear, Rows, folder, trainer_params={"output_dir": str(out)})
+    assert not out.exists()
+
+
+class Strict(Rows):
+    """Takes only its own n: no **kwargs to absorb a misspelt key."""
+
+    def __init__(self, n: int = 64):
+        super().__init__(n)
+
+
+class StrictSplits(Gridded):
+    def __init__(self, lon=(0, 1), lat=(0, 1), split="train", n: int = 80):
+        super().__init__(lon, lat, split, n=n)
+
+
+def test_dataset_params_that_do_not_fit_the_dataset_are_one_line(tmp_path):
+    """A key the dataset class does not take is a ConfigError naming dataset_params, the key, the class and the
+    keys it takes, before the dataset is built (it was a TypeError from inside the class); **kwargs still absorb."""
+    from trainer.config import ConfigError
+
+    built = len(Rows.built)
+    tr, _ = make(tmp_path, data=Strict, dataset_params={"nn": 40})
+    with pytest.raises(ConfigError, match=r"dataset_params: unknown key\(s\) 'nn' \(did you mean n\?\) for Strict; "
+                       r"it takes n \(given: nn\)"):  # fmt: skip
+        tr.build_task()
+    tr, _ = make(tmp_path, data=StrictSplits, dataset_params={"lenght": 40})
+    with pytest.raises(ConfigError, match=r"dataset_params: unknown key\(s\) 'lenght' for StrictSplits; it takes lon"):
+        tr.build_task()
+    assert len(Rows.built) == built  # refused before the class ran
+    tr, _ = make(tmp_path, data=Rows, dataset_params={"n": 40, "extra": 1})  # a **kwargs catch-all takes any key
+    tr.build_task()
+    assert Rows.built[-1] == {"extra": 1}
+
+
+def test_the_config_toml_header_rebuilds_the_config_as_it_says(tmp_path, monkeypatch):
+    """The header of a BaseTrainer run's config.toml gives the expression that rebuilds its TrainConfig; it works."""
+    import re
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    from trainer import TrainConfig
+
+    monkeypatch.chdir(tmp_path)  # a script's folder, without train_optimized.py (whose header is its own line)
+    tr, _ = make(tmp_path, tp={"epochs": 2, "lr": 3e-3})
+    tr.train()
+    path = tr.trainer.run_dir / "config.toml"
+    header = path.read_text().splitlines()[0]
+    expr = re.search(r"TrainConfig\(\*\*(.+?)\) rebuilds", header)
+    assert expr, header
+    with open(path, "rb") as f:
+        rebuilt = eval(f"TrainConfig(**{expr.group(1)})", {"TrainConfig": TrainConfig, "tomllib": tomllib, "f": f})
+    assert (rebuilt.epochs, rebuilt.lr, rebuilt.batch_size, rebuilt.output_dir) == (2, 3e-3, 8, str(tmp_path / "runs"))

@@ -40,8 +40,8 @@ def rerun_hint(config_toml: str | os.PathLike[str]) -> str:
         if line := command(config_toml):
             return f"Resolved configuration of this run: re-run it with\n{line}"
     return (
-        "Resolved configuration of this run: the TrainConfig fields it ran with (TrainConfig(**values) rebuilds "
-        "it; read with tomllib)"
+        "Resolved configuration of this run: the TrainConfig fields it ran with, in [train]; with open(this file, "
+        "'rb') as f: TrainConfig(**tomllib.load(f)['train']) rebuilds it"
     )
 
 

@@ -252,6 +252,11 @@ class BaseTrainer:
             raise ConfigError(
                 f"BaseTrainer: title={title!r} and uid={uid!r} name the run {run_name!r}, which {problem}"
             )
+        if self.save_path.is_dir():
+            raise ConfigError(
+                f"BaseTrainer: save_path={str(self.save_path)!r} is a directory; give a file path for the model, "
+                f"e.g. save_path={str(self.save_path / 'model.pt')!r}"
+            )
         problem = writable_dir_problem(self.save_path.parent)
         if problem:
             raise ConfigError(f"BaseTrainer: save_path={str(self.save_path)!r} cannot be written: {problem}")
@@ -403,10 +408,12 @@ class BaseTrainer:
                     f"data: {name} builds its splits itself and takes no split_ratio; "
                     f"trainer_params['split_ratio']={list(ratio)} is not used"
                 )
+            _check_arguments(cls, {"split": "train", **kw}, "dataset_params")
             train, val = cls(split="train", **kw), cls(split="val", **kw)
             test = cls(split="test", **kw) if len(ratio) == 3 and ratio[2] > 0 else None
             how = f"{name}(split=...) builds each split itself"
         else:
+            _check_arguments(cls, kw, "dataset_params")
             full = cls(**kw)
             n = len(full)
             cuts = split_points(n, ratio)
@@ -630,6 +637,7 @@ class BaseTrainer:
             kw["offset"] = offset
         else:
             index = offset
+        _check_arguments(cls, kw, "dataset_params")
         ds = cls(**kw)
         x, y = ds[index][0], ds[index][1]
         device = next(model.parameters()).device
@@ -751,9 +759,13 @@ def _check_arguments(cls: Callable[..., object], kwargs: Mapping[str, object], w
         sig.bind(**kwargs)
     except TypeError as e:
         params = [n for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        named = [n for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        unknown = unknown_keys([k for k in kwargs if k not in params], named)  # with "did you mean"
+        problem = f"unknown key(s) {'; '.join(unknown)}" if unknown else str(e)
         name = getattr(cls, "__name__", str(cls))
         raise ConfigError(
-            f"{where}: {e} for {name}; it takes {', '.join(params) or 'no arguments'} (given: {', '.join(kwargs) or 'none'})"
+            f"{where}: {problem} for {name}; it takes {', '.join(params) or 'no arguments'} "
+            f"(given: {', '.join(kwargs) or 'none'})"
         ) from None
 
 
