@@ -32,7 +32,8 @@ EPOCHS, BATCH = 4, 32
 HOOKS = [
     "on_fit_start", "on_fit_end", "on_train_start", "on_train_end", "on_train_epoch_start", "on_train_epoch_end",
     "on_train_batch_start", "on_train_batch_end", "on_validation_epoch_start", "on_validation_epoch_end",
-    "on_before_optimizer_step",
+    "on_validation_start", "on_validation_end", "on_validation_batch_start", "on_validation_batch_end",
+    "on_before_optimizer_step", "setup", "teardown",
 ]  # fmt: skip
 
 
@@ -75,7 +76,7 @@ class Base(L.LightningModule):
 
 
 def _hook(name):
-    def fn(self, *args):
+    def fn(self, *args, **kwargs):
         self._count(name)
         if name == "on_train_batch_start":
             self.step_lrs.append(float(self.trainer.optimizers[0].param_groups[0]["lr"]))
@@ -705,3 +706,91 @@ def test_the_adapted_task_is_a_plain_task_and_any_task_may_use_its_hooks(tmp_pat
     rows = [r for r in metric_rows(tmp_path / "run") if r["kind"] == "train"]
     assert rows and all(r["answer"] == 42.0 for r in rows)
     assert any(ln.startswith("[epoch") and "answer 42" in ln for ln in lines)  # shown on the epoch lines
+
+
+# ------------------------------------------------------------------ every hook runs, or is refused
+class _EpochHalver:
+    """A scheduler of another library: step(epoch) only, which Lightning steps through lr_scheduler_step."""
+
+    def __init__(self, opt: torch.optim.Optimizer) -> None:
+        self.optimizer, self.calls = opt, 0
+
+    def step(self, epoch: int) -> None:
+        self.calls += 1
+        for g in self.optimizer.param_groups:
+            g["lr"] = 1e-2 * 0.5 ** (epoch + 1)
+
+    def state_dict(self) -> dict:
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls = state["calls"]
+
+
+def test_the_models_lr_scheduler_step_steps_its_schedulers_as_under_lightning(tmp_path):
+    class Model(Base):
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=1e-2)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": _EpochHalver(opt), "interval": "epoch"}}
+
+        def lr_scheduler_step(self, scheduler, metric):
+            scheduler.step(epoch=self.current_epoch)
+
+    a, b, _, _ = both(Model, tmp_path)
+    assert b.calls == a.calls and len(set(b.step_lrs)) == EPOCHS  # halved after each epoch, in both
+    assert b.step_lrs == pytest.approx(a.step_lrs, rel=1e-12) and max_diff(a, b) <= ATOL
+
+
+NEVER_CALLED = ["on_after_backward", "optimizer_step", "configure_gradient_clipping", "on_before_zero_grad",
+                "on_validation_model_eval", "transfer_batch_to_device"]  # fmt: skip
+
+
+@pytest.mark.parametrize("hook", NEVER_CALLED)
+def test_a_lightning_hook_the_loop_never_calls_is_refused_in_one_line(tmp_path, hook):
+    """Overridden, it would be skipped in silence and the model trained otherwise than under Lightning."""
+    Model = type("Model", (Base,), {hook: lambda self, *a, **k: None})
+    train, val = data()
+    with pytest.raises(UnsupportedLightningFeature, match=rf"Model\.{hook} is a Lightning hook plainloop's loop"):
+        plainloop_fit(Model(), train, val, tmp_path)
+    assert not (tmp_path / "run").exists()
+
+
+def test_fit_time_hooks_and_the_test_loops_hooks_run_in_lightnings_order(tmp_path):
+    order: list[str] = []
+
+    class Model(Base):
+        def prepare_data(self):
+            order.append("prepare_data")
+
+        def setup(self, stage):
+            order.append(f"setup:{stage}")
+
+        def configure_model(self):
+            order.append("configure_model")
+
+        def configure_optimizers(self):
+            order.append("configure_optimizers")
+            return super().configure_optimizers()
+
+        def test_step(self, batch, batch_idx):
+            self.log("test_loss", nn.functional.mse_loss(self(batch[0]), batch[1]))
+
+        def train_dataloader(self):
+            raise AssertionError("plainloop reads the Task's datasets")
+
+    for name in ("on_test_start", "on_test_epoch_start", "on_test_batch_start", "on_test_batch_end",
+                 "on_test_epoch_end", "on_test_end"):  # fmt: skip
+        setattr(Model, name, _hook(name))
+    train, val = data()
+    m = Model()
+    cfg = TrainConfig(epochs=1, batch_size=BATCH, output_dir=str(tmp_path), progress_bar=False)
+    t = Trainer(cfg, Task("mine", m, train, val, test_set=val), log=lambda s: None)
+    assert order == ["prepare_data", "setup:fit", "configure_model", "configure_optimizers"]
+    assert any("train_dataloader not used" in n for n in t.notes)
+    summary = t.fit()
+    assert "test_loss" in summary["final_metrics"] and m.calls["teardown"] == 1
+    batches = -(-len(val) // BATCH)
+    assert {k: v for k, v in m.calls.items() if k.startswith("on_test")} == {
+        "on_test_start": 1, "on_test_epoch_start": 1, "on_test_batch_start": batches, "on_test_batch_end": batches,
+        "on_test_epoch_end": 1, "on_test_end": 1,
+    }  # fmt: skip

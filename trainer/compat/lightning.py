@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn, Protocol, TypedDict, TypeGuard
@@ -40,11 +41,32 @@ from ..optim import OptimizerFn, OptimizerSetup, group_lr, optimizer_hparams
 from ..task import BatchEvaluateFn, LogMetricsFn, LossFn, ModelProtocolError, Task
 
 _SENTINEL = "_plainloop_training_step"  # routes a wrapped (DDP/compiled) call to training_step
-HOOKS = (
-    "on_fit_start", "on_fit_end", "on_train_start", "on_train_end", "on_train_epoch_start", "on_train_epoch_end",
-    "on_train_batch_start", "on_train_batch_end", "on_validation_epoch_start", "on_validation_epoch_end",
-    "on_before_optimizer_step", "on_save_checkpoint", "on_load_checkpoint",
-)  # fmt: skip
+_EVAL_MODE = (
+    "plainloop puts the model in eval mode without gradients for validation and test, and back after; set a "
+    "module's mode inside validation_step / test_step instead"
+)
+# A LightningModule's hooks that plainloop's loop has no point for: one the module overrides is refused at start-up
+# with the way out, never skipped in silence (every other hook of Lightning's fit and test runs at its point)
+NOT_RUN = {
+    "on_before_backward": "compute it in training_step, before returning the loss",
+    "on_after_backward": "move it to on_before_optimizer_step (once per optimizer step, after unscaling, before "
+    "clipping)",
+    "on_before_zero_grad": "move it to on_train_batch_end (plainloop clears the gradients after each step)",
+    "optimizer_step": "plainloop steps the optimizer itself (with its non-finite guard); move per-step work to "
+    "on_before_optimizer_step, or the schedule to a step-interval lr_scheduler",
+    "optimizer_zero_grad": "plainloop clears the gradients itself after each optimizer step",
+    "configure_gradient_clipping": "set TrainConfig(gradient_clip_val=..., gradient_clip_algorithm=...) "
+    "(--gradient_clip_val)",
+    "backward": "plainloop calls backward on the loss (scaled under fp16); move extra work to "
+    "on_before_optimizer_step",
+    "configure_callbacks": "pass them to Trainer(..., callbacks=[...]) as plainloop callbacks (trainer/hooks.py)",
+    "transfer_batch_to_device": "plainloop moves tensors and tuples, lists and dicts of them; give "
+    "Task(collate_fn=...) that makes such batches",
+    "on_before_batch_transfer": "do it in the dataset or in Task(collate_fn=...)",
+    "on_after_batch_transfer": "do it at the top of training_step",
+    **dict.fromkeys(("on_validation_model_eval", "on_validation_model_train", "on_validation_model_zero_grad",
+                     "on_test_model_eval", "on_test_model_train"), _EVAL_MODE),
+}  # fmt: skip
 
 
 ModelMethod = Callable[..., object]  # a method of the user's model, called with what Lightning would pass
@@ -58,6 +80,9 @@ class ModelScheduler(Protocol):
     def state_dict(self) -> StateDict: ...
 
     def load_state_dict(self, state_dict: StateDict) -> object: ...
+
+
+Stepper = Callable[[ModelScheduler, float | None], object]  # steps one scheduler, with a metric or without
 
 
 class UnsupportedLightningFeature(AttributeError):
@@ -295,8 +320,8 @@ class ModelStepSchedule:
     it advances, as under Lightning, so that no step waits for the device.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, configs: list[SchedulerConfig]) -> None:
-        self.optimizer = optimizer
+    def __init__(self, optimizer: torch.optim.Optimizer, configs: list[SchedulerConfig], stepper: Stepper) -> None:
+        self.optimizer, self.stepper = optimizer, stepper
         self.configs = [c for c in configs if c.interval == "step" and not c.plateau]
         self.steps = 0  # optimizer steps taken
         # Lightning's `frequency` for a step interval counts the batches of the epoch (batch_idx + 1 of the batch
@@ -308,7 +333,7 @@ class ModelStepSchedule:
         n = self.batch_index() + 1 if self.batch_index is not None else self.steps
         for c in self.configs:
             if n % c.frequency == 0:
-                c.scheduler.step()
+                self.stepper(c.scheduler, None)
 
     def current_lr(self) -> float:
         return group_lr(self.optimizer)
@@ -371,7 +396,17 @@ def model_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device, lr
             notes.append(f"schedule: {c.describe()}: interval 'step' for a plateau scheduler is stepped per validation")
     source, schedulers = f"{type(model).__name__}.configure_optimizers", [c.hparams() for c in configs]
     hparams: dict[str, object] = {"source": source, **optimizer_hparams(optimizer), "schedulers": schedulers}
-    return OptimizerChoice(optimizer, ModelStepSchedule(optimizer, configs), configs, notes, hparams)
+    schedule = ModelStepSchedule(optimizer, configs, scheduler_stepper(model))
+    return OptimizerChoice(optimizer, schedule, configs, notes, hparams)
+
+
+def scheduler_stepper(model: nn.Module) -> Stepper:
+    """How a scheduler is stepped: the model's own lr_scheduler_step(scheduler, metric) when it overrides it (as
+    Lightning asks for schedulers of another library), else scheduler.step() or .step(metric)."""
+    own = _own(model, "lr_scheduler_step")
+    if own is not None:
+        return lambda scheduler, metric: own(scheduler, metric)
+    return lambda scheduler, metric: scheduler.step() if metric is None else scheduler.step(metric)
 
 
 # ------------------------------------------------------------------ self.log
@@ -678,23 +713,25 @@ class ModelAdapter:
         if step is None:
             return {}
         store = "val" if split == "val" else "test"
+        stage = "validation" if split == "val" else "test"  # Lightning's hook names: on_validation_start ...
         self.logger.phase = store
         self.shim.training, self.shim.validating, self.shim.testing = False, split == "val", split == "test"
-        hooks = split == "val"
         returned = LogStore()
         try:
-            if hooks:
-                self.call("on_validation_epoch_start")
+            self.call(f"on_{stage}_start")
+            self.call(f"on_{stage}_epoch_start")
             takes_idx = self._takes_idx(step)
             for i, batch in batches:
                 n = _batch_size(batch)
                 self.logger.batch_size = n
+                self.call(f"on_{stage}_batch_start", batch, i)
                 out = step(batch, i) if takes_idx else step(batch)
+                self.call(f"on_{stage}_batch_end", out, batch, i)
                 loss = out.get("loss") if isinstance(out, dict) else out
                 if isinstance(loss, torch.Tensor) and loss.numel() == 1:
                     returned.add(f"{split}_loss", loss, n)
-            if hooks:
-                self.call("on_validation_epoch_end")
+            self.call(f"on_{stage}_epoch_end")
+            self.call(f"on_{stage}_end")
         finally:
             self.logger.phase = "train"
             self.shim.training, self.shim.validating, self.shim.testing = True, False, False
@@ -713,7 +750,7 @@ class ModelAdapter:
             raise ModelProtocolError(f"{type(model).__name__} has no configure_optimizers")
         self.choice = choice
         choice.schedule.batch_index = lambda: self.batch_idx  # Lightning's step frequency counts epoch batches
-        epochs = EpochSchedulers(choice.optimizer, choice.configs)
+        epochs = EpochSchedulers(choice.optimizer, choice.configs, choice.schedule.stepper)
         epochs.epoch_values = lambda: self.epoch_logs
         return OptimizerSetup(choice.optimizer, choice.schedule, [epochs] if epochs.configs else [], choice.notes,
                               choice.hparams)  # fmt: skip
@@ -748,8 +785,8 @@ class EpochSchedulers:
     all_ranks = True
     state_key = "model_schedulers"
 
-    def __init__(self, optimizer: torch.optim.Optimizer, configs: list[SchedulerConfig]) -> None:
-        self.optimizer = optimizer
+    def __init__(self, optimizer: torch.optim.Optimizer, configs: list[SchedulerConfig], stepper: Stepper) -> None:
+        self.optimizer, self.stepper = optimizer, stepper
         self.configs = [c for c in configs if c.interval == "epoch" or c.plateau]
         self.epochs_done = 0  # epochs finished (epoch-interval frequency counts them)
         self.plateau_steps = 0
@@ -764,9 +801,9 @@ class EpochSchedulers:
             if self.epochs_done % c.frequency:
                 continue
             if not c.plateau:
-                c.scheduler.step()
+                self.stepper(c.scheduler, None)
             elif c.monitor in vals:
-                c.scheduler.step(vals[c.monitor])
+                self.stepper(c.scheduler, vals[c.monitor])
                 self.plateau_steps += 1
         self.lr_history.append(_lr(self.optimizer))
 
@@ -774,7 +811,7 @@ class EpochSchedulers:
         missing = []
         for c in self.configs:
             if c.plateau and c.monitor in metrics:
-                c.scheduler.step(metrics[c.monitor])
+                self.stepper(c.scheduler, metrics[c.monitor])
                 self.plateau_steps += 1
             elif c.plateau and metrics:
                 missing.append(c.monitor)
@@ -871,6 +908,7 @@ class ModelHooks:
 
     def on_fit_end(self, trainer: TrainerView, summary: dict[str, object] | None = None) -> None:
         self.a.call("on_fit_end")
+        self.a.call("teardown", "fit")
         self.a.detach()
 
     # -- checkpoints
@@ -900,6 +938,31 @@ class TaskChanges(TypedDict, total=False):
     test_set: None
 
 
+def prepare(model: nn.Module, notes: list[str]) -> None:
+    """What Lightning's fit does with a LightningModule before its first step: refuse a hook plainloop never calls
+    (NOT_RUN), then prepare_data(), setup("fit") and configure_model(), in Lightning's order."""
+    name = type(model).__name__
+    for hook, way_out in NOT_RUN.items():
+        if _own(model, hook) is not None:
+            raise UnsupportedLightningFeature(
+                f"{name}.{hook} is a Lightning hook plainloop's loop does not call: {way_out}"
+            )
+    if _own(model, "prepare_data") is not None:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # Lightning runs it on one process per node, then waits
+            raise UnsupportedLightningFeature(
+                f"{name}.prepare_data under torchrun: plainloop runs it only in a single process; call "
+                f"model.prepare_data() once before launching (or download the data in the dataset's constructor)"
+            )
+        model.prepare_data()  # type: ignore[operator]
+    for hook, args in (("setup", ("fit",)), ("configure_model", ())):
+        fn = _own(model, hook)
+        if fn is not None:
+            fn(*args)
+    unused = [f for f in ("train_dataloader", "val_dataloader", "test_dataloader") if _own(model, f) is not None]
+    if unused:
+        notes.append(f"data: {name}.{'/'.join(unused)} not used: plainloop reads the Task's datasets")
+
+
 def adapt_lightning_task(task: Task) -> Task | None:
     """A Task whose model is Lightning-style, as a plain Task (trainer/layers.TASK_ADAPTERS); None otherwise.
 
@@ -912,6 +975,8 @@ def adapt_lightning_task(task: Task) -> Task | None:
     hooks = ModelHooks(a)
     name = type(model).__name__
     notes = list(task.notes)
+    if hasattr(type(model), "trainer"):  # a LightningModule: its own fit-time hooks
+        prepare(model, notes)
     out: TaskChanges = {"callbacks": [*task.callbacks, hooks], "notes": notes}
     if task.loss_fn is None and a.training_step is not None:
         out["loss_fn"] = a.loss_fn
