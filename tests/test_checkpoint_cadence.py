@@ -209,6 +209,20 @@ def test_a_changed_fixed_setting_is_refused_with_both_values(tmp_path):
             Trainer(toy_config(tmp_path, epochs=2, resume=str(run), **change), make_task())
 
 
+def test_the_python_door_is_told_how_to_resume_with_the_runs_own_settings_and_that_works(tmp_path):
+    """From Python (no command line running) the refusal names config.toml's [train] table, not --resume."""
+    tomllib = pytest.importorskip("tomllib")
+    run = _finished_run(tmp_path, epochs=1)
+    changed = dict(toy_config(tmp_path, epochs=1).to_dict(), batch_size=16, epochs=2, resume=str(run))
+    with pytest.raises(ResumeError) as e:
+        Trainer(TrainConfig(**changed), make_task())
+    assert "--resume" not in str(e.value) and str(run / "config.toml") in str(e.value)
+    with open(run / "config.toml", "rb") as f:
+        own = tomllib.load(f)["train"]
+    t = Trainer(TrainConfig(**dict(own, epochs=2), resume=str(run)), make_task())  # what the message says
+    assert t.fit()["steps"] == 16
+
+
 def test_a_setting_that_may_change_continues_the_run(tmp_path):
     run = _finished_run(tmp_path, epochs=1)
     t = Trainer(toy_config(tmp_path, epochs=2, resume=str(run), log_every=2, checkpoint_interval=5.0), make_task())

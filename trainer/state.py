@@ -28,7 +28,7 @@ from .evaluation import BestTracker
 from .hooks import Hooks
 from .runfiles import RunFiles, finished, refuse_if_live
 from .runtime import Runtime, launch_prefix, rng_state, set_rng_state
-from .usercode import cli_resume_line, resume_hint
+from .usercode import cli_resume_line, own_settings_hint, resume_hint
 
 Settings = dict[str, dict[str, Any]]  # {table: {key: value}}, as config.toml and every checkpoint hold them
 
@@ -180,7 +180,7 @@ def load_model_state(model: nn.Module, state: StateDict, source: Path | str | No
         raise ResumeError(
             f"{source or 'the checkpoint'}: its weights do not fit this model; the run that wrote it used other "
             f"model settings. Differences: {'; '.join(shapes[:6]) or str(e)[:300]}. Resume with the run's own "
-            f"settings (--resume RUN_DIR alone restores them)."
+            f"settings ({own_settings_hint(source or 'RUN_DIR')})."
         ) from None
 
 
@@ -477,7 +477,7 @@ class Checkpointer:
             raise ResumeError(
                 f"{path}: a resumed run keeps the settings its state was made with, and these differ: "
                 f"{'; '.join(f'{k} {a!r} -> {b!r}' for k, a, b in changed)}. Resume with the run's own values "
-                f"(--resume RUN_DIR alone restores them), or start a new run with the new ones"
+                f"({own_settings_hint(path)}), or start a new run with the new ones"
             )
         step = int(ckpt["step"])
         if step > total_steps:

@@ -34,6 +34,15 @@ def resume_hint(target: str | os.PathLike[str], prefix: str = "python") -> str:
     return f"TrainConfig(..., resume={str(target)!r}) (BaseTrainer: checkpoint_path={str(target)!r}){again}"
 
 
+def own_settings_hint(target: str | os.PathLike[str]) -> str:
+    """How a resume gets the run's own settings back (`target`: a run or its checkpoint): the command line restores
+    them, Python reads the run's config.toml."""
+    if cli_resume_line(target):
+        return "--resume RUN_DIR alone restores them"
+    run = Path(target).parent.parent if Path(target).suffix == ".pt" else Path(target)  # RUN/checkpoints/last.pt
+    return f"TrainConfig(**tomllib.load(f)['train'], resume=...) with f the open {run / 'config.toml'}"
+
+
 def rerun_hint(config_toml: str | os.PathLike[str]) -> str:
     """The header line of a run's config.toml."""
     for command in layers.RERUN_COMMANDS:
