@@ -620,3 +620,13 @@ def test_an_epoch_line_before_the_first_log_point_makes_up_no_loss():
     assert "no loss logged yet" in line and "nan" not in line and line.endswith("last.pt saved")
     line = epoch_line(epoch=1, max_epochs=1, step=100, total_steps=120, row={"loss": 0.5}, eta_s=3.0)
     assert "loss 0.5," in line
+
+
+def test_an_epoch_line_after_a_stop_between_log_points_says_which_step_its_loss_is_from():
+    """A stop mid-epoch shows the last logged loss, maybe the previous epoch's: the line names its step."""
+    from trainer.console import epoch_line
+
+    row = {"loss": 3.293, "step": 80, "samples_per_s": 10.0}
+    line = epoch_line(epoch=3, max_epochs=3, step=83, total_steps=120, row=row, eta_s=3.0)
+    assert "loss 3.293 (at step 80)," in line
+    assert "(at step" not in epoch_line(epoch=3, max_epochs=3, step=80, total_steps=120, row=row, eta_s=3.0)

@@ -54,7 +54,8 @@ def epoch_line(
     if "loss" not in row:  # stopped before the first log point: no loss was read, and none is made up
         return f"{where}no loss logged yet, ETA {_hms(eta_s)}" + (f"; {saved}" if saved else "")
     more = "".join(f", {k} {row[k]:.4g}" for k in extra if isinstance(row.get(k), int | float))
+    at = f" (at step {row['step']})" if row.get("step", step) != step else ""  # stopped between two log points
     return (
-        f"{where}loss {row['loss']:.4g}{more}, {row.get('samples_per_s', 0):.0f} samples/s, data wait "
+        f"{where}loss {row['loss']:.4g}{at}{more}, {row.get('samples_per_s', 0):.0f} samples/s, data wait "
         f"{100 * row.get('data_wait_frac', 0):.0f}%, ETA {_hms(eta_s)}" + (f"; {saved}" if saved else "")
     )
