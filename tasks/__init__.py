@@ -416,8 +416,9 @@ def as_engine_task(spec: str, fn_name: str, task: Any) -> Task:
         and tuple(f.name for f in dataclasses.fields(task)) == names
     ):
         return Task(**{name: getattr(task, name) for name in names})
+    what = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
     raise TaskSpecError(
-        f"--task {spec}: {fn_name} returned {cls.__module__}.{cls.__qualname__}, not a Task; return "
+        f"--task {spec}: {fn_name} returned {what}, not a Task; return "
         f"Task(name, model, train_set, val_set, ...) with Task from plainloop (or trainer)"
     )
 

@@ -116,7 +116,7 @@ def test_a_file_path_works_too(user_pkg):
         ("nopkg.mod:build", {}, "no module named 'nopkg'; run from the folder"),
         ("userpkg.regress:missing", {}, "has no 'missing'; its functions: build, not_a_task"),
         ("userpkg.regress:build", {}, "needs --tag"),
-        ("userpkg.regress:not_a_task", {}, "returned builtins.int, not a Task; return Task(name, model"),
+        ("userpkg.regress:not_a_task", {}, "returned int, not a Task; return Task(name, model"),
         ("userpkg.regress:task_lookalike", {}, "returned userpkg.regress.task_lookalike.<locals>.Task, not a Task"),
         ("userpkg.regress:positional_only", {}, "'a' is positional-only"),
         ("userpkg.regress:bad_annotation", {}, "'model' is annotated"),
@@ -281,7 +281,7 @@ def test_a_bad_spec_on_the_cli_is_one_line(cli, capsys):
                    "task_lookalike, positional_only, bad_annotation, clash"]  # fmt: skip
     assert cli.main(["--task", "userpkg.regress:not_a_task", *QUIET]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[0] == ("error: --task userpkg.regress:not_a_task: not_a_task returned builtins.int, not a Task; return "
+    assert err[0] == ("error: --task userpkg.regress:not_a_task: not_a_task returned int, not a Task; return "
                       "Task(name, model, train_set, val_set, ...) with Task from plainloop (or trainer)")  # fmt: skip
     assert not any(line.startswith(("Traceback", "  File")) for line in err)
     assert cli.main(["--task", "userpkg.regress:clash"]) == 2
