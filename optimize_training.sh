@@ -222,7 +222,10 @@ for a in "$@"; do
     *) extra+=("$a") ;;
   esac
 done
-cmd+=(train_optimized.py ${args[@]+"${args[@]}"} ${extra[@]+"${extra[@]}"})
+script=train_optimized.py
+# from elsewhere, the script by its full path: the re-run and resume lines a run prints then work where you are
+[ "$caller_dir" = "$repo_dir" ] || script="$repo_dir/train_optimized.py"
+cmd+=("$script" ${args[@]+"${args[@]}"} ${extra[@]+"${extra[@]}"})
 
 if [ "$PLAINLOOP_DRY_RUN" = "1" ]; then
   for name in "${exported[@]}"; do

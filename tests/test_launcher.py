@@ -261,6 +261,8 @@ def test_relative_paths_are_read_from_the_callers_directory(tmp_path):
     assert flag(cmd, "--data_path") == str(tmp_path / "sst.nc")
     assert flag(cmd, "--config") == str(tmp_path / "my.toml")
     assert flag(cmd, "--resume") == "auto" and f"--cache_dir={tmp_path / 'cache'}" in cmd
+    # the script by its full path, so the re-run and resume lines the run prints work in the caller's directory
+    assert str(ROOT / "train_optimized.py") in cmd and "train_optimized.py" not in cmd
 
 
 def test_a_repository_input_still_works_from_elsewhere(tmp_path):
