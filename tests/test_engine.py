@@ -630,3 +630,39 @@ def test_an_epoch_line_after_a_stop_between_log_points_says_which_step_its_loss_
     line = epoch_line(epoch=3, max_epochs=3, step=83, total_steps=120, row=row, eta_s=3.0)
     assert "loss 3.293 (at step 80)," in line
     assert "(at step" not in epoch_line(epoch=3, max_epochs=3, step=80, total_steps=120, row=row, eta_s=3.0)
+
+
+def test_a_map_style_dataset_gets_python_int_indices_as_under_dataloader(tmp_path):
+    """torch's samplers hand __getitem__ an int; a numpy int64 broke torch.Generator().manual_seed(i)."""
+    from torch.utils.data import Dataset
+
+    from trainer import Task, Trainer
+
+    seen: set[type] = set()
+
+    class Seeded(Dataset):
+        def __len__(self) -> int:
+            return 32
+
+        def __getitem__(self, i):
+            seen.add(type(i))
+            g = torch.Generator().manual_seed(i)  # needs an int
+            return torch.randn(4, generator=g), torch.randn(1, generator=g)
+
+    Trainer(toy_config(tmp_path, epochs=1, batch_size=8), Task("t", torch.nn.Linear(4, 1), Seeded(), Seeded())).fit()
+    assert seen == {int}
+
+
+def test_best_json_counts_epochs_as_the_val_rows_and_files_do(tmp_path):
+    """A validation mid-epoch (val_check_steps) is in epoch 1 for the val row, the top-k file and best.json alike."""
+    from trainer import Task, Trainer
+    from trainer.state import Progress
+
+    assert Progress(epoch=0, batches_done=3).epoch_number == 1 and Progress(epoch=2).epoch_number == 2
+    x = torch.randn(64, 4)
+    ds = TensorDataset(x, x.sum(1, keepdim=True))
+    cfg = toy_config(tmp_path, epochs=1, batch_size=8, val_check_steps=4)
+    summary = Trainer(cfg, Task("t", nn.Linear(4, 1), ds, ds)).fit()
+    best = json.loads((Path(summary["run_dir"]) / "best.json").read_text())
+    rows = {r["step"]: r["epoch"] for r in metric_rows(Path(summary["run_dir"])) if r["kind"] == "val"}
+    assert best["epoch"] == rows[best["step"]] == 1

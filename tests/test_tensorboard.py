@@ -130,3 +130,22 @@ def test_missing_tensorboard_says_what_to_install(monkeypatch: pytest.MonkeyPatc
 def test_bad_flush_secs() -> None:
     with pytest.raises(ValueError, match="flush_secs=0"):
         TensorBoardLogger(flush_secs=0)
+
+
+def test_a_resume_purges_the_events_of_the_steps_it_redoes(tmp_path: Path) -> None:
+    """Killed after step 20's rows but with last.pt at step 10: the resumed run's writer drops steps 11 and on
+    (metrics.jsonl moves those rows aside), so TensorBoard shows each step once."""
+    run = _run_dir(tmp_path, with_npz=False)
+    first = TensorBoardLogger()
+    first.on_fit_start(types.SimpleNamespace(run_dir=run, step=0))
+    for step in (5, 10, 15, 20):
+        first.on_log(None, {"kind": "train", "step": step, "loss": 1.0 / step, "time": T0 + step})
+    first.writer.flush()  # killed here: no on_fit_end
+    again = TensorBoardLogger()
+    again.on_fit_start(types.SimpleNamespace(run_dir=run, step=10))  # resumed from last.pt at step 10
+    for step in (15, 20, 25):
+        again.on_log(None, {"kind": "train", "step": step, "loss": 2.0 / step, "time": T0 + 100 + step})
+    again.on_fit_end(types.SimpleNamespace(run_dir=run), {"steps": 25})
+    loss = _read(run).Scalars("train/loss")
+    assert [e.step for e in loss] == [5, 10, 15, 20, 25]
+    assert [e.value for e in loss] == pytest.approx([1 / 5, 1 / 10, 2 / 15, 2 / 20, 2 / 25])

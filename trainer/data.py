@@ -205,7 +205,21 @@ def build_loader(
     """Device-resident batches when the data is held on the device (`gatherer`), else a DataLoader."""
     if gatherer is not None:
         return DeviceBatches(gatherer, batch_sampler, device)
-    return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=collate_fn, **loader_kw)
+    return DataLoader(dataset, batch_sampler=IndexLists(batch_sampler), collate_fn=collate_fn, **loader_kw)
+
+
+class IndexLists:
+    """A batch sampler's index arrays as lists of Python ints: what torch's samplers give a dataset's __getitem__
+    (a numpy int64 breaks code that wants an int, such as torch.Generator().manual_seed(i))."""
+
+    def __init__(self, batch_sampler: Any) -> None:
+        self.batch_sampler = batch_sampler
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        return (b.tolist() if isinstance(b, np.ndarray) else b for b in self.batch_sampler)
 
 
 def close_loader(loader: Any) -> None:

@@ -690,7 +690,7 @@ class Trainer:
         if metrics:
             p.last_val = dict(metrics)
         if self.rt.is_main:
-            epoch = p.epoch + (1 if p.batches_done else 0)  # 1-based, also mid-epoch
+            epoch = p.epoch_number
             self.log_row({"kind": "val", "step": p.step, "epoch": epoch, **metrics})
             shown = self.task.console_metrics or tuple(metrics)
             self.log(
@@ -700,7 +700,7 @@ class Trainer:
             )
             if improved and self.cfg.save_best:
                 self._save("best.pt", background=self.checkpointer.background)
-        self._keep_top_k(metrics, p.epoch + (1 if p.batches_done else 0))
+        self._keep_top_k(metrics, p.epoch_number)
         return metrics
 
     def _keep_top_k(self, metrics: dict[str, float], epoch: int) -> None:
@@ -944,8 +944,7 @@ class Trainer:
         eta = (time.perf_counter() - t0) / ran * (total - done) if ran > 0 else float("nan")
         p = self.progress
         return epoch_line(
-            # p.epoch counts finished epochs; stopped mid-epoch (max_steps, a signal) the run is inside the next one
-            epoch=p.epoch + (1 if p.batches_done else 0),
+            epoch=p.epoch_number,  # stopped mid-epoch (max_steps, a signal), the one the run is inside
             max_epochs=self.length.max_epochs,
             step=p.step,
             total_steps=self.length.total_steps,

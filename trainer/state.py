@@ -109,6 +109,11 @@ class Progress:
     ended: str | None = None  # "finished" or "early_stopped": training is over; a resume does not redo it
     last_val: dict[str, float] = field(default_factory=dict)  # the last validation's scores (for the summary)
 
+    @property
+    def epoch_number(self) -> int:
+        """The epoch the run is in, counted from 1 (at an epoch's end, that epoch's): rows, files and lines use it."""
+        return self.epoch + (1 if self.batches_done else 0)
+
     def position(self, batches_per_epoch: int) -> str:
         """Where the run stands, with epochs counted from 1 as the epoch lines count them."""
         if self.batches_done:  # inside epoch self.epoch + 1
@@ -347,7 +352,7 @@ class Checkpointer:
         self.hooks("on_save_checkpoint", state)
         p = self.progress
         path = run_dir / "checkpoints" / name
-        best = {"metric": self.best.metric, "value": self.best.best, "step": p.step, "epoch": p.epoch}
+        best = {"metric": self.best.metric, "value": self.best.best, "step": p.step, "epoch": p.epoch_number}
         row = {"kind": "checkpoint", "name": name, "step": p.step, "path": str(path)}
         if name == "last.pt":
             self.clock.reset()

@@ -76,7 +76,11 @@ class TensorBoardLogger:
     def on_fit_start(self, trainer: Any) -> None:
         run_dir = Path(trainer.run_dir)
         self.log_dir = self._log_dir or run_dir
-        self.writer = self._writer_cls(log_dir=str(self.log_dir), flush_secs=self.flush_secs)
+        # a resumed run redoes the steps after its checkpoint: their events from before a kill are purged, as
+        # metrics.jsonl moves their rows aside (TensorBoard drops events at or after purge_step)
+        step = int(getattr(trainer, "step", 0) or 0)
+        purge = {"purge_step": step + 1} if step > 0 else {}
+        self.writer = self._writer_cls(log_dir=str(self.log_dir), flush_secs=self.flush_secs, **purge)
         cfg = run_dir / "config.json"
         if cfg.is_file():
             text = cfg.read_text(encoding="utf-8")
