@@ -666,3 +666,25 @@ def test_best_json_counts_epochs_as_the_val_rows_and_files_do(tmp_path):
     best = json.loads((Path(summary["run_dir"]) / "best.json").read_text())
     rows = {r["step"]: r["epoch"] for r in metric_rows(Path(summary["run_dir"])) if r["kind"] == "val"}
     assert best["epoch"] == rows[best["step"]] == 1
+
+
+def test_early_stopping_acts_at_a_step_validation_not_at_the_epochs_end(tmp_path):
+    """val_check_steps with patience 1 in one long epoch: the run stops at the first validation that does not
+    improve (it trained the whole epoch on, and a stream, one epoch, never stopped early)."""
+    from trainer import Callback, Task, Trainer
+
+    class Worse(Callback):  # each validation scores worse than the one before
+        n = 0
+
+        def on_validation_end(self, trainer, metrics):
+            Worse.n += 1
+            metrics["val_loss"] = float(Worse.n)
+
+    lines: list[str] = []
+    x = torch.randn(256, 4)
+    ds = TensorDataset(x, x.sum(1, keepdim=True))
+    cfg = toy_config(tmp_path, epochs=1, batch_size=4, val_check_steps=4, early_stopping_patience=1)
+    summary = Trainer(cfg, Task("t", nn.Linear(4, 1), ds, ds), callbacks=[Worse()], log=lines.append).fit()
+    assert summary["steps"] == 8 and Worse.n == 2
+    assert sum("early stopping" in line for line in lines) == 1
+    assert [r["step"] for r in metric_rows(Path(summary["run_dir"])) if r["kind"] == "val"] == [4, 8]

@@ -174,9 +174,8 @@ def test_checkpoints_without_stateful_callbacks_have_no_callbacks_entry(tmp_path
 
 
 def test_two_callbacks_under_one_state_key_are_refused():
-    hooks = Hooks([Counter(), Counter()], trainer=object(), is_main=True)
     with pytest.raises(ValueError, match="'counter'.*state_key"):
-        hooks.state_dict()
+        Hooks([Counter(), Counter()], trainer=object(), is_main=True)
 
 
 class Swap(Callback):
@@ -272,3 +271,14 @@ def test_on_before_optimizer_step_sees_the_gradients_before_clipping(tmp_path):
 
     Trainer(toy_config(tmp_path, epochs=1, gradient_clip_val=1e-3), make_task(), callbacks=[Norms()]).fit()
     assert seen and min(seen) > 1e-3 * 1.01  # clipped, every norm would be 1e-3
+
+
+def test_two_callbacks_with_one_state_key_are_refused_before_anything_is_written(tmp_path):
+    """The clash surfaced at the first checkpoint, after an epoch of training and with a run directory made."""
+    with pytest.raises(ValueError, match=r"two callbacks save their state under 'counter'.*state_key"):
+        Trainer(toy_config(tmp_path, epochs=1), make_task(), callbacks=[Counter(), Counter()])
+    t = Trainer(toy_config(tmp_path, epochs=1), make_task(), callbacks=[Counter()])
+    t.callbacks.append(Counter())  # added after the constructor: refused when fit() starts
+    with pytest.raises(ValueError, match="two callbacks save their state under"):
+        t.fit()
+    assert not (tmp_path / "run").exists()

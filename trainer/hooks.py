@@ -136,7 +136,13 @@ class Hooks:
         self.resolve()
 
     def resolve(self) -> None:
-        """Look the hooks up again (the callback list may have grown since)."""
+        """Look the hooks up again (the callback list may have grown since); before anything is written, refuse
+        two callbacks whose states would be saved under one key."""
+        keys = [state_key(cb) for cb in self.callbacks if callable(getattr(cb, "state_dict", None))]
+        if dup := next((k for k in keys if keys.count(k) > 1), None):
+            raise ValueError(
+                f"two callbacks save their state under {dup!r}: give one a `state_key` attribute of its own"
+            )
         active = [cb for cb in self.callbacks if self.is_main or getattr(cb, "all_ranks", False)]
         self.bound = {n: [f for cb in active if callable(f := getattr(cb, n, None))] for n in HOOK_NAMES}
         # the per-batch hooks, read by the loop without a dict lookup
@@ -153,12 +159,7 @@ class Hooks:
         out: dict[str, Any] = {}
         for cb in self.callbacks:
             if callable(getattr(cb, "state_dict", None)):
-                key = state_key(cb)
-                if key in out:
-                    raise ValueError(
-                        f"two callbacks save their state under {key!r}: give one a `state_key` attribute of its own"
-                    )
-                out[key] = cb.state_dict()
+                out[state_key(cb)] = cb.state_dict()  # one callback per key: resolve() refused two
         return out
 
     def load_state_dict(self, states: dict[str, Any]) -> list[str]:

@@ -421,7 +421,7 @@ class Trainer:
             elif val_now:
                 self.validate()
                 stopping = self._agree_stop()  # a stop during validation: last.pt now, with the validation done
-            halted = self.run.halted = not stopping and self._early_stop()
+            halted = self.run.halted = self.run.halted or (not stopping and self._early_stop())
             if epoch_done or last or stopping:
                 # an epoch's end writes last.pt only when its interval is due; a stop and the end always do
                 saved = bool(stopping) or (not (last or halted) and self.checkpointer.clock.due(epoch_end=True))
@@ -518,6 +518,7 @@ class Trainer:
                 if cfg.val_check_steps is not None and p.step % cfg.val_check_steps == 0:
                     self.validate()
                     self.model.train()
+                    run.halted = self._early_stop()  # at the validation, not at the epoch's end (a stream has one)
                 if i + 1 < nb and (
                     (cfg.checkpoint_every is not None and p.step % cfg.checkpoint_every == 0)
                     or (logged and self.checkpointer.clock.due(epoch_end=False))
@@ -532,7 +533,7 @@ class Trainer:
             if bar is not None and ((i + 1) % cfg.progress_every == 0 or i + 1 == nb):
                 bar.update(self.batches_total_done() - bar.n)
             t0 = t1
-            if p.step >= total or agreed or (boundary and stop.signum and not ddp):
+            if p.step >= total or agreed or run.halted or (boundary and stop.signum and not ddp):
                 break
         for k, v in (("samples", n_samples), ("iters", n_iters), ("data_s", data_s), ("iter_s", iter_s)):
             run.stats[k] += v
