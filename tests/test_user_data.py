@@ -259,3 +259,49 @@ def test_auto_workers_pick_0_for_data_held_in_memory_and_cheap_to_index_only():
     assert workers == 0 and "us per sample (measured)" in note
     assert auto_workers_for(Subset(Windows(), range(100)))[0] == 0
     assert auto_workers_for(Files()) == (None, None)
+
+
+class CountedStream(IterableDataset):
+    """A stream that keeps its position and can be put back at it (state_dict/load_state_dict)."""
+
+    def __init__(self):
+        self.pos, self.seen = 0, []
+
+    def __iter__(self):
+        while True:
+            g = torch.Generator().manual_seed(self.pos)
+            x = torch.randn(4, generator=g)
+            self.seen.append(self.pos)
+            self.pos += 1
+            yield x, x.sum(0, keepdim=True).sin()
+
+    def state_dict(self):
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state):
+        self.pos = state["pos"]
+
+
+def test_a_stateful_stream_continues_where_the_stop_left_it(tmp_path):
+    """Stopped at step 12, it resumes at sample 12 x 16: it was put back at its position of the epoch's start (0)
+    and trained its first samples again."""
+    import os
+    import signal
+
+    from trainer.finish import TrainingStopped
+
+    class StopAt:
+        def on_log(self, trainer, row):
+            if row.get("kind") == "train" and row["step"] == 12:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    a, b, c = net(), net(), net()
+    fit(cfg(tmp_path / "a", max_steps=40, log_every=4), a, CountedStream())
+    first = CountedStream()
+    t = Trainer(cfg(tmp_path / "b", max_steps=40, log_every=4), Task("mine", b, first), callbacks=[StopAt()])
+    with pytest.raises(TrainingStopped):
+        t.fit()
+    assert first.seen == list(range(12 * 16))
+    again = CountedStream()
+    fit(cfg(tmp_path / "b", max_steps=40, log_every=4, resume=str(tmp_path / "b" / "run")), c, again)
+    assert again.seen[0] == 12 * 16 and same(a, c)

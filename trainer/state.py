@@ -148,7 +148,8 @@ class SamplerState:
 
     def state_dict(self) -> StateDict:
         p = self.progress
-        if p.batches_done and self._epoch_start is not None:
+        # a sampler that resumes from its state now (a stateful stream) needs no replay from the epoch's start
+        if p.batches_done and self._epoch_start is not None and not getattr(self.own, "resumes_from_now", False):
             own = self._epoch_start
         else:
             own = self.own.state_dict() if self.own is not None else {}

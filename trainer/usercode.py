@@ -75,6 +75,7 @@ class StreamBatches:
                                  generator=torch.Generator().manual_seed(seed), **loader_kw)  # fmt: skip
         self.epoch, self._skip = 0, 0
         self.stateful = hasattr(dataset, "state_dict") and hasattr(dataset, "load_state_dict")
+        self.resumes_from_now = self.stateful  # its state at a save is where it continues (read in this process)
 
     def __len__(self) -> int:
         return self.num_batches
