@@ -305,3 +305,28 @@ def test_a_stateful_stream_continues_where_the_stop_left_it(tmp_path):
     again = CountedStream()
     fit(cfg(tmp_path / "b", max_steps=40, log_every=4, resume=str(tmp_path / "b" / "run")), c, again)
     assert again.seen[0] == 12 * 16 and same(a, c)
+
+
+def test_a_stream_read_by_workers_lets_the_process_exit_after_fit(tmp_path):
+    """The run stops mid-stream; its loader workers (which ignore stop signals) must end with the fit, or the
+    interpreter's exit waits for them for ever."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import sys, torch\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from torch import nn\nfrom torch.utils.data import IterableDataset\n"
+        "from trainer import Task, TrainConfig, Trainer\n"
+        "class S(IterableDataset):\n"
+        "    def __iter__(self):\n"
+        "        while True:\n"
+        "            x = torch.randn(4)\n"
+        "            yield x, x.sum(0, keepdim=True)\n"
+        f"cfg = TrainConfig(max_steps=4, batch_size=8, num_workers=2, output_dir={str(tmp_path)!r}, progress_bar=False)\n"
+        "print(Trainer(cfg, Task('s', nn.Linear(4, 1), S()), log=lambda m: None).fit()['steps'])\n",
+        encoding="utf-8",
+    )
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "4", p.stderr[-2000:]

@@ -418,7 +418,7 @@ class TrainConfig:
         check=lambda b: None if all(x < 1 for x in b) else "each beta must be below 1; give two numbers in [0, 1)",
     )  # fmt: skip
     adam_eps: float = knob(1e-8, "AdamW eps of the built-in optimizer", OPTIM, gt=0)
-    fused: bool | None = knob(None, "fused AdamW kernel of the built-in optimizer: on or off (default: auto = on)", OPTIM)
+    fused: bool | None = knob(None, "fused AdamW kernel of the built-in optimizer (default: auto = on)", OPTIM)
     lr_decay_steps: int | None = knob(
         None,
         "optimizer steps the cosine decay spans, counted from step 0 (nanoGPT's lr_decay_iters); later steps stay "
@@ -468,7 +468,7 @@ class TrainConfig:
     shuffle: bool = knob(True, "shuffle the training samples each epoch; off keeps the dataset's order", DATA)
     # logging, validation and checkpoints
     log_every: int = knob(
-        100, "LOG_EVERY: optimizer steps between loss read-backs (the training steps' only host-device sync)", LOG, min=1
+        100, "LOG_EVERY: optimizer steps between loss read-backs (the steps' only host-device sync)", LOG, min=1
     )
     norm_every: int = knob(
         200, "NORM_EVERY: optimizer steps between gradient-norm (and task step-metric) read-backs", LOG, min=1
