@@ -228,10 +228,11 @@ def close_loader(loader: Any) -> None:
     Its workers ignore stop signals (`ignore_stop_signals`), so the SIGTERM that multiprocessing sends them at
     exit no longer ends them, and its join of them would wait for ever: none may be left for it.
     """
-    it = getattr(loader, "_iterator", None)  # DataLoader keeps its persistent workers' iterator here
-    if it is not None and hasattr(it, "_shutdown_workers"):
-        loader._iterator = None
-        it._shutdown_workers()
+    for name in ("_iterator", "iterator"):  # a DataLoader's persistent workers' iterator; a stream's (StreamBatches)
+        it = getattr(loader, name, None)
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            setattr(loader, name, None)
+            it._shutdown_workers()
 
 
 class TensorGather:

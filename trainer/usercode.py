@@ -76,7 +76,7 @@ class StreamBatches:
         self.epoch, self._skip = 0, 0
         self.stateful = hasattr(dataset, "state_dict") and hasattr(dataset, "load_state_dict")
         self.resumes_from_now = self.stateful  # its state at a save is where it continues (read in this process)
-        self._iterator: Iterator[object] | None = None
+        self.iterator: Iterator[object] | None = None
 
     def __len__(self) -> int:
         return self.num_batches
@@ -89,7 +89,7 @@ class StreamBatches:
     def __iter__(self) -> Iterator[object]:
         skip, self._skip = self._skip, 0
         # kept where close_loader looks: the run stops mid-stream, and its workers must end with the fit
-        it = self._iterator = iter(self.loader)
+        it = self.iterator = iter(self.loader)
         for _ in range(skip):  # replay: the batches trained before the stop
             next(it)
         yield from it
