@@ -366,7 +366,7 @@ class TrainConfig:
     resume: str | None = knob(
         None,
         "checkpoint file or run directory to continue exactly; 'auto' = the run named "
-        "by --run_name if it has a checkpoint, else the newest resumable run",
+        "by --run_name if it has a checkpoint, else the newest resumable <task>-<time> run",
         RUN,
     )
     baseline: bool = knob(
