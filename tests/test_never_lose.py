@@ -802,3 +802,17 @@ def test_a_lock_busy_for_one_probe_is_not_a_live_run(tmp_path, monkeypatch):
     with pytest.raises(RunDirError, match="another live process"):
         rf.check_not_live(tmp_path)
     held.release()
+
+
+def test_a_toml_key_and_a_table_of_one_name_say_where_the_key_goes(tmp_path):
+    """`task = "reid"` at the top and a [task] table: tomllib's "Cannot overwrite a value" named no key, and
+    "keep one of them" was the wrong fix."""
+    from trainer.cli.options import load_config_file
+
+    path = tmp_path / "c.toml"
+    path.write_text('task = "reid"\n\n[task]\nnum_instances = 4\n')
+    with pytest.raises(ConfigError, match=r"'\[task\]' sets a name set before \(at line 3.*goes under \[run\]"):
+        load_config_file(path)
+    path.write_text("[train]\nlr = 0.1\nlr = 0.2\n")
+    with pytest.raises(ConfigError, match=r"'lr = 0.2' sets a name set before \(at line 3.*keep one of them"):
+        load_config_file(path)

@@ -412,8 +412,12 @@ def _read(path: Path) -> tuple[object, str]:
     except Exception as e:  # the parsers' own messages carry line and column
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if first.startswith("Cannot overwrite a value"):  # tomllib: a key set twice in one table
-            raise ConfigError(f"{path}: a key is set twice {first.removeprefix('Cannot overwrite a value ')}; "
-                              f"keep one of them") from None  # fmt: skip
+            at = re.search(r"line (\d+)", first)
+            line = text.splitlines()[int(at.group(1)) - 1].strip() if at else ""
+            fix = ("a key of that name is set above it: a task's name goes under [run] (task = ...)"
+                   if line.startswith("[") else "keep one of them")  # fmt: skip
+            raise ConfigError(f"{path}: {line!r} sets a name set before "
+                              f"{first.removeprefix('Cannot overwrite a value ')}; {fix}") from None  # fmt: skip
         raise ConfigError(f"{path}: not valid {suffix[1:].upper()}: {first}") from None
     _bounded(raw, path)
     return raw, text
