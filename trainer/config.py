@@ -277,7 +277,7 @@ def check_settings(
     if hints:
         raise ConfigError(
             f"{where}: unknown setting(s) {'; '.join(hints)}. "
-            "Valid settings are the TrainConfig fields (the --flags of train_optimized.py --help-all)"
+            "Valid settings are TrainConfig's fields and a task's own (the --flags of train_optimized.py --help-all)"
         )
     return {k: check_value(f"--{k}" if style == "flag" else f"{where}: {k}=", v, *rules[k]) for k, v in out.items()}
 
