@@ -136,7 +136,7 @@ def state_digest(obj: object) -> str:
                 t = t.resolve_conj().resolve_neg().contiguous()
                 # its memory as uint8, without a copy (`t` stays alive until put(): the view points into it)
                 view = t.reshape(-1).view(torch.uint8).numpy().data if t.numel() else memoryview(b"")
-            except (RuntimeError, TypeError, ValueError):  # quantized or exotic tensors: hash their values instead
+            except (RuntimeError, TypeError, ValueError):  # exotic tensors: hash their values instead
                 put(b"V", repr(obj.detach().to("cpu").tolist()).encode())
                 return
             put(b"B", view)

@@ -548,9 +548,11 @@ class Trainer:
     ) -> torch.Tensor:
         """Forward under autocast and a scaled backward; returns the detached loss (on the device). Out of CUDA
         memory, the batch is split into micro-batches, unless split_on_oom is False (a batch-size search)."""
+        if not split_on_oom:
+            return self._forward_backward(batch, window, sync_grads)
         while True:
             try:
-                if self.run.chunks == 1 or not split_on_oom:
+                if self.run.chunks == 1:
                     return self._forward_backward(batch, window, sync_grads)
                 parts = split_batch(batch, self.run.chunks)
                 losses = [
@@ -559,8 +561,6 @@ class Trainer:
                 ]
                 return torch.stack(losses).mean()
             except torch.OutOfMemoryError:
-                if not split_on_oom:
-                    raise
                 self._shrink_micro_batch(batch)
 
     def _forward_backward(self, batch: Any, window: int, sync_grads: bool) -> torch.Tensor:

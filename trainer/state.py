@@ -116,8 +116,8 @@ class Progress:
 
     def position(self, batches_per_epoch: int) -> str:
         """Where the run stands, with epochs counted from 1 as the epoch lines count them."""
-        if self.batches_done:  # inside epoch self.epoch + 1
-            return f"epoch {self.epoch + 1}, batch {self.batches_done} of {batches_per_epoch}"
+        if self.batches_done:
+            return f"epoch {self.epoch_number}, batch {self.batches_done} of {batches_per_epoch}"
         return f"end of epoch {self.epoch}"
 
     def state_dict(self) -> StateDict:

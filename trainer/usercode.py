@@ -74,8 +74,8 @@ class StreamBatches:
         self.loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, drop_last=drop_last,
                                  generator=torch.Generator().manual_seed(seed), **loader_kw)  # fmt: skip
         self.epoch, self._skip = 0, 0
-        self.stateful = hasattr(dataset, "state_dict") and hasattr(dataset, "load_state_dict")
-        self.resumes_from_now = self.stateful  # its state at a save is where it continues (read in this process)
+        # a stream with its own state continues from its state at a save (read in this process), not its epoch's start
+        self.resumes_from_now = hasattr(dataset, "state_dict") and hasattr(dataset, "load_state_dict")
         self.iterator: Iterator[object] | None = None
 
     def __len__(self) -> int:
@@ -96,13 +96,13 @@ class StreamBatches:
 
     def state_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"epoch": self.epoch, "batches_done": 0}
-        if self.stateful:
+        if self.resumes_from_now:
             out["dataset"] = getattr(self.dataset, "state_dict")()  # noqa: B009 (duck-typed)
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch = int(state.get("epoch", 0))
-        if self.stateful and "dataset" in state:
+        if self.resumes_from_now and "dataset" in state:
             getattr(self.dataset, "load_state_dict")(state["dataset"])  # noqa: B009 (duck-typed)
         else:
             self._skip = int(state.get("batches_done", 0))

@@ -85,20 +85,19 @@ def score_forecasts(
 
     `baselines`: what an earlier call on the same split returned without "model" (the baselines do not change
     between validations): reused as they are, so only the model is scored."""
+
+    def score(f: Any, ct: Any) -> dict[str, float]:
+        return {"rmse": weighted_rmse(f, truth_c, lats, mask), "acc": acc(f, truth_c, ct, lats, mask)}
+
     if baselines is not None:
-        ct = _np(clim_target_c)
-        model = {"rmse": weighted_rmse(pred_c, truth_c, lats, mask), "acc": acc(pred_c, truth_c, ct, lats, mask)}
-        return {"model": model, **baselines}
+        return {"model": score(pred_c, _np(clim_target_c)), **baselines}
     forecasts = {"model": _np(pred_c), **unfitted_forecasts(_np(last_input_c), _np(clim_target_c), _np(clim_input_c))}
     ct = forecasts["climatology"]
     for name, f in (extra or {}).items():
         if name in forecasts:
             raise ValueError(f"score_forecasts: extra forecast {name!r} clashes with a built-in one")
         forecasts[name] = _np(f)
-    return {
-        name: {"rmse": weighted_rmse(f, truth_c, lats, mask), "acc": acc(f, truth_c, ct, lats, mask)}
-        for name, f in forecasts.items()
-    }
+    return {name: score(f, ct) for name, f in forecasts.items()}
 
 
 def format_scores(scores: dict[str, dict[str, float]]) -> str:

@@ -405,7 +405,7 @@ def scheduler_stepper(model: nn.Module) -> Stepper:
     Lightning asks for schedulers of another library), else scheduler.step() or .step(metric)."""
     own = _own(model, "lr_scheduler_step")
     if own is not None:
-        return lambda scheduler, metric: own(scheduler, metric)
+        return own  # called (scheduler, metric), as Lightning calls it
     return lambda scheduler, metric: scheduler.step() if metric is None else scheduler.step(metric)
 
 
@@ -714,6 +714,7 @@ class ModelAdapter:
             return {}
         store = "val" if split == "val" else "test"
         stage = "validation" if split == "val" else "test"  # Lightning's hook names: on_validation_start ...
+        batch_start, batch_end = f"on_{stage}_batch_start", f"on_{stage}_batch_end"
         self.logger.phase = store
         self.shim.training, self.shim.validating, self.shim.testing = False, split == "val", split == "test"
         returned = LogStore()
@@ -724,9 +725,9 @@ class ModelAdapter:
             for i, batch in batches:
                 n = _batch_size(batch)
                 self.logger.batch_size = n
-                self.call(f"on_{stage}_batch_start", batch, i)
+                self.call(batch_start, batch, i)
                 out = step(batch, i) if takes_idx else step(batch)
-                self.call(f"on_{stage}_batch_end", out, batch, i)
+                self.call(batch_end, out, batch, i)
                 loss = out.get("loss") if isinstance(out, dict) else out
                 if isinstance(loss, torch.Tensor) and loss.numel() == 1:
                     returned.add(f"{split}_loss", loss, n)
