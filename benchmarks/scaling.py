@@ -310,7 +310,7 @@ def render(result: dict[str, Any]) -> str:
                  + md_table(header, rows))  # fmt: skip
     parts.append("\n".join(
         f"- {layout} {key} {what}: {x['from_years']} -> {x['to_years']} years (x{x['years_ratio']:g}) grew "
-        f"x{x['ratio']:.2f} (per year x{x['per_year_ratio']:.2f})"
+        f"x{fmt(x['ratio'], '.2f')} (per year x{fmt(x['per_year_ratio'], '.2f')})"  # None: it started at 0
         for key, what in (("build", "seconds"), ("build", "rss_above_start_mb"), ("build", "peak_rss_mb"))
         for layout, gl in result["growth"].items() if (x := gl.get(f"{key}.{what}"))
     ))  # fmt: skip

@@ -443,6 +443,10 @@ def test_scaling_quick(tmp_path):
         _positive_finite(t["steady_epoch_s"], "steady_epoch_s")
         assert len(t["epochs_s"]) == 2
     assert res["sampler"][0]["batches"] > 0 and res["sampler"][0]["construction_median_s"] > 0
+    # a memory figure that starts at 0 (a loaded machine's RSS did not move) has no ratio: rendered as n/a
+    res["growth"]["legacy"]["build.rss_above_start_mb"] = {"from_years": 1, "to_years": 2, "years_ratio": 2,
+                                                            "ratio": None, "per_year_ratio": None}  # fmt: skip
+    assert "grew xn/a (per year xn/a)" in scaling.render(res)
     have = importlib.util.find_spec("xarray") is not None
     assert bool(res["config"]["peers"]) == have
     assert (tmp_path / "s.md").read_text().count("| legacy |") == 2
