@@ -8,7 +8,7 @@
 #   PLAINLOOP_DRY_RUN=1 ./optimize_training.sh                     # print the environment and command only
 # Extra arguments are passed to train_optimized.py (they win over the variables). Relative paths, in the variables
 # and in the path flags (--config --resume --data_path --output_dir --cache_dir), are read from the directory you
-# ran this from, although it runs train_optimized.py from the repository.
+# ran this from, and runs land under that directory's runs/ (OUTPUT_DIR changes it).
 # A bad variable is an error that names it, with exit code 2 (the CLI's code for bad flags).
 set -euo pipefail
 # a task of your own (TASK=package.module:function) is imported from the directory you ran this from
@@ -226,6 +226,8 @@ script=train_optimized.py
 # from elsewhere, the script by its full path: the re-run and resume lines a run prints then work where you are
 [ "$caller_dir" = "$repo_dir" ] || script="$repo_dir/train_optimized.py"
 cmd+=("$script" ${args[@]+"${args[@]}"} ${extra[@]+"${extra[@]}"})
+# run where you ran this: the default runs/ is yours, and the run directory it prints is relative to you
+cd "$caller_dir"
 
 if [ "$PLAINLOOP_DRY_RUN" = "1" ]; then
   for name in "${exported[@]}"; do

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_guest import make_lab
+
 ROOT = Path(__file__).resolve().parents[1]
 slow = pytest.mark.slow
 # what setup.py reads: the engine, the command line and its tasks, the metadata
@@ -78,12 +80,17 @@ def copy_project(dest: Path) -> Path:
     return dest
 
 
+def purelib(python: Path) -> str:
+    return run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], cwd=python.parent
+    ).stdout.strip()
+
+
 def fresh_venv(path: Path) -> Path:
     """A virtualenv without pip, which sees this interpreter's packages (torch, numpy) through a .pth file."""
     run([sys.executable, "-m", "venv", "--without-pip", path], cwd=path.parent)
     python = path / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], cwd=path).stdout.strip()
-    (Path(purelib) / "outer.pth").write_text("\n".join(site.getsitepackages()) + "\n", encoding="utf-8")
+    (Path(purelib(python)) / "outer.pth").write_text("\n".join(site.getsitepackages()) + "\n", encoding="utf-8")
     return python
 
 
@@ -142,6 +149,17 @@ def test_installed_from_the_wheel_outside_the_repository(wheel, tmp_path):
 
     command = python.parent / "plainloop"
     assert run([command, "--help"], user).stdout.startswith("usage: plainloop")
+    # a research repository with its own utils/datasets/models/tasks/trainer: its task and scripts get their own
+    lab = make_lab(tmp_path / "lab", own=(str(Path(purelib(python)) / "plainloop"),))
+    assert (
+        "own packages"
+        in run([command, "--task", "labtask.py:build", "--epochs", "1", "--batch_size", "32"], lab).stdout
+    )
+    (lab_run,) = (lab / "runs").glob("lab-*")
+    assert list((lab_run / "plots").glob("*.png")), "the command drew no plots"
+    assert run([python, "-m", "plainloop", "plot", lab_run], lab).stdout.strip()
+    tools = "from plainloop import measuring_tools, TensorBoardLogger, TrainingMonitor; import utils; print(utils.WHO)"
+    assert run([python, "-c", tools], lab).stdout.strip() == "lab-utils"
     (user / "mymod.py").write_text(USER_TASK, encoding="utf-8")
     run([command, "--task", "mymod:build", "--epochs", "1", "--output_dir", "out", "--no-plots"], user)
     assert list((user / "out").glob("mymod-*/summary.json")), "plainloop --task mymod:build wrote no summary.json"
@@ -158,6 +176,18 @@ def test_an_editable_install_runs_the_repository_files(tmp_path):
     out = run([python, "-c", "import plainloop; print(plainloop.__file__)"], tmp_path).stdout.strip()
     assert Path(out) == src / "trainer" / "__init__.py"
     assert run([python.parent / "plainloop", "--task", "reid", "--help"], tmp_path).stdout.startswith("usage:")
+    lab = make_lab(tmp_path / "lab", own=tuple(str(src / d) for d in SHADOWING))
+    cmd = [
+        python.parent / "plainloop",
+        "--task",
+        "labtask.py:build",
+        "--epochs",
+        "1",
+        "--batch_size",
+        "32",
+        "--no-plots",
+    ]
+    assert "own packages" in run(cmd, lab).stdout
 
 
 # ---------------------------------------------------------------------------------------------- the set-up script

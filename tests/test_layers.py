@@ -14,6 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "trainer"
 LAYERS = ("compat", "extras", "cli")
+# entry points that only re-export: the package itself, `python -m`, and the seed guides' `trainer.base`
+DOORS = ("", "__main__", "base")
 # the core may not grow past today's size; the goal is 4,000 lines (moving what every run does not need into layers).
 # 5,200 -> 5,257 for fixes: a plain task's test split is scored, the default loss refuses what it cannot score, a
 # refused resume tells a Python user how to get the run's own settings back, a stop's epoch line dates its loss, a
@@ -62,11 +64,11 @@ def test_the_core_imports_no_layer():
     bad = [
         f"{name} imports {target}"
         for name, path in MODULES.items()
-        if name and _layer(name) is None
+        if name not in DOORS and _layer(name) is None
         for target, _, _ in _imports(name, path)
         if _layer(target) is not None
     ]
-    assert bad == [], "only trainer/__init__.py may import the layers: " + "; ".join(bad)
+    assert bad == [], "only the doors (__init__, __main__, base) may import the layers: " + "; ".join(bad)
 
 
 def test_a_layer_takes_only_public_names_of_the_core():
@@ -137,7 +139,7 @@ def test_no_private_member_is_used_across_modules():
 
 
 def test_the_core_stays_readable():
-    core = [p for name, p in MODULES.items() if _layer(name) is None]
+    core = [p for name, p in MODULES.items() if _layer(name) is None and name not in DOORS[1:]]
     lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in core)
     assert lines <= CORE_MAX_LINES, f"the core is {lines} lines (at most {CORE_MAX_LINES}): move what is not the loop"
 
