@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, w
 from datasets.area import Area  # noqa: E402
 from datasets.era5 import ERA5SSTMonthlyDataset  # noqa: E402
 from models.ratransformer import RecursiveAttentionTransformer  # noqa: E402
-from trainer.compat.base_trainer import MODEL_SAVE_PATH  # noqa: E402
+from trainer.base import MODEL_SAVE_PATH  # noqa: E402
 
 # ---- the quick start's settings: what the guide's "... 参数配置 ..." stands for ----
 area = Area("Global", lon=[-180, 180], lat=[-80, 80], description="全球区域")
@@ -59,7 +59,7 @@ common = dict(
 # ---- from here on, the guide's code unchanged but for `**common` in place of "... 参数配置 ..." ----
 import time  # noqa: E402
 
-from trainer.compat.base_trainer import BaseTrainer  # noqa: E402
+from trainer.base import BaseTrainer  # noqa: E402
 
 # 测试未优化版本
 print("=" * 60)

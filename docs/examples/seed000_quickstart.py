@@ -15,7 +15,7 @@ import numpy as np  # noqa: F401,E402  (the guide imports it)
 from datasets.area import Area  # noqa: E402
 from datasets.era5 import ERA5SSTMonthlyDataset  # noqa: E402
 from models.ratransformer import RecursiveAttentionTransformer  # noqa: E402
-from trainer.compat.base_trainer import MODEL_SAVE_PATH, BaseTrainer  # noqa: E402
+from trainer.base import MODEL_SAVE_PATH, BaseTrainer  # noqa: E402
 
 # ---- from here on, the guide's code unchanged ----
 # 配置区域

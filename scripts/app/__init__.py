@@ -92,6 +92,27 @@ class AppFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
+class EngineFallback(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """`trainer` as the module `plainloop` itself, for a task file written in plainloop's repository (`from trainer
+    import Task`) and run by the command from anywhere. Last in sys.meta_path: a `trainer` of the user's always wins."""
+
+    def find_spec(self, name: str, path: Sequence[str] | None = None, target: Any = None) -> Any:
+        top = name.partition(".")[0]
+        if top != "trainer" or (name != top and sys.modules.get(top) is not sys.modules.get(ENGINE)):
+            return None
+        real = importlib.import_module(ENGINE + name[len(top) :])
+        spec = importlib.util.spec_from_loader(name, self, is_package=hasattr(real, "__path__"))
+        if spec is not None:
+            spec.loader_state = real
+        return spec
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        return spec.loader_state
+
+    def exec_module(self, module: Any) -> None:
+        module.__spec__ = sys.modules[module.__name__].__spec__  # the real module's, not the alias's
+
+
 def installed_here(script: str) -> bool:
     """Whether `script` (a train_optimized.py) is the one this package runs (the repository under pip install -e)."""
     return (app_dir() / "train_optimized.py").resolve() == Path(script).resolve()
@@ -118,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["tools"]:
         print("\n".join(f"plainloop {name}: {what}" for name, (_, what) in TOOLS.items()))
         return 0
+    if not any(isinstance(f, EngineFallback) for f in sys.meta_path):
+        sys.meta_path.append(EngineFallback())
     for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP"):  # as train_optimized.py run as a program does
         if hasattr(signal, name) and signal.getsignal(getattr(signal, name)) != signal.SIG_IGN:
             signal.signal(getattr(signal, name), _early_stop)
