@@ -110,6 +110,11 @@ whole_number EPOCHS 1
 whole_number SEED 0 4294967295
 whole_number MASTER_PORT 1 65535 "a TCP port"
 whole_number MAX_RESTARTS 0 "" "worker restarts torchrun may make"
+# MASTER_ADDR goes into torchrun's arguments (and HOST:PORT): a host name, an IPv4 or an IPv6 address, nothing else
+host_re='^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$'
+ipv6_re='^\[?[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*\]?$'
+[[ "$MASTER_ADDR" =~ $host_re || "$MASTER_ADDR" =~ $ipv6_re ]] ||
+  die "MASTER_ADDR='$(printf '%s' "$MASTER_ADDR" | tr -d '[:cntrl:]' | head -c 80)' is not valid: use the first node's host name or IP address, e.g. MASTER_ADDR=10.0.0.1"
 boolean COMPILE
 boolean SKIP_SETUP
 boolean PLAINLOOP_DRY_RUN
@@ -194,7 +199,9 @@ fi
 
 cmd=("$PY")
 if [ "$NPROC_PER_NODE" -gt 1 ] || [ "$NNODES" -gt 1 ] || [ "$MAX_RESTARTS" -gt 0 ]; then
-  cmd+=(-m torch.distributed.run --nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE")
+  # torchrun's own main, through a wrapper: a stop signal to the agent ends it with one line and 128+N, not exit 1
+  # and a traceback (run by its path: it needs torch only, not plainloop installed)
+  cmd+=("$repo_dir/trainer/cli/torchrun.py" --nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE")
   [ "$MAX_RESTARTS" -gt 0 ] && cmd+=(--max_restarts "$MAX_RESTARTS")
   if [ "$NNODES" -eq 1 ] && [ "$master_given" = "0" ]; then
     cmd+=(--standalone)  # a free local port: simultaneous launches on one machine never collide

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import importlib.util
 import os
 import re
 import shlex
@@ -45,6 +46,20 @@ if __name__ == "__main__":  # run as a program (not imported): covered from the 
     for _s in SETUP_SIGNALS:
         if signal.getsignal(_s) != signal.SIG_IGN:  # ignored at start (nohup's SIGHUP): stays ignored
             signal.signal(_s, _early_stop)
+    # This checkout installed (pip install -e, as the set-up scripts do): run as the package plainloop._app, so that
+    # plainloop's tasks/, utils/, datasets/, models/ and trainer/ take none of those names from a user's task.
+    try:
+        import plainloop._app as _app
+
+        _delegate = _app.installed_here(__file__)
+    except ImportError:  # not installed: the folders' own names, as before
+        _delegate = False
+    if _delegate:
+        if sys.path and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
+            del sys.path[0]  # this folder: under the package its tasks/ and utils/ need no top-level name
+        # a "spawn" worker runs the app's module, not this file again with its plain imports
+        sys.modules["__main__"].__spec__ = importlib.util.find_spec(_app.rename("train_optimized"))
+        sys.exit(_app.main())
 
 import torch  # noqa: E402
 
@@ -57,6 +72,7 @@ from tasks import (  # noqa: E402
     is_user_task,
     register_user_task,
     resolve_task_args,
+    resume_config,
     spec_from_argv,
     task_module,
     train_defaults,
@@ -81,7 +97,7 @@ from trainer.config import (  # noqa: E402
     knob,
 )
 from trainer.extras.loggers import CSVLogger, WandbLogger, parse_logger_names  # noqa: E402
-from trainer.runfiles import RunDirError, find_resumable, refuse_if_live  # noqa: E402
+from trainer.runfiles import RunDirError, refuse_if_live, resume_auto  # noqa: E402
 from trainer.runtime import launch_prefix  # noqa: E402
 from trainer.signals import handled_signals  # noqa: E402
 from trainer.state import ResumeError, RunFinished, resume_changes  # noqa: E402
@@ -157,8 +173,8 @@ class RunOptions:
     auto_num_workers: bool = knob(False, "measure loader throughput and pick num_workers", TOOLS)
     trust_task: bool = knob(
         False,
-        "run the task file (path/to/file.py:function) that --config or the resumed run's config.toml names without "
-        "--task naming it too (code from a run directory or a config file runs only when you say so)",
+        "run the task (module:function or path/to/file.py:function) that --config or the resumed run's config.toml "
+        "names without --task naming it too (code named by a run directory or a config file runs only when you say so)",
         RUN,
     )
 
@@ -169,11 +185,12 @@ KNOWN_ERRORS = (ConfigError, ResumeError, RunDirError, CheckpointError, OSError,
 NOT_IN_CONFIG_FILE = ("config", "debug", "resume", "trust_task")  # never written into a run's config.toml
 # one table, shown by --help and docs/guides/cli.md
 EXIT_CODES = {
-    "0": "done (a closed stdout, as with | head, does not change it)",
+    "0": "done (a closed stdout, as with | head, or a signal after summary.json is written does not change it)",
     "2": "bad input: a flag, config file, checkpoint or data (one line)",
     "3": "training diverged: too many non-finite steps skipped (checked at log points and at the end)",
     "4": "I/O failure: a full disk, no permission, the run directory removed (the file is named)",
-    "128+N": "stopped by signal N (130 Ctrl-C, 143 SIGTERM); last.pt written when training had started",
+    "128+N": "stopped by signal N before the run was complete (130 Ctrl-C, 143 SIGTERM); last.pt written when "
+    "training had started",
 }
 EXIT_TEXT = "Exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()) + "."
 # the short --help: what most runs set; --help GROUP / --help-all show the rest
@@ -287,8 +304,6 @@ def resolve_settings(explicit: dict[str, Any], notes: list[str]) -> dict[str, An
         # a checkpoint file is resumed from itself; its run directory only supplies the saved settings
         file_given = resume != "auto" and Path(resume).is_file()
         given["resume"] = resume if file_given else (str(run_dir) if run_dir else None)
-        if run_dir is None:
-            notes.append(_auto_note(given))
         if run_dir is not None:
             ckpt = Path(given["resume"]) if file_given else run_dir / "checkpoints" / "last.pt"
             # a target that cannot be resumed is said now, alone: not after the settings' notes and the data
@@ -339,6 +354,7 @@ def saved_settings(run_dir: Path, notes: list[str], ckpt_path: Path | None = Non
     ckpt_path = ckpt_path or run_dir / "checkpoints" / "last.pt"
     from_ckpt = checkpoint_settings(ckpt_path)
     if from_ckpt is not None:
+        refuse_untrusted(from_ckpt.get("task"), f"--resume {run_dir}: {ckpt_path} (its copy of the settings)")
         notes.append(f"resume: {path} {problem}; the run's settings are read from its checkpoint")
         return check_settings(from_ckpt, all_rules(), f"{ckpt_path} (settings)")
     requested = _json_block(run_dir / "config.json", "requested")  # a checkpoint written before settings were kept
@@ -405,7 +421,7 @@ def check_resume_task(ckpt_path: Path, meta: dict[str, Any], task: str) -> None:
 
 
 def _shown(v: Any) -> str:
-    return " ".join(map(str, v)) if isinstance(v, list) else str(v)
+    return " ".join(map(str, v)) if isinstance(v, list) else "unset" if v is None else str(v)
 
 
 def _checkpoint_meta(path: Path) -> dict[str, Any] | None:
@@ -442,29 +458,10 @@ def _resume_dir(resume: str, given: dict[str, Any], notes: list[str] | None = No
         run_dir = p if p.is_dir() else p.parent.parent
         refuse_if_live(run_dir)  # before looking for last.pt: a live run may not have written one yet
         return run_dir
-    if given.get("run_name"):  # a fixed name: continue it if it has a checkpoint, else start it
-        cand = out / given["run_name"]
-        if not (cand / "checkpoints" / "last.pt").is_file():
-            return None
-        refuse_if_live(cand)
-        return cand
+    # the engine's rule (TrainConfig(resume="auto") resolves with it too); a user task's runs are found by its spec
     task = given.get("task", RunOptions.task)
-    return find_resumable_user_task(out, task) if is_user_task(task) else find_resumable(out, task, notes)
-
-
-def _auto_note(given: dict[str, Any]) -> str:
-    """What --resume auto does when it finds nothing to resume."""
-    out = Path(given.get("output_dir", TrainConfig.output_dir))
-    if not given.get("run_name"):
-        task = given.get("task", RunOptions.task)
-        what = f"{out} (no unfinished {task}-* run with a checkpoint)"
-        return f"resume auto: nothing to resume under {what}; starting a new run"
-    place = out / given["run_name"]
-    try:
-        refuse_if_live(place, "it has no last.pt yet; this run starts in a directory of its own")
-    except RunDirError as e:
-        return f"resume auto: {e}"
-    return f"resume auto: nothing to resume under {place}; starting a new run"
+    find = (lambda root: find_resumable_user_task(root, task)) if is_user_task(task) else None
+    return resume_auto(out, given.get("run_name"), task, notes if notes is not None else [], find)
 
 
 def split_settings(values: dict[str, Any]) -> tuple[RunOptions, dict[str, Any], dict[str, Any]]:
@@ -486,6 +483,17 @@ def split_settings(values: dict[str, Any]) -> tuple[RunOptions, dict[str, Any], 
     return run, task_kw, train_kw
 
 
+def while_exiting() -> None:
+    """The program is done and its exit code decided: a stop signal while the interpreter exits (torch's exit-time
+    clean-up) is one line and changes nothing; it said "during start-up" and turned a finished run into 128 + N."""
+    for s in handled_signals():
+        signal.signal(s, _note_while_exiting)
+
+
+def _note_while_exiting(signum: int, frame: Any) -> None:
+    os.write(2, f"[plainloop] {signal.Signals(signum).name} while exiting: ignored (the run had ended)\n".encode())
+
+
 class StoppedInSetUp(BaseException):
     """A stop signal before training started: nothing to save, exit 128 + N with one line."""
 
@@ -502,35 +510,54 @@ def _setup_stop(signum: int, frame: Any) -> None:
 
 
 def untrusted_task(argv: list[str], spec: str) -> str | None:
-    """Why the task file `spec` may not be imported: it was named by a --config file or the resumed run's config.toml
-    (a run directory received from someone else), not by --task or --trust_task on this command line. None: it may."""
+    """Why the user task `spec` (module:function or path/file.py:function) may not be imported: a --config file or
+    the resumed run's config.toml names it (a file received from someone else), not --task on this command line, and
+    --trust_task is not given. None: it may. Importing a module runs its code, calling the function runs more
+    (`os:system` with a `command` key is a shell command), so a file alone never runs either."""
     pre = argparse.ArgumentParser(add_help=False)
-    for flag in ("--task", "--config", "--resume"):
+    for flag in ("--task", "--config", "--resume", "--output_dir", "--run_name"):
         pre.add_argument(flag)
     pre.add_argument("--trust_task", nargs="?", const="on")
     known, _ = pre.parse_known_args(argv)
-    mod = spec.rpartition(":")[0]
-    caller = os.environ.get("PLAINLOOP_CALLER_DIR", "")
-    if known.task or not mod.endswith(".py") or not (Path(mod).is_file() or (Path(caller) / mod).is_file()):
-        return None  # typed by the user, a module (not a file), or no such file (the import says so; nothing runs)
+    if known.task:
+        return None  # typed by the user
     if known.trust_task is not None and known.trust_task.strip().lower() in ("1", "true", "yes", "on"):
-        print(f"[plainloop] task: running {mod} as the settings name it (--trust_task)")
+        print(f"[plainloop] task: running {spec} as the settings name it (--trust_task)")
         return None
-    where = f"--config {known.config}" if known.config else f"--resume {known.resume}: its config.toml"
+    toml = resume_config(known.resume, known.output_dir, known.run_name)
+    where = f"--config {known.config}" if known.config else f"--resume {known.resume}: {toml or 'its config.toml'}"
+    return refusal(where, spec)
+
+
+def refusal(where: str, spec: str) -> str:
+    """The one line that refuses a task named by a file."""
+    what = "a Python file" if spec.rpartition(":")[0].endswith(".py") else "a module and function"
     return (
-        f"{where} names the task {spec}, a Python file that would run; code named by a config file or a run directory "
-        f"runs only when you name it too: add --task {shlex.quote(spec)} (or --trust_task, if you trust that file)"
+        f"{where} names the task {spec}, {what} that would be imported and called; a task named by a config file or "
+        f"a run directory runs only when you name it too: add --task {shlex.quote(spec)} (or --trust_task, if you "
+        f"trust that file)"
     )
 
 
+_TRUSTED: list[str] = []  # the user task this command line may run (use_task_flags checked where it came from)
+
+
+def refuse_untrusted(task: object, where: str) -> None:
+    """A user task in settings use_task_flags did not read (the checkpoint's copy of them) is refused, unread."""
+    if isinstance(task, str) and is_user_task(task) and task not in _TRUSTED:
+        raise ConfigError(refusal(where, task))
+
+
 def use_task_flags(argv: list[str]) -> None:
-    """A user task (--task module:function, or the one a --config file or the resumed run names) joins
-    TASK_BUILDERS, so its parameters are flags and config-file keys like the built-in tasks'."""
+    """A user task (--task module:function, or the one a --config file or the resumed run names, with --trust_task)
+    joins TASK_BUILDERS, so its parameters are flags and config-file keys like the built-in tasks'."""
     spec = spec_from_argv(argv)
     set_task_flag(None)
-    if spec is not None and spec.rpartition(":")[0].endswith(".py"):
+    _TRUSTED.clear()
+    if spec is not None:
         if why := untrusted_task(argv, spec):
             raise ConfigError(why)
+        _TRUSTED.append(spec)
         set_task_flag(spec)  # the resume line a stop prints names it: the resume needs it again
     if spec is not None and spec not in TASK_BUILDERS:
         try:
@@ -620,12 +647,12 @@ def _main(argv: list[str] | None = None) -> int:
     except StoppedInSetUp as e:
         name = signal.Signals(e.signum).name
         what = (
-            "after training: the run is complete (summary.json written)"
+            "after the run finished: it is complete, nothing to resume"  # exit 0: 128+N says a run is not done
             if _TRAINED
             else "during set-up: stopped before training started; nothing to resume"
         )
         print(f"[plainloop] {name} {what}", file=sys.stderr)
-        return 128 + e.signum
+        return 0 if _TRAINED else 128 + e.signum
     except KeyboardInterrupt as e:  # a second Ctrl-C: the first one's orderly stop was cut short on purpose
         saved = e.saved if isinstance(e, SecondInterrupt) else "what was saved is in the run's checkpoints/ folder"
         print(f"[plainloop] SIGINT again: stopped at once, nothing more written; {saved}", file=sys.stderr)
@@ -682,6 +709,7 @@ def run(explicit: dict[str, Any]) -> int:
 def prepare(explicit: dict[str, Any], notes: list[str]) -> tuple[RunOptions, dict[str, Any], dict[str, Any]]:
     """Every check of the settings, before anything is written: (run options, task kwargs, TrainConfig kwargs)."""
     values = resolve_settings(explicit, notes)
+    refuse_untrusted(values.get("task"), f"--resume {explicit.get('resume')}: the run's saved settings")
     values = check_settings(values, all_rules(), "settings", notes, style="flag")  # the merged layers, once more
     if values.get("preset") == "seed":
         notes.append("--preset seed is now called --preset full (the same model); read as full")
@@ -745,14 +773,15 @@ def train(opts: RunOptions, task_kw: dict[str, Any], train_kw: dict[str, Any], n
     from trainer.loop import Trainer
 
     callbacks, monitor = plugins(opts, cfg)
+    callbacks.append(ReportLines(opts, task.console_metrics))  # the scores and plots, before the engine's last lines
     trainer: Trainer | None = None
     try:
         trainer = Trainer(cfg, task, callbacks=callbacks, monitor=monitor, config_sections=sections)
         lines = task.info.get("sampler") or []
         for line in [lines] if isinstance(lines, str) else lines if isinstance(lines, list) else []:
             say(f"[plainloop] sampler: {line}")  # the P x K sampler's cache summary, once (rank 0)
-        summary = trainer.fit()
-        _TRAINED.append(True)  # a signal in the closing report no longer says "set-up"
+        trainer.fit()  # its last lines: the scores and plots (ReportLines), then done ... and the run directory
+        _TRAINED.append(True)  # a signal after the closing lines no longer says "set-up"
     except RunFinished as e:  # nothing to do is not an error: one line, exit 0, no file touched
         say(f"[plainloop] {e}")
         return 0
@@ -764,15 +793,13 @@ def train(opts: RunOptions, task_kw: dict[str, Any], train_kw: dict[str, Any], n
         raise ResumeError(
             f"{e}{' (settings changed from the saved run: ' + '; '.join(c[8:] for c in changed) + ')' if changed else ''}"
         ) from None
-    if trainer.rt.is_main:
-        assert trainer.run_dir is not None  # fit() made it
-        report_run(summary, trainer.run_dir, opts, task.console_metrics)
     return 0
 
 
 def task_defaults(name: str) -> dict[str, Any]:
-    """The task builder's keyword defaults that are plain values (what config.toml can hold)."""
-    plain = (bool, int, float, str, list, tuple)
+    """The task builder's keyword defaults that are plain values (what config.toml can hold), None included: a
+    resume compares every saved one, an unset one too (trainer/state.py resume_changes)."""
+    plain = (bool, int, float, str, list, tuple, type(None))
     try:
         params = function_parameters(TASK_BUILDERS[name]())
     except (KeyError, TypeError, ValueError):
@@ -820,11 +847,22 @@ def plugins(opts: RunOptions, cfg: TrainConfig) -> tuple[list[Any], Any]:
     return callbacks, monitor
 
 
-def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions, shown: tuple[str, ...] | None = None) -> None:
-    """The closing lines; of the final metrics, those in `shown` (the task's console_metrics; None: all)."""
-    from utils.tools import done_line, write_plots
+class ReportLines:
+    """At the end of a run (rank 0), before the engine's closing lines (done ..., run directory ...): report_run."""
 
-    print(done_line(summary))  # the Python API's measuring_tools print the same line
+    def __init__(self, opts: RunOptions, shown: tuple[str, ...] | None) -> None:
+        self.opts, self.shown = opts, shown
+
+    def on_fit_end(self, trainer: Any, summary: dict[str, Any]) -> None:
+        if trainer.is_main and trainer.run_dir is not None:
+            report_run(summary, trainer.run_dir, self.opts, self.shown)
+
+
+def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions, shown: tuple[str, ...] | None = None) -> None:
+    """The final scores (of the metrics, those in `shown`: the task's console_metrics; None: all) and the plots; the
+    re-run command goes into the summary, for the run directory line the engine prints last (trainer/finish.py)."""
+    from utils.tools import write_plots
+
     if "test_scores" in summary:
         from utils.metrics import format_scores
 
@@ -840,19 +878,22 @@ def report_run(summary: dict[str, Any], run_dir: Path, opts: RunOptions, shown: 
             print(f"  (+{hidden} more in summary.json)")
     if opts.plots:
         write_plots(run_dir)
-    print(f"[plainloop] run directory: {run_dir} (re-run: {rerun_command(run_dir / 'config.toml', task=opts.task)})")
+    summary["rerun"] = rerun_command(run_dir / "config.toml", task=opts.task)
 
 
 def rerun_command(config: Path, env: Any = os.environ, task: str | None = None) -> str:
     """The command that runs this job again: under torchrun (WORLD_SIZE > 1) with its torchrun prefix; the path is
-    shell-quoted, so a directory with a space or a `$(...)` in its name pastes as itself. A task file is named with
-    --task: a config file's task file is not run unless the command line names it too."""
+    shell-quoted, so a directory with a space or a `$(...)` in its name pastes as itself. A user task is named with
+    --task: a config file's task is not run unless the command line names it too."""
     launch = launch_prefix(env)
     cmd = f"{cli_command(launch)} --config {shlex.quote(str(config))}"
-    if task and task.rpartition(":")[0].endswith(".py"):
+    if task and is_user_task(task):
         cmd += f" --task {shlex.quote(task)}"
     return cmd + (" (on each node)" if "--nnodes" in launch else "")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    finally:
+        while_exiting()  # a signal during interpreter exit no longer changes the exit code

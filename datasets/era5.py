@@ -36,7 +36,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -51,6 +50,7 @@ from datasets.era5_cache import (  # noqa: F401 - CACHE_VERSION re-exported
     remove_orphan_temp_files,
 )
 from datasets.era5_files import (  # noqa: F401 - re-exported: datasets.era5 is the public entry point
+    PLAUSIBLE_C,
     FileEntry,
     _month_str,
     default_cache_dir,
@@ -58,6 +58,7 @@ from datasets.era5_files import (  # noqa: F401 - re-exported: datasets.era5 is 
     scan_file,
 )
 from datasets.era5_grid import CoarsenPlan, NetCDFSource, coarsen, make_plan  # noqa: F401 - re-exported
+from datasets.free_space import make_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +112,7 @@ class ERA5SSTMonthlyDataset(Dataset):
         self.seq_len, self.offset, self.resolution = int(seq_len), int(offset), float(resolution)
         self.split, self.device_cache = split, device_cache
         self.calendar = bool(calendar)
-        cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        cache.mkdir(parents=True, exist_ok=True)
+        cache = make_cache_dir(cache_dir)
         remove_orphan_temp_files(cache)  # a killed build leaves its temp file behind
         where: tuple[str, ...] = ()  # how errors name the path: data_path= unless it came from the environment
         if data_path is None and os.environ.get("ERA5_DATA_PATH"):
@@ -191,6 +191,11 @@ class ERA5SSTMonthlyDataset(Dataset):
             "cache_path": str(self._npy),
             "cache": status,
         }
+        n_bad = int(meta["implausible_values_masked"] or 0)  # inf, an undeclared fill value, a unit slip
+        self.notes = [
+            f"data: {n_bad:,} source value(s) outside {PLAUSIBLE_C[0]:g}..{PLAUSIBLE_C[1]:g} °C (inf, a fill value, a "
+            f"unit slip) masked as missing, like land; check the files if that is more than a few"
+        ] if n_bad else []  # fmt: skip
 
     # ---- storage -------------------------------------------------------------------------------------------
     def _array(self) -> np.ndarray:

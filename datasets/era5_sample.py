@@ -37,7 +37,7 @@ import netCDF4
 import numpy as np
 
 from datasets.era5_cache import CACHE_HOW, remove_orphan_temp_files, temp_name
-from datasets.free_space import require_free_space
+from datasets.free_space import make_cache_dir, require_free_space
 
 LAYOUTS = ("legacy", "cds2024", "cf")
 SAMPLE_VERSION = 2  # in the cached file's name: a changed generator never reuses an old file
@@ -303,8 +303,7 @@ def ensure_sample_file(
     """Path of the built-in sample file, generated once (temp file + rename, so a crash never leaves half a
     file behind) into `cache_dir` (default $PLAINLOOP_CACHE or ~/.cache/plainloop). Without room for it, an
     OSError (ENOSPC) naming the file, before anything is written."""
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
+    cache = make_cache_dir(cache_dir)
     path = cache / f"era5_sample_v{SAMPLE_VERSION}_{layout}_{years}y_{grid:g}deg_seed{seed}.nc"
     if path.is_file() and path.stat().st_size > 0:
         return path

@@ -64,3 +64,19 @@ def reserve(path: str | os.PathLike, nbytes: int, filename: str | os.PathLike, h
             raise
     finally:
         os.close(fd)
+
+
+def make_cache_dir(cache_dir: str | os.PathLike | None) -> Path:
+    """The cache folder (`cache_dir`, else $PLAINLOOP_CACHE, else ~/.cache/plainloop), made if missing. One that
+    cannot be made is an OSError naming the folder and where it came from (the error's cause keeps the errno)."""
+    env = os.environ.get("PLAINLOOP_CACHE")
+    cache = Path(cache_dir) if cache_dir is not None else Path(env or Path.home() / ".cache" / "plainloop")
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        where = "--cache_dir (cache_dir=)" if cache_dir is not None else "$PLAINLOOP_CACHE" if env else "the default"
+        raise OSError(
+            f"cache folder {cache} ({where}) cannot be made: {e.strerror or e}; point --cache_dir or $PLAINLOOP_CACHE "
+            f"at a folder you can write"
+        ) from e
+    return cache

@@ -19,8 +19,9 @@ default (none = a required flag), the docstring's "Args:" lines the help. An opt
 receives the run's TrainConfig (seed, batch size, device ...); Python, NumPy and torch are seeded with cfg.seed
 before the builder runs, and a builder file's folder is importable (its `import cnn` finds cnn.py beside it). A
 module-level dict TRAIN_DEFAULTS = {"epochs": 5} sets training defaults the command line and config files override.
-The run's config.toml records the builder and its arguments, so --resume RUN_DIR and --resume auto rebuild the same
-task.
+The run's config.toml records the builder and its arguments, so --resume RUN_DIR --task SPEC and --resume auto rebuild
+the same task. A task that only a file names (a --config file, a run's config.toml) is never imported: the command
+line names it (--task) or trusts it (--trust_task; train_optimized.py checks where the spec came from).
 """
 
 from __future__ import annotations
@@ -42,7 +43,22 @@ from typing import Any
 from trainer import Task, TrainConfig
 from trainer.runtime import seed_everything
 
-MODULES = {"era5": ("tasks.era5", "build_era5_task"), "reid": ("tasks.reid", "build_reid_task")}
+# submodules of this package, by relative name: installed, the package is plainloop._app.tasks, not `tasks`
+MODULES = {"era5": (".era5", "build_era5_task"), "reid": (".reid", "build_reid_task")}
+# settings of the [run] and [task] tables a resumed run keeps (the model, the data and its split, the loss); the
+# others are trainer/state.py's TABLE_MAY_CHANGE. A user task's own settings are fixed unless named there.
+RESUME_FIXED_SETTINGS = frozenset(
+    {
+        "task", "preset", "seed", "learning_rate",
+        # era5
+        "variable", "resolution", "lon", "lat", "split_ratio", "offset", "seq_len", "calendar", "prior",
+        "lim_variance", "lim_max_modes", "ensemble", "patch_size", "d_model", "num_heads", "num_layers",
+        "dim_feedforward", "recursion_depth", "dropout",
+        # reid
+        "reid_format", "num_identities", "num_instances", "num_passes", "epoch_length", "image_size", "width",
+        "channel_aug", "margin", "ce_weight", "label_smoothing", "val_fraction", "sysu_trials",
+    }
+)  # fmt: skip
 CLI_DATA_PATH_HOW = "give --data_path a netCDF file, a directory of them or a glob, or set $ERA5_DATA_PATH"
 ERA5_MODEL_KEYS = (
     "resolution",
@@ -65,7 +81,7 @@ def task_module(name: str) -> ModuleType:
         raise ValueError(
             f"unknown task {name!r}; use one of {', '.join(MODULES)} or your own builder as package.module:function"
         )
-    return importlib.import_module(MODULES[name][0])
+    return importlib.import_module(MODULES[name][0], __name__)
 
 
 def _builder(name: str) -> Callable[[], Callable[..., Task]]:
@@ -76,8 +92,9 @@ TASK_BUILDERS: dict[str, Callable[[], Callable[..., Task]]] = {name: _builder(na
 USER_MODULES: dict[str, ModuleType] = {}  # user tasks registered in this process (register_user_task)
 
 
-def build_task(name: str, cfg: TrainConfig | None = None, **kwargs: Any) -> Task:
-    """A built-in task by name (its builder's keywords), or a user task by `module:function` (also given `cfg`)."""
+def build_task(name: str, cfg: TrainConfig | None = None, /, **kwargs: Any) -> Task:
+    """A built-in task by name (its builder's keywords, `name` and `cfg` among them), or a user task by
+    `module:function` (also given `cfg`)."""
     if is_user_task(name):
         return build_user_task(name, cfg or TrainConfig(), kwargs)
     check_task_name(name)
@@ -447,12 +464,12 @@ def spec_from_argv(argv: list[str]) -> str | None:
     from trainer.cli.options import load_config_file
 
     pre = argparse.ArgumentParser(add_help=False)
-    for flag in ("--task", "--config", "--resume", "--output_dir"):
+    for flag in ("--task", "--config", "--resume", "--output_dir", "--run_name"):
         pre.add_argument(flag)
     known, _ = pre.parse_known_args(argv)
     if known.task:
         return known.task if is_user_task(known.task) else None
-    for source in (known.config, _resume_config(known.resume)):
+    for source in (known.config, resume_config(known.resume, known.output_dir, known.run_name)):
         if source:
             try:
                 task = load_config_file(source).get("task")
@@ -463,10 +480,13 @@ def spec_from_argv(argv: list[str]) -> str | None:
     return None
 
 
-def _resume_config(resume: str | None) -> Path | None:
-    if not resume or resume == "auto":
+def resume_config(resume: str | None, output_dir: str | None = None, run_name: str | None = None) -> Path | None:
+    """The config.toml of the run --resume continues (--resume auto: the named run, when it has a checkpoint)."""
+    if not resume or (resume == "auto" and not run_name):
         return None
-    p = Path(resume)
+    p = Path(output_dir or TrainConfig.output_dir) / str(run_name) if resume == "auto" else Path(resume)
+    if resume == "auto" and not (p / "checkpoints" / "last.pt").is_file():
+        return None  # resume auto starts a new run there: its settings are not read
     run_dir = p if p.is_dir() else p.parent.parent
     cfg = run_dir / "config.toml"
     return cfg if cfg.is_file() else None

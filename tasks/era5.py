@@ -604,10 +604,12 @@ def build_era5_task(
         val,
         test,
         evaluate_fn=evaluate,
+        lr=learning_rate,  # the task's own rate wins over --lr (the model only stores it)
         monitor_metric="val_loss",
         monitor_mode="min",
         flops_per_sample=model.flops_per_sample(training=True),
         info=info,
+        notes=list(getattr(train, "notes", [])),  # e.g. implausible source values masked, with their count
         artifacts=artifacts,
         console_metrics=(
             "val_rmse_c",

@@ -71,9 +71,8 @@ class SignalRank1:
         self.n += 1
         if self.n == SIGNAL_AT and mode == "agent_sigterm" and os.environ.get("RANK") == "0":
             os.kill(os.getppid(), signal.SIGTERM)  # the torchrun agent, as a user or SLURM would signal it
-            for _ in range(3000):  # until the agent's SIGTERM reaches this rank (and its loader worker)
-                if trainer.run.stop.signum:
-                    break
+            t_end = time.monotonic() + 600  # until the agent's SIGTERM reaches this rank; the deadline only ends a hang
+            while not trainer.run.stop.signum and time.monotonic() < t_end:
                 time.sleep(0.01)
         elif self.n == SIGNAL_AT and mode != "agent_sigterm" and os.environ.get("RANK") == "1":
             os.kill(os.getpid(), signal.SIGTERM)

@@ -38,6 +38,7 @@ Writes benchmarks/results/faults_cpu.json and the table beside it (faults_cpu.md
 from __future__ import annotations
 
 import argparse
+import io
 import math
 import os
 import random
@@ -105,6 +106,83 @@ NAN_INJECTOR = (
     "import train_optimized\n"
     "sys.exit(train_optimized.main(sys.argv[3:]))\n"
 )
+
+HOLD_S = 600.0  # a held run waits this long for the campaign at most, then goes on: a lost campaign never hangs it
+
+
+def install_pause(where: str, n: int, marker: str) -> None:
+    """Make this run stop at a chosen point, say so by writing `marker`, and wait there until `marker`.go exists
+    (the campaign has signalled it) or it is killed. where: "step" (the n-th training forward of the
+    RecursiveAttentionTransformer) or "write" (the n-th write of last.pt, half its bytes in the temp file). The
+    campaign then acts on an event, not after a guessed delay: a loaded machine changes when, never what."""
+    import trainer.checkpoint as ck
+
+    flag, go, count = Path(marker), Path(marker + ".go"), [0]
+
+    def hold() -> None:
+        flag.write_text(str(os.getpid()), encoding="utf-8")
+        t_end = time.monotonic() + HOLD_S
+        while not go.exists() and time.monotonic() < t_end:
+            time.sleep(0.01)  # a signal's handler runs here, in this (the main) thread
+
+    if where == "step":
+        import models.ratransformer as m
+
+        orig = m.RecursiveAttentionTransformer.forward
+
+        def forward(self: Any, *a: Any, **k: Any) -> Any:
+            if self.training:
+                count[0] += 1
+                if count[0] == n:
+                    hold()
+            return orig(self, *a, **k)
+
+        m.RecursiveAttentionTransformer.forward = forward  # type: ignore[method-assign]
+        return
+    real_write = ck.atomic_write
+
+    def atomic_write(path: str | os.PathLike, write: Callable[[Any], object]) -> Path:
+        if Path(path).name != "last.pt":
+            return real_write(path, write)
+        count[0] += 1
+        if count[0] != n:
+            return real_write(path, write)
+
+        def half_then_hold(f: Any) -> None:
+            buf = io.BytesIO()
+            write(buf)
+            data = buf.getvalue()
+            f.write(data[: len(data) // 2])
+            f.flush()
+            hold()
+            f.write(data[len(data) // 2 :])
+
+        return real_write(path, half_then_hold)
+
+    ck.atomic_write = atomic_write  # atomic_save looks it up in its module at each call
+
+
+# the CLI in a subprocess that pauses as install_pause says: argv WHERE N MARKER CLI-ARGS...
+PAUSE_INJECTOR = (
+    "import sys\n"
+    "from tests.fault_campaign import install_pause\n"
+    "install_pause(sys.argv[1], int(sys.argv[2]), sys.argv[3])\n"
+    "import train_optimized\n"
+    "sys.argv = [train_optimized.__file__, *sys.argv[4:]]\n"
+    "sys.exit(train_optimized.main(sys.argv[1:]))\n"
+)
+
+
+def handles_signal(pid: int, sig: int) -> bool | None:
+    """Whether process `pid` has a handler for `sig` (Linux: /proc/PID/status SigCgt); None where unknown."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 @dataclass
@@ -186,11 +264,15 @@ class Campaign:
     """One work folder, one environment, one random generator; each method runs one case and records it."""
 
     def __init__(self, work: Path, epochs: int = 12, seed: int = 0, log: Callable[[str], Any] = print,
-                 inprocess: bool = False) -> None:  # fmt: skip
+                 inprocess: bool = False, events: bool = False) -> None:  # fmt: skip
         """inprocess: run the cases whose outcome is not a bitwise comparison (NaN, a reused name, bad inputs,
-        the refused second process) inside this process, which saves a Python start-up each (the tests)."""
+        the refused second process) inside this process, which saves a Python start-up each (the tests).
+        events: stop, signal or kill a run where it says it has reached a point drawn at random (a training step,
+        a write of last.pt; install_pause) instead of after a random delay, so that the outcome never depends on
+        how fast the machine is (the tests); the campaign's random delays also land in validation and set-up."""
         self.work = Path(work)
         self.inprocess = inprocess
+        self.events = events
         self.out = self.work / "runs"
         self.out.mkdir(parents=True, exist_ok=True)
         self.epochs = epochs
@@ -290,16 +372,33 @@ class Campaign:
         return self.finish(p, h, timeout)
 
     @staticmethod
-    def wait_for(path: Path, p: subprocess.Popen, timeout: float = 300) -> float | None:
-        """Poll until `path` exists (the time) or the process ended (None)."""
+    def wait_for(path: Path, p: subprocess.Popen, timeout: float = 600) -> float | None:
+        """Poll until `path` exists (the time) or the process ended (None). The timeout only catches a hang."""
         t_end = time.monotonic() + timeout
         while time.monotonic() < t_end:
             if path.exists():
                 return time.monotonic()
             if p.poll() is not None:
                 return time.monotonic() if path.exists() else None
-            time.sleep(0.005)
+            time.sleep(0.01)
         return None
+
+    def start_paused(self, name: str, where: str, n: int, args: list[str] | None = None
+                     ) -> tuple[subprocess.Popen, Any, Path | None]:  # fmt: skip
+        """Start `name`'s training run (CLI `args`, default train_args(name)) held at a point (install_pause) and
+        wait until it is there. Returns the marker, or None when the run ended without reaching the point;
+        `release(marker)` lets it go on."""
+        events = self.work / "events"
+        events.mkdir(exist_ok=True)
+        marker = events / f"{name}.{where}{n}"
+        argv = [sys.executable, "-c", PAUSE_INJECTOR, where, str(n), str(marker), *(args or self.train_args(name))]
+        p, h = self.start(argv, name)
+        return p, h, marker if self.wait_for(marker, p) is not None else None
+
+    @staticmethod
+    def release(marker: Path | None) -> None:
+        if marker is not None:
+            Path(f"{marker}.go").touch()
 
     def final_state(self, run_dir: Path) -> dict[str, Any]:
         ck = load_checkpoint(run_dir / "checkpoints" / "last.pt")
@@ -346,6 +445,11 @@ class Campaign:
             time.sleep(max(0.0, started + delay - time.monotonic()))
         return p, h, delay
 
+    def _drawn_step(self, name: str, share: float) -> int:
+        """A training step drawn at random over the first `share` of the uninterrupted run's steps."""
+        ref, _ = self.reference()
+        return self.rng(name).randint(1, max(1, int(share * int(ref["step"]))))
+
     # --------------------------------------------------------------------------------- kill -9
     def kill_case(self, i: int, delay: float | None = None, mid_write: bool = False) -> Case:
         """delay: seconds after training starts (config.json written); None = drawn at random.
@@ -355,11 +459,18 @@ class Campaign:
         case = Case("kill", name)
         t0 = time.monotonic()
         run_dir = self.out / name
-        p, h, delay = self.start_and_wait(name, delay, 0.9)
-        if mid_write:
-            ckdir, t_end = run_dir / "checkpoints", time.monotonic() + 5.0
-            while p.poll() is None and time.monotonic() < t_end and not list(ckdir.glob(".*.tmp")):
-                pass  # spin: a small checkpoint is written in milliseconds
+        if self.events:  # held in a write of last.pt (the 2nd to 6th: one exists), or at a training step
+            where, n = ("write", self.rng(name).randint(2, 6)) if mid_write else ("step", self._drawn_step(name, 0.9))
+            p, h, _ = self.start_paused(name, where, n)
+            delay, when = 0.0, f"at {where} {n}"
+            case.info[f"at_{where}"] = n
+        else:
+            p, h, delay = self.start_and_wait(name, delay, 0.9)
+            when = f"{delay:.2f}s in"
+            if mid_write:
+                ckdir, t_end = run_dir / "checkpoints", time.monotonic() + 5.0
+                while p.poll() is None and time.monotonic() < t_end and not list(ckdir.glob(".*.tmp")):
+                    pass  # spin: a small checkpoint is written in milliseconds
         killed = p.poll() is None
         if killed:
             os.killpg(p.pid, signal.SIGKILL)
@@ -401,7 +512,7 @@ class Campaign:
         tidy = not orphans(run_dir)
         case.ok, case.lost = equal and tidy and not moved, not equal
         case.detail = (
-            f"killed {delay:.2f}s in{' mid-write' if left else ''}, "
+            f"killed {when}{' mid-write' if left else ''}, "
             f"{'resumed from step ' + str(case.info.get('last_pt_step')) if has_last else 'restarted'}: "
             f"{'bit-identical' if equal else 'DIFFERENT from the uninterrupted run'}"
             f"{'' if tidy else ', orphan temp files left: ' + ', '.join(orphans(run_dir))}{moved}"
@@ -417,16 +528,25 @@ class Campaign:
         case = Case("signal", name)
         t0 = time.monotonic()
         run_dir = self.out / name
-        p, h, delay = self.start_and_wait(name, delay, 0.7)
+        marker = None
+        if self.events:  # held at a training step drawn over the first 70 % of training, signalled there
+            n = self._drawn_step(name, 0.7)
+            p, h, marker = self.start_paused(name, "step", n)
+            delay, when = 0.0, f"at step {n}"
+            case.info["at_step"] = n
+        else:
+            p, h, delay = self.start_and_wait(name, delay, 0.7)
+            when = f"{delay:.2f}s in"
         sent = p.poll() is None
         t_sig = time.monotonic()
         if sent:
             p.send_signal(sig)
             if twice:
-                time.sleep(0.05)
+                time.sleep(0.05)  # the second press of Ctrl-C: whenever it lands, it must stop at once
                 if p.poll() is None:
                     p.send_signal(sig)
-        first = self.finish(p, h, timeout=120)
+        self.release(marker)
+        first = self.finish(p, h)
         stop_s = time.monotonic() - t_sig
         case.info.update(delay_s=round(delay, 3), exit=first.rc, stop_s=round(stop_s, 3))
         if not sent:
@@ -488,7 +608,7 @@ class Campaign:
         case.ok = not problems
         where = f"step {case.info.get('last_pt_step')}" + (" (mid-epoch)" if case.info.get("mid_epoch") else "")
         case.detail = (
-            f"{signame}{' twice' if twice else ''} {delay:.2f}s in: exit {first.rc} after "
+            f"{signame}{' twice' if twice else ''} {when}: exit {first.rc} after "
             f"{stop_s:.2f}s, last.pt at {where}; resumed: {'bit-identical' if equal else 'different'}"
             + ("; " + "; ".join(problems) if problems else "")
         )
@@ -611,20 +731,27 @@ class Campaign:
         case = Case("collision", "second process, same directory")
         t0 = time.monotonic()
         run_dir = self.out / "locked"
-        argv = [
-            sys.executable,
-            str(ROOT / "train_optimized.py"),
-            *self.train_args("locked", epochs=max(self.epochs * 4, 40)),
-        ]
-        p, h = self.start(argv, "locked")
         problems = []
-        if self.wait_for(run_dir / "checkpoints" / "last.pt", p) is None:  # resumable, and running
-            problems.append("the first run ended before its first checkpoint")
+        marker = None
+        if self.events:  # held at step 3, after its first last.pt (step 2), until the second start is refused
+            p, h, marker = self.start_paused("locked", "step", 3, self.train_args("locked", epochs=self.epochs * 4))
+            if marker is None:
+                problems.append("the first run ended before its first checkpoint")
+        else:
+            argv = [
+                sys.executable,
+                str(ROOT / "train_optimized.py"),
+                *self.train_args("locked", epochs=max(self.epochs * 4, 40)),
+            ]
+            p, h = self.start(argv, "locked")
+            if self.wait_for(run_dir / "checkpoints" / "last.pt", p) is None:  # resumable, and running
+                problems.append("the first run ended before its first checkpoint")
         second = self.cli("--resume", str(run_dir), tag="locked-2", inproc_ok=True)
         still_running = p.poll() is None
         if still_running:
             p.send_signal(signal.SIGTERM)
-        first = self.finish(p, h, timeout=120)
+        self.release(marker)
+        first = self.finish(p, h)
         case.seconds = time.monotonic() - t0
         msg = message_lines(second.err)
         case.info.update(second_exit=second.rc, message=msg, first_exit=first.rc)
@@ -766,10 +893,16 @@ class Campaign:
     # --------------------------------------------------------------------- resume never depends on one file
     def stopped_run(self, name: str) -> tuple[Path, Proc | None]:
         """A run stopped by SIGTERM right after its first checkpoint: the start of every resume case."""
-        p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *self.train_args(name)], name)
-        if self.wait_for(self.out / name / "checkpoints" / "last.pt", p) is not None and p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-        res = self.finish(p, h, timeout=120)
+        if self.events:  # held at step 3, after its first last.pt (step 2): stopped there
+            p, h, marker = self.start_paused(name, "step", 3)
+            if marker is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+            self.release(marker)
+        else:
+            p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *self.train_args(name)], name)
+            if self.wait_for(self.out / name / "checkpoints" / "last.pt", p) is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        res = self.finish(p, h)
         return self.out / name, res if res.rc == 128 + signal.SIGTERM else None
 
     def resume_case(self, what: str) -> Case:
@@ -871,16 +1004,23 @@ class Campaign:
         t0 = time.monotonic()
         sub = self.out / "auto-live"
         args = ["--output_dir", str(sub), "--checkpoint_every", "2", *TINY]
-        p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *args, "--run_name", "era5-live",
-                           "--epochs", str(self.epochs * 4)], "auto-live")  # fmt: skip
+        live = [*args, "--run_name", "era5-live", "--epochs", str(self.epochs * 4)]
         problems = []
-        if self.wait_for(sub / "era5-live" / "checkpoints" / "last.pt", p) is None:
-            problems.append("the live run ended before its first checkpoint")
+        marker = None
+        if self.events:  # held at step 3, after its first last.pt (step 2), until the second start is done
+            p, h, marker = self.start_paused("auto-live", "step", 3, live)
+            if marker is None:
+                problems.append("the live run ended before its first checkpoint")
+        else:
+            p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *live], "auto-live")
+            if self.wait_for(sub / "era5-live" / "checkpoints" / "last.pt", p) is None:
+                problems.append("the live run ended before its first checkpoint")
         res = self.cli(*args, "--resume", "auto", "--max_steps", "2", tag="auto-live-2", inproc_ok=True)
         alive = p.poll() is None
         if alive:
             p.send_signal(signal.SIGTERM)
-        first = self.finish(p, h, timeout=120)
+        self.release(marker)
+        first = self.finish(p, h)
         case.seconds = time.monotonic() - t0
         used = _run_dir_of(res.text)
         if not alive:
@@ -896,18 +1036,27 @@ class Campaign:
 
     # ------------------------------------------------------------------------------ signal in set-up
     def setup_signal_case(self, signame: str, delay: float) -> Case:
-        """A stop signal `delay` s after start, before training (imports, data, model): one line, exit 128+N."""
+        """A stop signal `delay` s after the process handles it (the first lines of train_optimized.py), before
+        training (imports, data, model): one line, exit 128+N. Before that point no program could answer it:
+        a loaded machine can take seconds to get there, so the campaign waits for the handler, never a delay."""
         sig = SIGNALS[signame]
         name = f"setup-{signame.lower()}"
         case = Case("setup_signal", name)
         t0 = time.monotonic()
         p, h = self.start([sys.executable, str(ROOT / "train_optimized.py"), *self.train_args(name)], name)
-        time.sleep(delay)
+        t_end = time.monotonic() + 600  # only a hang gets this far
+        # SIGTERM's handler: Python has one for SIGINT from its own start, train_optimized.py sets all four at once
+        while p.poll() is None and time.monotonic() < t_end and handles_signal(p.pid, signal.SIGTERM) is False:
+            time.sleep(0.01)
+        if handles_signal(p.pid, signal.SIGTERM) is None and p.poll() is None:  # no /proc: the first line it prints
+            while p.poll() is None and time.monotonic() < t_end and not h[2].stat().st_size:
+                time.sleep(0.01)
+        time.sleep(delay)  # where in set-up it lands: any point is a set-up case
         started = (self.out / name / "config.json").exists()
         ended_first = p.poll() is not None  # a fast machine: the whole run ended before the signal was due
         if not ended_first:
             p.send_signal(sig)
-        res = self.finish(p, h, timeout=120)
+        res = self.finish(p, h)
         case.seconds = time.monotonic() - t0
         case.info.update(exit=res.rc, delay_s=delay, training_started=started, message=message_lines(res.err))
         if ended_first:  # no signal was sent: not a set-up case, and not counted as one
@@ -949,7 +1098,8 @@ class Campaign:
         first_ckpt = self.wait_for(run_dir / "checkpoints" / "last.pt", p)
         victim = None
         if first_ckpt is not None:
-            delay = self.rng(name).uniform(0.0, 0.6 * window)
+            # the tests kill at the first checkpoint (an event); the campaign at a random moment after it
+            delay = 0.0 if self.events else self.rng(name).uniform(0.0, 0.6 * window)
             time.sleep(delay)
             case.info["delay_after_first_checkpoint_s"] = round(delay, 3)
             for child in psutil.Process(p.pid).children(recursive=True):

@@ -26,6 +26,7 @@ def run_quickstart(source: str, train: bool) -> dict:
     return g
 
 
+@pytest.mark.slow
 def test_quickstart_verbatim_builds_the_seed_configuration(in_tmp):
     g = run_quickstart(QUICKSTART.read_text(encoding="utf-8"), train=False)
     tr: BaseTrainer = g["trainer"]
@@ -191,6 +192,7 @@ def test_model_gets_the_area_by_name_only(tmp_path):
     assert tr.build_task().model.got == {"lon_range": (0, 10), "lat_range": (-80.0, 80.0)}
 
 
+@pytest.mark.slow
 def test_recursive_attention_transformer_gets_the_area(tmp_path, era5_cache):
     from datasets.area import Area
     from datasets.era5 import ERA5SSTMonthlyDataset

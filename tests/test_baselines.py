@@ -116,6 +116,7 @@ def test_nan_on_an_ocean_cell_is_an_error():
         DampedPersistence.fit(a, 1, np.ones((6, 5), bool))
 
 
+@pytest.mark.slow
 def test_hybrid_recovers_the_ar1_coefficient_of_the_eof_residual():
     from utils.baselines import HybridLIM
 

@@ -54,6 +54,7 @@ def _positive_finite(v: object, where: str) -> None:
     assert math.isfinite(v) and v > 0, f"{where}: {v!r} is not positive and finite"
 
 
+@pytest.mark.slow
 def test_run_harness_tiny_cpu(tmp_path):
     from benchmarks import run
 
@@ -344,6 +345,7 @@ def test_speedup_split_is_a_product_of_paired_ratios():
     assert "loop" not in speedup_split({k: v for k, v in reps.items() if k != "lightning_data"})
 
 
+@pytest.mark.slow
 def test_run_gpu_sh_tiny_mode_writes_every_quoted_figure(tmp_path):
     """`TINY=1 bash benchmarks/run_gpu.sh` runs the GPU script's two steps on the CPU and prints the headline."""
     import os
@@ -388,6 +390,7 @@ def test_run_gpu_sh_tiny_mode_writes_every_quoted_figure(tmp_path):
     assert "idle ms/step by cause" in p.stdout
 
 
+@pytest.mark.slow
 def test_host_cost_quick_counts_reads_per_step(tmp_path):
     """The seed loop reads the loss every step; plainloop's GPU path reads nothing inside an epoch."""
     from benchmarks import host_cost
@@ -466,6 +469,7 @@ def test_lightning_model_benchmark_quick(tmp_path):
     assert abs(v["plainloop"]["median"] - v["lightning"]["median"]) < 0.2 * v["lightning"]["median"]
 
 
+@pytest.mark.slow
 def test_user_loop_benchmark_quick(tmp_path):
     """benchmarks/user_loop.py: plainloop vs a hand loop on an in-memory dataset; auto picks 0 workers for it."""
     from benchmarks.user_loop import main
@@ -477,6 +481,7 @@ def test_user_loop_benchmark_quick(tmp_path):
     assert set(result["crossover_s"]) == {"0.0", "30.0"}
 
 
+@pytest.mark.slow
 def test_checkpoint_cost_times_each_save_and_its_no_save_variant_skips_the_per_epoch_one(tmp_path):
     from benchmarks import checkpoint_cost
 

@@ -256,7 +256,8 @@ def dead_pid() -> int:
 
 def test_remove_orphan_temps_keeps_live_writers_and_other_files(tmp_path):
     host = _owner_tag().split("~")[0]
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # alive until the test kills it (however slow the test): its temp file is a live writer's
+    sleeper = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
         names = {
             "dead": f".last.pt.{host}~{dead_pid()}.k2j4_x9.tmp",
@@ -300,7 +301,7 @@ def test_remove_orphan_temps_keeps_live_writers_and_other_files(tmp_path):
 
 
 KILLED_WRITER = """
-import sys, time, torch
+import sys, torch
 sys.path.insert(0, {root!r})
 from trainer.checkpoint import atomic_save
 real_save = torch.save
@@ -308,7 +309,7 @@ def slow_save(obj, f):
     f.write(b"PK partial")
     f.flush()
     print("writing", flush=True)
-    time.sleep(60)
+    sys.stdin.read()  # mid-write until the test kills it
 torch.save = slow_save
 atomic_save({{"model": {{"w": torch.ones(3)}}}}, {path!r})
 """
@@ -318,7 +319,7 @@ def test_a_writer_killed_mid_write_leaves_a_temp_that_is_removed(tmp_path):
     ckdir = tmp_path / "checkpoints"
     atomic_save({"model": {"w": torch.zeros(3)}}, ckdir / "last.pt")
     code = KILLED_WRITER.format(root=str(ROOT), path=str(ckdir / "last.pt"))
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "writing"
         temps = [p for p in ckdir.iterdir() if p.name != "last.pt"]

@@ -120,6 +120,7 @@ def test_help_shows_defaults(capsys):
     assert "(default: 100)" in out and "(default: 200)" in out and "LOG_EVERY" in out
 
 
+@pytest.mark.slow
 def test_era5_run_writes_scores(tmp_path, era5_cache, capsys):
     assert cli.main(["--epochs", "2", "--output_dir", str(tmp_path), "--run_name", "r", *SMALL]) == 0
     out = capsys.readouterr().out
@@ -139,6 +140,7 @@ def test_baseline_flag_runs_the_before_loop(tmp_path, era5_cache):
     assert sum('"train"' in r for r in rows) == 3  # the loss is read every step, as the seeds did
 
 
+@pytest.mark.slow
 def test_resume_flag_continues_a_run(tmp_path, era5_cache):
     common = ["--output_dir", str(tmp_path), "--run_name", "c", *SMALL]
     assert cli.main(["--epochs", "1", *common]) == 0
@@ -167,12 +169,14 @@ def run_launcher(tmp_path: Path, *args: str, **env: str) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_shell_launcher_passes_env_and_arguments(tmp_path, era5_cache):
     run_launcher(tmp_path, "--run_name", "sh", "--max_steps", "2", *SMALL, BATCH_SIZE="8", EPOCHS="1")
     cfg = json.loads((tmp_path / "sh" / "config.json").read_text())["effective"]
     assert cfg["batch_size"] == 8 and cfg["max_steps"] == 2
 
 
+@pytest.mark.slow
 def test_profile_and_auto_batch_size(tmp_path, era5_cache, capsys):
     assert (
         cli.main(
@@ -211,6 +215,7 @@ def test_profile_then_train_names_its_own_profiling_pass(tmp_path, capsys):
     assert (tmp_path / "p" / "profile" / "trace.json").is_file() and (tmp_path / "p" / "summary.json").is_file()
 
 
+@pytest.mark.slow
 def test_tensorboard_logger_writes_events_into_the_run_dir(tmp_path, era5_cache):
     assert (
         cli.main(
@@ -233,6 +238,7 @@ def test_tensorboard_logger_writes_events_into_the_run_dir(tmp_path, era5_cache)
     assert "RUN_DIR/tb" not in helps["logger"] and "events in RUN_DIR" in helps["logger"]  # the help said RUN_DIR/tb
 
 
+@pytest.mark.slow
 def test_system_report_writes_markdown(tmp_path, era5_cache, capsys):
     assert (
         cli.main(
@@ -313,12 +319,14 @@ def test_rerun_line_keeps_the_torchrun_prefix():
     )
 
 
+@pytest.mark.slow
 def test_shell_launcher_reid_task(tmp_path):
     args = ("--run_name", "r", "--max_steps", "2", "--num_identities", "24", "--no-progress_bar", "--no-plots")
     run_launcher(tmp_path, *args, TASK="reid")
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["task"] == "reid"
 
 
+@pytest.mark.slow
 def test_resume_run_dir_alone_restores_the_runs_settings(tmp_path, era5_cache, capsys):
     """Non-default model sizes and schedule: `--resume RUN_DIR` with no other flag continues the same job."""
     assert (
@@ -358,6 +366,7 @@ def test_resume_run_dir_alone_restores_the_runs_settings(tmp_path, era5_cache, c
     assert "--d_model 64: the run at" in err and "made with d_model 32" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_resume_auto_continues_the_named_run_or_starts_it(tmp_path, era5_cache):
     common = ["--output_dir", str(tmp_path), "--run_name", "auto", "--resume", "auto", *SMALL]
     assert cli.main(["--max_steps", "3", *common]) == 0  # nothing to resume: starts it
@@ -367,6 +376,7 @@ def test_resume_auto_continues_the_named_run_or_starts_it(tmp_path, era5_cache):
     assert not (tmp_path / "auto-2").exists()
 
 
+@pytest.mark.slow
 def test_resume_auto_skips_finished_runs(tmp_path, era5_cache, capsys):
     """Without --run_name, auto continues the newest run that still has steps left, not the newest finished one."""
     common = ["--output_dir", str(tmp_path), "--max_steps", "2", *SMALL]

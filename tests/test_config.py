@@ -41,6 +41,8 @@ def test_every_setting_has_a_flag():
 
 # flags of other programs that the README and the manual quote (pytest, pip, torchrun, benchmarks, the sample maker)
 OTHER_PROGRAMS = {
+    "index_url",  # README.md: pip's, and mkdocs build --strict
+    "strict",
     "hidden",  # docs/guides/extending.md: the example user task's own flags, and timm's --model-ema
     "data_dir",
     "act",
@@ -233,6 +235,7 @@ def test_min_lr_ratio_flag_exists_and_reaches_the_schedule(tmp_path, era5_cache)
     assert eff["min_lr_ratio"] == 0.5
 
 
+@pytest.mark.slow
 def test_rerun_from_the_written_config_is_bit_identical(tmp_path, era5_cache):
     """Every run writes config.toml; --config with it re-runs the same job, bit for bit on a CPU."""
     assert (

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import metric_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +36,7 @@ print(json.dumps({"summary": summary["final_metrics"], "plainloop_root_on_path":
 """
 
 
+@pytest.mark.slow
 def test_trainer_folder_alone_trains_in_a_repo_with_its_own_utils(tmp_path):
     repo = tmp_path / "research"
     repo.mkdir()

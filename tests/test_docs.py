@@ -115,6 +115,7 @@ def test_tested_by_names_a_real_test(path, block):
 
 
 # ---------------------------------------------------------------------------------------------- run
+@pytest.mark.slow
 @pytest.mark.parametrize(("path", "block"), examples("run"))
 def test_run_example(path, block, tmp_path):
     """Python runs in a fresh interpreter in a temporary directory (its runs/ land there); bash in the repo root."""
@@ -189,11 +190,13 @@ def site(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_the_site_builds_strict(site):
     assert (site / "index.html").is_file()
     assert (site / "benchmarks" / "results" / "run_cpu_native025.json").is_file()  # linked raw results are served
 
 
+@pytest.mark.slow
 def test_the_flag_reference_lists_every_flag(site):
     import train_optimized as cli
 
@@ -212,20 +215,31 @@ def html_text(html: str) -> str:
     return " ".join(re.sub(r"<[^>]+>", " ", html).replace("&para;", " ").split())
 
 
+@pytest.mark.slow
 def test_the_api_reference_is_generated_from_docstrings(site):
-    """Every public name of the engine with its constructor's signature, and every TrainConfig field."""
+    """Every public name of plainloop (trainer.__all__) with its constructor: a signature, or for a dataclass
+    `NAME(required, **fields)` and a table of its fields (TrainConfig's signature was one endless `knob(...)` line);
+    and every TrainConfig field."""
     import dataclasses
 
     import trainer
     from trainer.config import TrainConfig
 
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import docs_api
+
     html = (site / "reference" / "api.html").read_text(encoding="utf-8")
     text = re.sub(r"\s", "", html_text(html))
     for name in trainer.__all__:
-        assert f'id="trainer.{name}"' in html, f"trainer.{name} (in trainer.__all__) is not rendered on the API page"
-    assert 'id="trainer.Trainer.fit"' in html
-    for cls, first in (("Trainer", "cfg"), ("Task", "name"), ("TrainConfig", "seed"), ("BaseTrainer", "title")):
+        path = docs_api.public_path(name)  # trainer.NAME, or the module of a measuring tool
+        assert f'id="{path}"' in html, f"{name} (in trainer.__all__) is not rendered on the API page as {path}"
+    assert 'id="trainer.Trainer.fit"' in html and 'id="trainer.TrainConfig.validate"' in html
+    for cls, first in (("Trainer", "cfg"), ("BaseTrainer", "title")):
         assert f"{cls}({first}:" in text, f"the API page does not show {cls}'s constructor ({cls}({first}: ...)"
+    assert "TrainConfig(**fields)" in text and "Task(name,model,train_set,**fields)" in text
+    assert "knob(" not in text, "a dataclass's signature shows its knob(...) field definitions"
+    task_table = html.split('id="trainer.Task"', 1)[1].split('id="trainer.TrainConfig"', 1)[0]
+    assert all(f"<code>{f.name}</code>" in task_table for f in dataclasses.fields(trainer.Task))
     fields = html.split('id="trainconfig-fields"', 1)[1]
     missing = [f.name for f in dataclasses.fields(TrainConfig) if f"<code>{f.name}</code>" not in fields]
     assert not missing, f"the API page's TrainConfig table misses {missing}"
@@ -234,6 +248,7 @@ def test_the_api_reference_is_generated_from_docstrings(site):
 PICTURES = ("assets/plots/curves.png", "assets/plots/throughput.png", "assets/plots/test_month_maps.png")
 
 
+@pytest.mark.slow
 def test_the_pictures_are_drawn_and_shown(site):
     """The demo run's plots are drawn from docs/assets/demo-run/ at build time, and pages show them and the skill
     figure."""
@@ -248,6 +263,7 @@ def test_the_pictures_are_drawn_and_shown(site):
         assert picture in shown, f"no page shows {picture}"
 
 
+@pytest.mark.slow
 def test_links_work_from_disk(site):
     """Opened as files (file://), a link to a folder shows a directory listing: every link names a file."""
     broken = []
@@ -363,6 +379,7 @@ def readme_block(needle: str) -> str:
     return blocks[0]
 
 
+@pytest.mark.slow
 def test_readme_lightning_module_example(tmp_path):
     pytest.importorskip("lightning")
     code = readme_block("LightningModule")
@@ -372,6 +389,15 @@ def test_readme_lightning_module_example(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = list((tmp_path / "runs").glob("lit-*/summary.json"))
     assert len(runs) == 1, "the LightningModule run wrote no summary.json"
+
+
+def test_the_home_page_opens_with_the_readmes_example():
+    """docs/index.md shows the README's "Your model in 10 lines" first (test_run_example runs the README's copy)."""
+    home = [b for b in fenced_blocks(DOCS / "index.md") if b["lang"] == "python"]
+    assert home and home[0]["code"] == readme_block('Task("mine", model'), "docs/index.md's first example differs"
+    assert home[0]["marker"] == "tested-by tests/test_docs.py::test_the_home_page_opens_with_the_readmes_example"
+    text = (DOCS / "index.md").read_text(encoding="utf-8")
+    assert text.index("```python") < text.index("\n## "), "the example comes before the page's first section"
 
 
 def test_the_layout_page_names_every_engine_module():

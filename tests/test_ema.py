@@ -351,6 +351,7 @@ cleanup_distributed()
 """
 
 
+@pytest.mark.slow
 def test_ddp_average_on_rank0_keeps_the_ranks_identical(tmp_path):
     """torchrun, 2 processes (gloo): rank 0 keeps the average and swaps it in to validate; the trained weights stay
     identical on both ranks, and the scores of both kinds reach summary.json."""

@@ -191,6 +191,7 @@ def test_device_cache_false_keeps_loader_path(files, tmp_path):
     assert ds.maybe_to_device(torch.device("cpu")) is False
 
 
+@pytest.mark.slow
 def test_pickles_small_and_works_in_spawned_worker(files, tmp_path):
     ds = make(files["legacy"], tmp_path, lon=[-180, 180], lat=[-80, 80], split="train")
     ds[0]  # opens the memmap
@@ -251,6 +252,7 @@ def test_multiple_files_glob_dir_and_order(tmp_path):
         make(d, tmp_path, lon=[-180, 180], lat=[-80, 80])
 
 
+@pytest.mark.slow
 def test_default_path_env_and_builtin_sample(files, tmp_path, monkeypatch):
     monkeypatch.setenv("ERA5_DATA_PATH", str(files["cf"]))
     ds = ERA5SSTMonthlyDataset(resolution=RES, cache_dir=tmp_path / "c")

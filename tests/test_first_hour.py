@@ -150,7 +150,7 @@ def test_metrics_with_an_own_evaluation_or_a_bad_entry_are_one_line(tmp_path):
     task.evaluate_fn = lambda m, split, d: {f"{split}_x": 1.0}
     with pytest.raises(ValueError, match=r"metrics=\.\.\.\) scores plainloop's own evaluation"):
         Trainer(toy_config(tmp_path), task)
-    with pytest.raises(ValueError, match=r"Task\(metrics=\.\.\.\): 'acc': 3 is not a name and a function"):
+    with pytest.raises(ValueError, match=r"Task\(metrics=\.\.\.\): 'acc': 3 is not a function"):
         Trainer(toy_config(tmp_path), classifier({"acc": 3}))
 
 
@@ -278,9 +278,10 @@ def test_measuring_tools_give_a_python_run_the_clis_plots_verdict_and_last_line(
     assert summary["verdict"]["verdict"] not in ("", None, "unknown")  # the monitor sampled the run
     assert summary["monitor"]  # a TrainingMonitor replaced the engine's do-nothing one
     assert (tmp_path / "run" / "plots" / "curves.png").is_file()
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-2].startswith("[plainloop] plots: ") and lines[-1].startswith("[plainloop] done: ")
-    assert "verdict: " in lines[-1] and "not judged" not in lines[-1]
+    lines = capsys.readouterr().out.strip().splitlines()  # the engine's done and run directory lines come last
+    assert lines[-3].startswith("[plainloop] plots: ") and lines[-2].startswith("[plainloop] done: ")
+    assert "verdict: " in lines[-2] and "not judged" not in lines[-2]
+    assert lines[-1] == f"[plainloop] run directory: {tmp_path / 'run'}"
 
 
 def test_measuring_tools_switches_off_and_a_monitor_given_is_kept(tmp_path, capsys):
@@ -290,7 +291,7 @@ def test_measuring_tools_switches_off_and_a_monitor_given_is_kept(tmp_path, caps
     assert not any(isinstance(t, MonitorTool) for t in tools)
     summary = Trainer(toy_config(tmp_path, epochs=1), regression(), callbacks=tools).fit()
     assert "verdict" not in summary and not (tmp_path / "run" / "plots").exists()
-    assert capsys.readouterr().out.strip().splitlines()[-1].endswith("verdict: not judged")
+    assert capsys.readouterr().out.strip().splitlines()[-2].endswith("verdict: not judged")
 
     class Mine:
         def start_monitoring(self): ...
@@ -319,7 +320,7 @@ def test_measuring_tools_system_report_after_the_run(tmp_path, capsys):
     final = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=False)["model"]
     assert all(torch.equal(final[k], trained[k]) for k in trained)  # the trained weights are back after the trials
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-2] == f"[plainloop] system report: {report}" and lines[-1].startswith("[plainloop] done: ")
+    assert lines[-3] == f"[plainloop] system report: {report}" and lines[-2].startswith("[plainloop] done: ")
 
 
 class _Dicts(torch.utils.data.Dataset):

@@ -74,6 +74,7 @@ def run(cmd: list, cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess
     return proc
 
 
+@pytest.mark.slow
 def test_the_command_runs_a_task_beside_the_users_own_packages(tmp_path):
     """`python -m plainloop` (the `plainloop` command) with a task importing the lab's utils/datasets/models/tasks/
     trainer; then the tools through the same command."""

@@ -32,6 +32,7 @@ def test_ruff(args):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_mypy_on_the_project():
     """`mypy` from the repository root: every folder pyproject.toml's [tool.mypy] `files` names, at its strictness
     (every function annotated), no errors."""

@@ -459,6 +459,7 @@ def guide_blocks(marker: str) -> list[str]:
     return pat.findall(text)
 
 
+@pytest.mark.slow
 def test_your_model_guide_examples_run(tmp_path):
     """The LightningModule and nanoGPT-style examples of docs/guides/your-model.md, each in a fresh interpreter."""
     import os

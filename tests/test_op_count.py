@@ -166,6 +166,7 @@ def test_launches_per_step_do_not_grow(precision: str) -> None:
     assert all(got[k] <= v for k, v in BUDGET[precision].items()), (got, counts["cast_copy_sites"])
 
 
+@pytest.mark.slow
 def test_the_harness_counts_the_steps_of_plainloops_loop(tmp_path: Path) -> None:
     """benchmarks.op_count end to end: two steps of plainloop's Trainer profiled, each part of a step counted."""
     s = main(["--steps", "2", "--warmup", "1", "--top", "5", "--out", str(tmp_path / "oc.json")])["per_step"]

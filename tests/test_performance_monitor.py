@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import types
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -22,7 +23,10 @@ from utils.bottleneck import THRESHOLDS, VERDICTS, contention, diagnose
 from utils.performance_monitor import TrainingMonitor, percentile
 
 
-def test_seed_001_snippet_runs(capsys: pytest.CaptureFixture[str]) -> None:
+def test_seed_001_snippet_runs(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # "too short" is a window under _MIN_CPU_WINDOW_S; a loaded machine can stretch these three steps past 0.25 s,
+    # so the limit is raised above any window this test can take
+    monkeypatch.setattr(pm, "_MIN_CPU_WINDOW_S", 3600.0)
     monitor = TrainingMonitor()
     monitor.start_monitoring()
     for _ in range(3):
@@ -72,9 +76,10 @@ def test_sleep_loop_without_data_time_is_not_called_host_bound() -> None:
 def test_partly_measured_data_wait_and_short_busy_run_cpu() -> None:
     mon = TrainingMonitor(interval=0.1, batch_size=2)
     mon.start_monitoring()
-    t_end = time.perf_counter() + 0.4
+    # a busy main thread for 0.4 s of its own CPU time (at least 0.4 s of wall time, however loaded the machine)
+    c_end = time.process_time() + 0.4
     i = 0
-    while time.perf_counter() < t_end:  # a busy main thread: its CPU share must be measured, not 0.0
+    while time.process_time() < c_end or i < 2:  # its CPU share must be measured, not 0.0
         t0 = time.perf_counter()
         sum(k * k for k in range(20_000))
         dt = time.perf_counter() - t0
@@ -85,7 +90,7 @@ def test_partly_measured_data_wait_and_short_busy_run_cpu() -> None:
     assert s["data_wait_frac"] == pytest.approx(0.5)  # over the steps that had a data time
     assert s["data_wait_measured_steps"] == (i + 1) // 2
     assert any(f"covers {(i + 1) // 2} of {i} steps" in m for m in s["not_measured"])
-    assert s["cpu_percent_mean"] > 0 and s["process_cpu_percent_mean"] > 10
+    assert s["cpu_percent_mean"] > 0 and s["process_cpu_percent_mean"] > 0  # its share: any, on a loaded machine
     assert s["cpu_usable_cores"] >= 1 and s["cpu_others_cores_mean"] >= 0
 
 
@@ -253,7 +258,7 @@ def test_nvml_path_mocked(monkeypatch: pytest.MonkeyPatch) -> None:
     mon.start_monitoring()
     for _ in range(5):
         mon.log_iteration(0.02, data_seconds=0.001)
-    time.sleep(0.2)
+    _wait_until(lambda: len(mon._rows) >= 2, "two samples")  # the sampler's own rows, beside the one at the stop
     mon.stop_monitoring()
     s = mon.get_summary()
     assert s["gpu_telemetry"] == "nvml"
@@ -305,13 +310,28 @@ def _spawn_other_process() -> int:
     return int(out.stdout)
 
 
+def _cpu_s(pid: int) -> float:
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def _wait_until(ready: Callable[[], bool], what: str) -> None:
+    """Wait for an event that a loaded machine may delay; the deadline only catches a hang."""
+    t_end = time.monotonic() + 300
+    while not ready():
+        assert time.monotonic() < t_end, f"{what} did not happen in 300 s"
+        time.sleep(0.01)
+
+
 def test_busy_helper_process_gives_contended_verdict() -> None:
     # Real busy helpers: one spinning process per core while a 2-second "training" loop runs.
     ncpu = psutil.cpu_count(logical=True) or 1
     helpers: list[int] = []
     try:
         helpers += [_spawn_other_process() for _ in range(ncpu)]
-        time.sleep(0.3)  # let them start spinning
+        _wait_until(lambda: all(_cpu_s(pid) > 0.1 for pid in helpers), "the helpers spinning")
+        used = {pid: -_cpu_s(pid) for pid in helpers}
+        t_wall = time.perf_counter()
         mon = TrainingMonitor(interval=0.25, batch_size=8)
         mon.start_monitoring()
         x = torch.randn(192, 192)
@@ -322,6 +342,8 @@ def test_busy_helper_process_gives_contended_verdict() -> None:
                 x = torch.tanh(x @ x)
             mon.log_iteration(time.perf_counter() - t0, data_seconds=0.0)
         mon.stop_monitoring()
+        t_wall = time.perf_counter() - t_wall
+        used = {pid: (c + _cpu_s(pid)) / t_wall for pid, c in used.items()}  # cores each helper used meanwhile
     finally:
         for pid in helpers:
             try:
@@ -332,10 +354,13 @@ def test_busy_helper_process_gives_contended_verdict() -> None:
     assert s["cpu_others_cores_mean"] >= 0.5 and s["cpu_percent_mean"] >= 85
     if s["cpu_wait_threads_mean"] is not None:
         assert s["cpu_wait_threads_mean"] >= THRESHOLDS["contention_wait_threads"]
-    assert set(helpers) & {p["pid"] for p in s["other_processes_cpu_top"]}, (
-        helpers,
-        s["other_processes_cpu_top"],
-    )
+    top = s["other_processes_cpu_top"]
+    # the helpers are among the busiest other processes: listed, or (a machine busy with other work beside this
+    # test) the five listed used at least as much CPU as they did
+    unlisted = [pid for pid in helpers if pid not in {p["pid"] for p in top}]
+    assert len(unlisted) < len(helpers) or (
+        len(top) == 5 and min(p["cpu_cores"] for p in top) >= max(used[pid] for pid in unlisted) - 0.1
+    ), (helpers, used, top)
     assert "busiest other processes" in mon.format_summary()
     v = diagnose(s, device_type="cpu", step_stats={"num_workers": 0, "torch_threads": torch.get_num_threads()})
     assert v["verdict"] == "contended", v
@@ -423,7 +448,7 @@ def test_nvml_other_processes_on_our_gpu(monkeypatch: pytest.MonkeyPatch) -> Non
     mon.start_monitoring()
     for _ in range(5):
         mon.log_iteration(0.02, data_seconds=0.001)
-    time.sleep(0.3)
+    _wait_until(lambda: len(mon._rows) >= 2, "two samples")
     mon.stop_monitoring()
     s = mon.get_summary()
     assert s["gpu_own_pid_visible"] is True and s["gpu_other_processes_max"] == 1
@@ -440,7 +465,7 @@ def test_nvml_other_processes_on_our_gpu(monkeypatch: pytest.MonkeyPatch) -> Non
     ]
     mon = TrainingMonitor(interval=0.05, device=torch.device("cuda", 0), batch_size=32)
     mon.start_monitoring()
-    time.sleep(0.2)
+    _wait_until(lambda: len(mon._rows) >= 2, "two samples")
     mon.stop_monitoring()
     s = mon.get_summary()
     assert s["gpu_own_pid_visible"] is False and s["gpu_other_processes_max"] == 1 and s["gpu_other_processes"] == []

@@ -165,7 +165,7 @@ def test_era5_curves_have_units_baselines_and_lr(tmp_path: Path) -> None:
     import matplotlib.pyplot as plt
 
     train, val = read_metrics(make_run_dir(tmp_path / "run", with_maps=False) / "metrics.jsonl")
-    fig = curves_figure(train, val, "t", selection="val_loss")
+    fig = curves_figure(train, val, "t", selection="val_loss", task="era5")
     axes = _panels(fig)
     assert [a.get_title() for a in axes] == ["loss", "validation RMSE", "validation ACC", "learning rate"]
     loss, rmse, acc, lr = axes
@@ -192,7 +192,7 @@ def test_scores_far_from_0_get_an_axis_that_tells_them_apart() -> None:
          "val_damped_persistence_rmse_c": 0.3340, "val_persistence_rmse_c": 0.6336}
         for s in range(1, 6)
     ]  # fmt: skip
-    fig = curves_figure(train, val, "t")
+    fig = curves_figure(train, val, "t", task="era5")
     rmse = _panels(fig)[1]
     lo, hi = rmse.get_ylim()
     assert 0.30 < lo < 0.3320 and 0.3340 < hi < 0.35, (lo, hi)
@@ -210,7 +210,7 @@ def test_reid_curves_show_the_selection_metric_and_both_directions(n_val: int) -
     import matplotlib.pyplot as plt
 
     train, val = reid_rows(n_val)
-    fig = curves_figure(train, val, "r (reid)", selection="rgb2ir_mAP")
+    fig = curves_figure(train, val, "r (reid)", selection="rgb2ir_mAP", task="reid")
     axes = _panels(fig)
     assert [a.get_title() for a in axes] == ["loss", "validation mAP", "validation rank-1", "learning rate"]
     m_ap, rank1 = axes[1], axes[2]
@@ -308,9 +308,63 @@ def test_sysu_trial_spread_is_a_band_not_panels_of_its_own() -> None:
                 m[f"val_{proto}_{k}_std"] = 0.02
             m[f"val_{proto}_trials"] = 10
         val.append({"kind": "val", "step": 640 * (i + 1), "epoch": 20 * (i + 1), **m})
-    fig = curves_figure(train, val, "s (reid)", selection="val_allsearch_mAP")
+    fig = curves_figure(train, val, "s (reid)", selection="val_allsearch_mAP", task="reid")
     axes = _panels(fig)
     assert [a.get_title() for a in axes] == ["loss", "validation mAP", "validation rank-1", "learning rate"]
     assert [t.split(":")[0] for t in _legend(axes[1])] == ["allsearch (selects best.pt)", "indoor"]
     assert len(axes[1].collections) == 2  # one ± std band per protocol
+    plt.close(fig)
+
+
+def _user_run(run: Path, summary: dict | None) -> Path:
+    """A user's task (metrics={"acc": accuracy}, monitor_metric="val_acc", monitor_mode="max") as the engine writes
+    it: its val_acc is a classification accuracy, not the SST task's anomaly correlation."""
+    run.mkdir(parents=True)
+    rows = [{"kind": "train", "step": s, "epoch": s // 4 + 1, "loss": 1.0 / s, "lr": 1e-3} for s in range(1, 13)]
+    rows += [{"kind": "val", "step": s, "epoch": s // 4, "val_loss": 1.0 / s, "val_acc": 0.5 + s / 40, "val_f1": 0.4}
+             for s in (4, 8, 12)]  # fmt: skip
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    if summary is not None:
+        (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+@pytest.mark.parametrize(
+    ("summary", "acc_label"),
+    [
+        ({"task": "mine", "best": {"val_acc": 0.8}}, "val_acc, higher is better"),  # the monitor mode, read back
+        ({"task": "mine", "best": {"val_loss": 1 / 12}}, "val_acc"),  # direction unknown: the name alone
+        (None, "val_acc"),
+    ],
+)
+def test_another_tasks_metrics_are_labelled_with_their_own_names(tmp_path: Path, summary, acc_label) -> None:
+    """A run with metrics={"acc": accuracy} used to get the SST task's "anomaly correlation, higher is better"."""
+    import matplotlib.pyplot as plt
+
+    from utils.plot import _run_info, monitor_directions
+
+    run = _user_run(tmp_path / "run", summary)
+    assert "curves.png" in [p.name for p in plot_run(run)]
+    train, val = read_metrics(run / "metrics.jsonl")
+    title, task, best = _run_info(run)
+    fig = curves_figure(train, val, title, next(iter(best), None), task, monitor_directions(val, best))
+    axes = _panels(fig)
+    assert [a.get_title() for a in axes] == ["loss", "val_acc", "val_f1", "learning rate"]
+    assert axes[1].get_ylabel() == acc_label and axes[2].get_ylabel() == "val_f1"
+    assert _legend(axes[1])[0].startswith("val_acc")  # not the SST task's "model"
+    text = " ".join(a.get_ylabel() + " ".join(_legend(a)) for a in axes)
+    assert "anomaly correlation" not in text and "°C" not in text
+    plt.close(fig)
+
+
+def test_directions_given_by_the_caller_win_and_the_sst_task_keeps_its_meaning() -> None:
+    import matplotlib.pyplot as plt
+
+    train = [{"kind": "train", "step": s, "epoch": s, "loss": 0.5} for s in range(1, 4)]
+    val = [{"kind": "val", "step": s, "epoch": s, "val_acc": 0.7, "val_err": 0.2} for s in range(1, 4)]
+    fig = curves_figure(train, val, "t", directions={"val_err": "min"})
+    assert [a.get_ylabel() for a in _panels(fig)[1:]] == ["val_acc", "val_err, lower is better"]
+    plt.close(fig)
+    fig = curves_figure(train, val, "t", task="era5")
+    assert _panels(fig)[1].get_ylabel() == "anomaly correlation, higher is better"
     plt.close(fig)

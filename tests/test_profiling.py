@@ -49,6 +49,7 @@ def test_profile_steps_writes_trace_and_table_silently(tmp_path: Path, capfd: py
     assert not any("USDT" in m or "STAGE" in m for m in r["messages"])
 
 
+@pytest.mark.slow
 def test_profile_in_a_fresh_process_prints_nothing(tmp_path: Path) -> None:
     # The first profiler use in a process is the one that prints kineto's "Warm Up" stage as well.
     code = (

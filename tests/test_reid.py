@@ -218,6 +218,7 @@ def test_bad_inputs_are_named() -> None:
 
 
 # ------------------------------------------------------------------------------------------------- task
+@pytest.mark.slow
 def test_task_short_training_beats_chance() -> None:
     """A hand loop (model, loss_fn, sampler, DataLoader, evaluate_fn) as the engine would run it."""
     from tasks.reid import build_reid_task

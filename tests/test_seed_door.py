@@ -285,6 +285,7 @@ def test_constructor_arguments_come_back_as_their_types_in_a_new_process(tmp_pat
         import json, sys, torch
         sys.path[:0] = [{str(tmp_path)!r}, {str(ROOT)!r}]
         from trainer.compat.base_trainer import load_model
+        import tuple_net, datasets.area  # the program imports its classes; the file only names them
         model = load_model({str(tmp_path / "t.pt")!r})  # the replacement of torch.load(path, weights_only=False)
         a = model.args
         same = torch.equal(model(torch.load({str(tmp_path / "x.pt")!r})), torch.load({str(tmp_path / "want.pt")!r}))
@@ -300,6 +301,20 @@ def test_constructor_arguments_come_back_as_their_types_in_a_new_process(tmp_pat
     assert got["types"]["opts"] == repr({"mode": "same", "scale": 0.5, "flag": True, "none": None})
     assert got["types"]["area"] == repr(bt.area) and got["area"] == "datasets.area.Area"
     assert got["same"] is True and got["training"] is False
+
+
+@pytest.mark.parametrize("named", ["os:system", "subprocess:Popen", "builtins:exec", "tuple_net_never:Net"])
+def test_a_model_file_never_makes_load_model_import_or_call_what_it_names(tmp_path, named):
+    """A saved model file names its class; load_model only finds a model class the program imported itself."""
+    import trainer.compat.base_trainer as bt
+
+    path = tmp_path / "evil.pt"
+    touched = tmp_path / "touched"
+    torch.save({"format": bt.MODEL_FORMAT, "model_class": named, "state_dict": {},
+                "model_params": {"command": f"touch {touched}", "args": ["touch", str(touched)]}}, path)  # fmt: skip
+    with pytest.raises(ValueError, match="not a class this program has imported"):
+        bt.load_model(path)
+    assert not touched.exists() and "tuple_net_never" not in sys.modules
 
 
 def test_an_argument_that_is_not_a_plain_value_is_named_at_save_and_asked_for_at_load(tmp_path, monkeypatch):

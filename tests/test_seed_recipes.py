@@ -398,6 +398,7 @@ def test_seed001_command_line(tmp_path, era5_cache, monkeypatch, capsys):
 
 
 # ============================================================================ seed 002: batch size vs speed (mmseg)
+@pytest.mark.slow
 def test_seed002_mmseg_config_knobs(tmp_path, era5_cache, capsys):
     """configs/seed002_mmseg.toml as written: samples_per_gpu, workers_per_gpu, IterBasedRunner max_iters (batches),
     evaluation.interval (batches), cumulative_iters and fp16 loss_scale are each understood, with one note each."""
@@ -475,6 +476,7 @@ accumulative_counts = 2
 
 
 # ============================================================================ seed 003: the system report
+@pytest.mark.slow
 def test_seed003_system_report(tmp_path, era5_cache, capsys):
     """`python train_optimized.py --system_report`: hardware, measured utilisation and bottleneck, and
     recommendations measured in the same run (the seed's were estimates)."""

@@ -122,6 +122,7 @@ def sample_file(tmp_path_factory):
     "prior, twin",
     [("lim", "lim"), ("damped_persistence", "damped_persistence"), ("persistence", "anomaly_persistence")],
 )
+@pytest.mark.slow
 def test_untrained_model_is_its_prior_and_scores_carry_every_baseline(sample_file, tmp_path, prior, twin):
     task = small_task(sample_file, tmp_path, prior=prior)
     m = task.model.eval()
@@ -290,6 +291,7 @@ def test_the_models_hybrid_prior_carries_the_neighbour_term(sample_file, tmp_pat
         )
 
 
+@pytest.mark.slow
 def test_calendar_channels_reach_the_model(sample_file, tmp_path):
     task = small_task(sample_file, tmp_path)
     assert task.info["calendar"] and task.info["prior"] == "blend"
@@ -358,6 +360,7 @@ def test_wide_region_rule_and_cell_index(sample_file, tmp_path):
         WideRegion.build(wds._array(), wds.lats, wds.lons, wds.ocean_mask.numpy(), area.lats + 1.0, area.lons)
 
 
+@pytest.mark.slow
 def test_wide_predictors_never_see_a_test_month(sample_file, tmp_path):
     from utils.baselines import WideRegion
     from utils.hindcast import rolling_statistical
@@ -459,6 +462,7 @@ def test_prior_auto_picks_the_wide_region_where_a_remote_region_drives_the_box(t
     assert test["test_rmse_c"] < 0.8 * test["test_hybrid_rmse_c"]
 
 
+@pytest.mark.slow
 def test_prior_auto_keeps_the_default_where_others_are_only_slightly_better_on_validation(
     sample_file, tmp_path, capsys
 ):
@@ -494,6 +498,7 @@ def test_the_wide_prior_is_fitted_on_training_months_only(tmp_path):
     assert not np.allclose(pa[-1], pb[-1])  # a later test sample's inputs hold the change, and so its prior does
 
 
+@pytest.mark.slow
 def test_wide_prior_survives_best_pt_and_a_single_sample_predict(tmp_path):
     from trainer import TrainConfig
     from trainer.checkpoint import load_checkpoint

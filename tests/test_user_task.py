@@ -211,6 +211,7 @@ def only_run(prefix: str = "regress-") -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_every_door_of_the_cli(cli, capsys, monkeypatch):
     import json
     import os
@@ -237,8 +238,9 @@ def test_every_door_of_the_cli(cli, capsys, monkeypatch):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["task"] == "regress"
 
-    # --resume RUN_DIR alone rebuilds the same task (hidden 4: the weights fit) and extends it
-    assert cli.main(["--resume", str(run), "--max_steps", "8", *QUIET]) == 0
+    # --resume RUN_DIR rebuilds the same task (hidden 4: the weights fit) and extends it; a task its config.toml
+    # names runs only when the command line names it too (--task, or --trust_task)
+    assert cli.main(["--resume", str(run), "--max_steps", "8", "--task", SPEC, *QUIET]) == 0
     assert json.loads((run / "summary.json").read_text())["steps"] == 8
     capsys.readouterr()
 
@@ -249,10 +251,10 @@ def test_every_door_of_the_cli(cli, capsys, monkeypatch):
 
     # a config file naming the task; keys of its builder are config keys, a stray key is named
     Path("c.toml").write_text(f'[run]\ntask = "{SPEC}"\n[task]\ntag = "c"\nact = "tanh"\n[train]\nmax_steps = 2\n')
-    assert cli.main(["--config", "c.toml", "--run_name", "fromfile", *QUIET]) == 0
+    assert cli.main(["--config", "c.toml", "--run_name", "fromfile", "--trust_task", *QUIET]) == 0
     assert load_config_file(Path("runs/fromfile/config.toml"))["act"] == "tanh"
     Path("bad.toml").write_text(f'[run]\ntask = "{SPEC}"\n[task]\ntag = "c"\nhiden = 3\n')
-    assert cli.main(["--config", "bad.toml", *QUIET]) == 2
+    assert cli.main(["--config", "bad.toml", "--trust_task", *QUIET]) == 2
     assert "hiden" in capsys.readouterr().err
 
     # the system report measures the user's task
@@ -297,7 +299,7 @@ def test_a_resume_from_another_folder_says_the_recorded_task_path_is_relative(cl
     run = Path("runs/elsewhere")
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.toml").write_text('[run]\ntask = "my/tasks.py:build"\n')
-    assert cli.main(["--resume", str(run)]) == 2
+    assert cli.main(["--resume", str(run), "--trust_task"]) == 2
     err = capsys.readouterr().err
     assert (
         "no such file my/tasks.py" in err and "resumed run's config.toml" in err and "--task with the full path" in err

@@ -6,6 +6,8 @@
 - `load_checkpoint` never unpickles arbitrary objects (a pickle payload is refused, never run), reports
   damaged files (random bytes, truncation, a flipped bit caught by the digest) as corrupt, naming the file,
   and still loads older checkpoints written without a digest (marked unverified).
+- `storable` checks what callbacks and models put in a checkpoint at the save: NumPy values become tagged tensors
+  (`load_checkpoint` turns them back), anything weights_only=True could not load is refused, naming its key.
 - `remove_orphan_temps` deletes the temp files a killed writer left behind.
 """
 
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
+import inspect
 import io
 import os
 import pickle
@@ -24,10 +28,11 @@ import socket
 import time
 import warnings
 import zipfile
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from copy import deepcopy
 from pathlib import Path
-from typing import IO, Any, BinaryIO
+from typing import IO, Any, BinaryIO, cast
 
 import numpy as np
 import torch
@@ -269,6 +274,97 @@ def snapshot_to_host(state: Mapping[str, object]) -> dict[str, object]:
     return out
 
 
+# ------------------------------------------------------------------------------ what a checkpoint may hold
+NUMPY_KEY = "__plainloop_numpy__"  # {NUMPY_KEY: dtype.str, "shape": [...], "data": tensor[, "scalar": True]}
+# leaves torch.load(weights_only=True) gives back as they were (and the digest hashes alike in every process)
+_PLAIN = frozenset({type(None), bool, int, float, complex, str, bytes, bytearray, torch.dtype, torch.device,
+                    torch.layout, torch.Size})  # fmt: skip
+_CONTAINERS = (dict, OrderedDict, list, tuple)  # exactly these: subclasses do not load back
+
+
+class NotStorable(CheckpointError):
+    """A value that a checkpoint loaded with weights_only=True cannot give back; the message names its key."""
+
+
+def storable(obj: object, path: str = "checkpoint", depth: int = 0) -> object:
+    """`obj` as a checkpoint file holds it: NumPy arrays and scalars become tagged tensors (load_checkpoint turns
+    them back, dtype and shape kept), tensors and plain values (dict, list, tuple, str, numbers, None) stay, the
+    same objects when nothing inside changed. Anything else raises NotStorable naming its key path."""
+    kind = type(obj)
+    if kind in _PLAIN or isinstance(obj, torch.Tensor):
+        return obj
+    if depth > 100:
+        raise NotStorable(f"{path}: nested more than 100 levels deep (a container that holds itself?)")
+    if isinstance(obj, np.generic) or (isinstance(obj, np.ndarray) and kind in (np.ndarray, np.memmap)):
+        if not obj.dtype.hasobject and obj.dtype.fields is None:
+            a = np.ascontiguousarray(obj)
+            try:  # a tensor of the same dtype where torch has it (readable anywhere), else the raw bytes
+                data = torch.from_numpy(a if a.flags.writeable else a.copy())
+            except (TypeError, ValueError):  # strings, dates, long double, another byte order
+                data = torch.from_numpy(a.reshape(-1).view(np.uint8).copy())
+            out = {NUMPY_KEY: obj.dtype.str, "shape": list(obj.shape), "data": data}
+            return {**out, "scalar": True} if isinstance(obj, np.generic) else out
+    elif isinstance(obj, dict | list | tuple) and kind in _CONTAINERS:
+        return _map(obj, lambda k, v: storable(v, f"{path}[{k!r}]", depth + 1) if _key_ok(k, path) else v)
+    raise NotStorable(f"{path}: {_not_storable(obj)}")
+
+
+def _map(obj: dict | list | tuple, fn: Callable[[Any, Any], object]) -> object:
+    """`obj` with fn(key, value) for each of its values: the same object when none changed. A module's state_dict
+    keeps its `_metadata` (load_state_dict reads the layers' versions there)."""
+    pairs = list(obj.items()) if isinstance(obj, dict) else list(enumerate(obj))
+    new = [fn(k, v) for k, v in pairs]
+    if all(a is v for a, (_, v) in zip(new, pairs)):
+        return obj
+    if not isinstance(obj, dict):
+        return type(obj)(new)
+    out = type(obj)(zip((k for k, _ in pairs), new))
+    if "_metadata" in getattr(obj, "__dict__", {}):
+        vars(out)["_metadata"] = vars(obj)["_metadata"]
+    return out
+
+
+def _key_ok(key: object, path: str) -> bool:
+    if type(key) in _PLAIN or (isinstance(key, tuple) and type(key) is tuple and all(type(k) in _PLAIN for k in key)):
+        return True
+    raise NotStorable(f"{path}: the key {key!r} is of type {type(key).__name__}; use str, int or float keys")
+
+
+def _not_storable(obj: object) -> str:
+    """Why `obj` cannot be in a checkpoint, and what to store instead."""
+    name = type(obj).__name__
+    if isinstance(obj, set | frozenset):
+        return f"a {name} is not storable (its order differs between processes); store a sorted list or a tensor"
+    if inspect.isroutine(obj) or isinstance(obj, type | functools.partial):
+        what = "class" if isinstance(obj, type) else "function"
+        return f"a {what} is not storable (a checkpoint holds data, not code); store the values it needs instead"
+    if isinstance(obj, np.ndarray | np.generic):
+        return f"a NumPy value of dtype {obj.dtype} is not storable; store an array of numbers, or a list"
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return f"a namedtuple {name} is not storable; store tuple(x) or x._asdict()"
+    if isinstance(obj, dict | list | tuple):
+        return f"a {name} is not storable; store it as a plain {type(obj).__mro__[-2].__name__}"
+    return (
+        f"a {type(obj).__module__}.{type(obj).__qualname__} object is not storable (checkpoints load with "
+        f"weights_only=True, which refuses classes); store its state as a dict of tensors, arrays and plain values "
+        f"(e.g. its state_dict() or vars()) and build it again on load"
+    )
+
+
+def restore(obj: object) -> object:
+    """A checkpoint's values as they were saved: the tagged tensors of `storable` back to NumPy arrays/scalars."""
+    if isinstance(obj, dict) and NUMPY_KEY in obj:
+        dtype = np.dtype(obj[NUMPY_KEY])
+        if dtype.hasobject:  # never from a file: object arrays are pointers
+            raise CheckpointError(f"a stored NumPy array claims dtype {dtype}, which no checkpoint holds")
+        raw = obj["data"].detach().cpu().numpy()
+        arr = (raw if raw.dtype == dtype else raw.view(dtype)).reshape(obj["shape"])
+        return arr[()] if obj.get("scalar") else arr
+    if isinstance(obj, dict | list | tuple) and type(obj) in _CONTAINERS:
+        return _map(obj, lambda k, v: restore(v))
+    return obj
+
+
 # ------------------------------------------------------------------------------------------------ load
 
 
@@ -352,7 +448,10 @@ def load_checkpoint(
         )
     else:
         ckpt[INTEGRITY_KEY] = "verified"
-    return ckpt
+    try:
+        return cast(StateDict, restore(ckpt))
+    except (KeyError, TypeError, ValueError, AttributeError, CheckpointError) as e:  # a hand-made marker entry
+        raise CheckpointError(f"checkpoint {path} has a damaged NumPy entry ({_detail(e)}); use another") from None
 
 
 def checkpoint_file(path: str | os.PathLike) -> Path:

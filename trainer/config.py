@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import errno
 import math
 import os
 import shutil
@@ -41,7 +42,7 @@ class ConfigError(ValueError):
 def unknown_keys(d: Iterable[object], known: Iterable[str]) -> list[str]:
     """'key (did you mean ...?)' for each key of `d` not in `known`."""
     known = list(known)
-    near = [(k, difflib.get_close_matches(str(k), known, n=3, cutoff=0.6)) for k in d if k not in known]
+    near = [(k, difflib.get_close_matches(str(k).lower(), known, n=3, cutoff=0.6)) for k in d if k not in known]
     return [f"{k!r}" + (f" (did you mean {', '.join(n)}?)" if n else "") for k, n in near]
 
 
@@ -91,8 +92,8 @@ def _show(v: object) -> str:
         if len(v) > 80:  # the message stays one readable line
             return f"{_show(v[:60])}... ({len(v)} characters)"
         return repr(v) if (not v or any(c.isspace() or not c.isprintable() for c in v)) else v
-    if isinstance(v, list | tuple):
-        return " ".join(_show(x) for x in v)
+    if isinstance(v, list | tuple):  # a long list: its start and its length, not 200 KB of values
+        return " ".join(_show(x) for x in v[:8]) + (f" ... ({len(v)} values)" if len(v) > 8 else "")
     return str(v)
 
 
@@ -328,11 +329,21 @@ def writable_dir_problem(path: str | os.PathLike) -> str | None:
     if not os.access(cur, os.W_OK | os.X_OK):
         return f"{'it' if cur == p else cur} is not writable (permissions or a read-only file system)"
     try:
-        if shutil.disk_usage(cur).free < 16 * 2**20:
-            return f"the file system of {cur} is full (less than 16 MiB free)"
+        usage = shutil.disk_usage(cur)
     except OSError:
-        pass
+        return None
+    if usage.total == 0:  # /proc, /sys: root may write there, but no file of a run's
+        return f"{cur} is on a pseudo file system (size 0, like /proc or /sys), not a disk: choose a folder on a disk"
+    if usage.free < 16 * 2**20:  # a small empty file system is not "full": say both sizes
+        return (
+            f"the file system of {cur} has {usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.1f} MiB; a run "
+            f"needs at least 16 MiB free: free space there or choose another folder"
+        )
     return None
+
+
+# writable_dir_problem's problems of the storage (exit code 4, as a full disk during the run), not of the path (2)
+STORAGE_PROBLEMS = {"is not writable": errno.EACCES, "MiB free of": errno.ENOSPC}
 
 
 def check_output_dirs(pairs: Iterable[tuple[str, str | os.PathLike | None]]) -> None:
@@ -342,7 +353,8 @@ def check_output_dirs(pairs: Iterable[tuple[str, str | os.PathLike | None]]) -> 
             continue
         why = writable_dir_problem(path)
         if why:
-            raise ConfigError(f"{label} {_show(os.fspath(path))}: {why}")
+            err = next((n for text, n in STORAGE_PROBLEMS.items() if text in why), None)
+            raise ConfigError(f"{label} {_show(os.fspath(path))}: {why}") from (OSError(err, why) if err else None)
 
 
 RUN, SCHED, OPTIM, PREC, DATA, LOG, SAFE = (
@@ -396,7 +408,7 @@ class TrainConfig:
         None, "stop after N validations (not epochs) without improvement of the task's monitor metric", SCHED, min=1
     )
     # optimizer
-    lr: float = knob(1e-3, "learning rate at ref_batch_size (a model's own learning_rate wins)", OPTIM, gt=0)
+    lr: float = knob(1e-3, "learning rate at ref_batch_size (a task's own lr wins: Task.lr)", OPTIM, gt=0)
     ref_batch_size: int | None = knob(None, "batch size lr was tuned for; enables lr_scaling", OPTIM, min=1)
     lr_scaling: str = knob(
         "sqrt",
@@ -466,6 +478,9 @@ class TrainConfig:
     )
     device_cache: bool | None = knob(None, "hold the whole dataset on the device when it fits (default: auto)", DATA)
     shuffle: bool = knob(True, "shuffle the training samples each epoch; off keeps the dataset's order", DATA)
+    data_order: str = knob("default", "plain = a plain DataLoader's: the dataset's order, the last incomplete "
+                           "batch kept (shuffle, drop_last off); default = as those say", DATA,
+                           choices=("default", "plain"))  # fmt: skip
     # logging, validation and checkpoints
     log_every: int = knob(
         100, "LOG_EVERY: optimizer steps between loss read-backs (the steps' only host-device sync)", LOG, min=1
@@ -575,6 +590,8 @@ class TrainConfig:
                 cudnn_benchmark=False, compile_model=False, device_cache=False, validation_interval=1,
                 log_every=1, norm_every=1, progress_every=1,  # the "before" loop called loss.item() every step
             )  # fmt: skip
+        if c.data_order == "plain":  # a hand-written loop's DataLoader order, for a port that must match it
+            c = dataclasses.replace(c, shuffle=False, drop_last=False)
         k = c.accumulate_grad_batches
         if c.max_batches is not None:  # mmseg counts batches; the loop counts optimizer steps
             c = dataclasses.replace(c, max_steps=-(-c.max_batches // k), max_batches=None)

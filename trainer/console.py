@@ -24,7 +24,7 @@ def _hms(seconds: float) -> str:
     return f"{m // 60}:{m % 60:02d}:{s:02d}"
 
 
-def open_bar(enabled: bool, total: int, initial: int) -> Any:
+def open_bar(enabled: bool, total: int | None, initial: int) -> Any:
     """The run-level bar; None without tqdm, when switched off, or when stderr is not a terminal (tqdm's choice)."""
     if tqdm is None or not enabled:
         return None
@@ -40,9 +40,9 @@ def open_bar(enabled: bool, total: int, initial: int) -> Any:
 def epoch_line(
     *,
     epoch: int,
-    max_epochs: int,
+    max_epochs: int | None,  # None: not known (a stream's passes)
     step: int,
-    total_steps: int,
+    total_steps: int | None,
     row: dict[str, Any],
     eta_s: float,
     extra: tuple[str, ...] = (),
@@ -50,7 +50,7 @@ def epoch_line(
 ) -> str:
     """One line per epoch: where the run is, its last logged figures (and the `extra` names of the row: what the
     model's self.log gave), the time left, and `saved` when last.pt was written with it."""
-    where = f"[epoch {epoch}/{max_epochs}] step {step}/{total_steps}: "
+    where = f"[epoch {epoch}/{max_epochs or '?'}] step {step}/{total_steps or '?'}: "
     if "loss" not in row:  # stopped before the first log point: no loss was read, and none is made up
         return f"{where}no loss logged yet, ETA {_hms(eta_s)}" + (f"; {saved}" if saved else "")
     more = "".join(f", {k} {row[k]:.4g}" for k in extra if isinstance(row.get(k), int | float))

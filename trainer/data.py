@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,7 @@ from .knobs import deterministic_worker
 from .runtime import Runtime
 from .signals import ignore_stop_signals
 from .task import Task
-from .usercode import StreamBatches, auto_workers_for, is_stream
+from .usercode import UNKNOWN_LENGTH, StreamBatches, auto_workers_for, is_stream
 
 
 class ShardedBatchSampler:
@@ -303,8 +303,12 @@ class TrainData:
 
 def build_data(task: Task, cfg: TrainConfig, rt: Runtime) -> TrainData:
     """Data on the device when the dataset speaks the residency protocol and fits, else a DataLoader; a stream
-    (IterableDataset) is read in order, as one epoch of the run's length."""
+    (IterableDataset) is read in order, one pass an epoch."""
     train, notes = task.train_set, []
+    for split, ds in (("train", train), ("val", task.val_set), ("test", task.test_set)):
+        if isinstance(ds, Sized) and not is_stream(ds) and len(ds) == 0:  # before the run directory is made
+            raise ValueError(f"Task {task.name!r}: its {split} split ({type(ds).__name__}) is empty; give it samples"
+                             + ("" if split == "train" else f", or leave it out ({split}_set=None)"))  # fmt: skip
     gatherer = None if is_stream(train) else place_on_device(train, cfg, rt.device)  # a stream has no index
     resident: dict[int, Any] = {}
     loader_kw: dict[str, Any] = {}
@@ -327,12 +331,14 @@ def build_data(task: Task, cfg: TrainConfig, rt: Runtime) -> TrainData:
         loader_kw, more = loader_settings(lcfg, rt.device, rt.world_size)
         notes += more
     if is_stream(train):
-        if cfg.max_steps is None:
-            raise ValueError(
-                f"Task {task.name!r} train_set is an IterableDataset (a stream without a length), so an epoch has no "
-                f"end: give max_steps (optimizer steps) or max_batches, e.g. TrainConfig(max_steps=5000)"
-            )
-        n = cfg.max_steps * cfg.accumulate_grad_batches  # the run's batches: its one "epoch"
+        try:  # an epoch is one pass; without a len() it ends when the stream is exhausted (as under Lightning)
+            n = (len(train) + (0 if cfg.drop_last else cfg.batch_size - 1)) // cfg.batch_size  # type: ignore[arg-type]
+        except TypeError:
+            n = 0
+        n = n or UNKNOWN_LENGTH  # a pass that gives no batch is reported when it comes
+        if n == UNKNOWN_LENGTH and cfg.max_steps is None:
+            notes.append(f"data: {type(train).__name__} has no len(): an epoch ends when a pass of it is exhausted "
+                         f"(an endless stream needs max_steps)")  # fmt: skip
         stream = StreamBatches(train, cfg.batch_size, n, loader_kw, task.collate_fn, cfg.drop_last, cfg.seed + rt.rank)
         if loader_kw["num_workers"]:
             notes.append(

@@ -109,6 +109,14 @@ class BestTracker:
         this run resumed from was written)."""
         self.top = [e for e in self.top if (folder / e["name"]).is_file()]
 
+    def prune(self, folder: Path) -> list[str]:
+        """save_top_k lowered on resume: the kept checkpoints beyond the new k removed from `folder`; their names."""
+        keep = self.keep if self.keep > 1 else 0  # 1: best.pt alone
+        gone, self.top = [e["name"] for e in self.top[keep:]], self.top[:keep]
+        for name in gone:
+            (folder / name).unlink(missing_ok=True)
+        return gone
+
     def state_dict(self) -> dict[str, object]:
         return {"best": self.best, "stale": self.stale, **({"top": [dict(e) for e in self.top]} if self.top else {})}
 
@@ -138,19 +146,31 @@ class Evaluator:
         cfg: TrainConfig,
         loader_kw: dict[str, object],
         resident: Mapping[int, object],
+        scores_added: bool = False,  # a callback's on_validation_end may add scores: the monitor is checked then
     ) -> None:
         self.task, self.model, self.rt, self.loss_fn = task, model, rt, loss_fn
         self.cfg, self.loader_kw, self.resident = cfg, loader_kw, resident
         for k, fn in (task.metrics or {}).items():
-            if not isinstance(k, str) or not k.isidentifier() or not callable(fn):
+            if not isinstance(k, str) or not k.isidentifier():  # it becomes val_<name> in metrics.jsonl
+                raise ValueError(f"Task(metrics=...): {k!r} is not a plain name; use letters, digits, _ ('top5')")
+            if not callable(fn):
                 raise ValueError(
-                    f"Task(metrics=...): {k!r}: {fn!r} is not a name and a function; give {{name: fn(output, "
+                    f"Task(metrics=...): {k!r}: {fn!r} is not a function; give {{name: fn(output, "
                     f"target) -> tensor}}, e.g. metrics={{'acc': accuracy, 'top5': top_k_accuracy(5)}}"
                 )
         if task.metrics and (task.evaluate_fn is not None or task.batch_evaluate_fn is not None):
             raise ValueError(
                 "Task(metrics=...) scores plainloop's own evaluation (the mean loss over the split); this task "
                 "brings its own (evaluate_fn or a validation_step): compute those scores there"
+            )
+        if "loss" in (task.metrics or {}):  # it would replace val_loss, the mean loss (and the usual monitor)
+            raise ValueError("Task(metrics={'loss': ...}): 'loss' is the built-in val_loss; name the metric otherwise")
+        names = ["val_loss", *(f"val_{k}" for k in task.metrics or {})]  # what the built-in evaluation reports
+        builtin = task.evaluate_fn is None and task.batch_evaluate_fn is None and task.val_set is not None
+        if builtin and not scores_added and task.monitor_metric not in names:
+            raise ValueError(
+                f"Task(monitor_metric={task.monitor_metric!r}): the validation reports {', '.join(names)}; monitor "
+                f"one of them, add the score with Task(metrics=...), or compute yours in evaluate_fn"
             )
 
     def __call__(self, split: str) -> dict[str, float]:
@@ -192,6 +212,11 @@ class Evaluator:
                     pred, target = _output_and_target(outputs, batch, split)
                     for k, fn in metrics.items():
                         v = fn(pred, target).float()
+                        if v.dim() and v.numel() != n:  # a shape is known without a sync
+                            raise ValueError(
+                                f"Task(metrics=...) {k!r} on {split}: gave shape {tuple(v.shape)} for a batch of {n}; "
+                                f"return one value per sample (shape ({n},)) or the batch's mean (a 0-d tensor)"
+                            )
                         sums[k] += v * n if v.dim() == 0 else v.sum()
                         counts[k] += n if v.dim() == 0 else v.numel()
         finally:

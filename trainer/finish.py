@@ -71,6 +71,22 @@ def summary_of(
     return summary
 
 
+def closing_lines(summary: Mapping[str, object], run_dir: Path | None) -> list[str]:
+    """The run's last lines, from the command line and Python alike: steps, time, speed, skipped steps and the
+    verdict, then the run directory. The verdict and the re-run command are what callbacks put in the summary
+    (the command line's, or utils' measuring tools): the engine measures no bottleneck itself."""
+    v, sps, steps = summary.get("verdict"), summary.get("samples_per_s"), summary["steps"]
+    verdict = (v.get("headline") or v.get("verdict")) if isinstance(v, dict) else None
+    now = summary.get("steps_this_process", steps)
+    rerun = summary.get("rerun")
+    return [
+        f"[plainloop] done: {steps} steps{f' ({now} since the resume)' if now != steps else ''} in "
+        f"{summary['train_time_s']:.1f} s, {f'{sps:.0f}' if isinstance(sps, float | int) else '?'} samples/s, "
+        f"{summary.get('skipped_steps', 0)} skipped, verdict: {verdict or 'not judged'}",
+        f"[plainloop] run directory: {run_dir}{f' (re-run: {rerun})' if rerun else ''}",
+    ]
+
+
 def ddp_weight_diff(model: torch.nn.Module) -> float:
     """Largest difference of any weight between ranks (0.0 when DDP kept them in step); a collective: every rank."""
     flat = torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])

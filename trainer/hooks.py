@@ -32,9 +32,10 @@ class TrainerView(Protocol):
     optimizer: torch.optim.Optimizer
     run_dir: Path | None
     notes: list[str]  # one line per decision; printed at the start, kept in summary.json
-    total_steps: int
+    total_steps: int  # (a stream without a len(): usercode.UNKNOWN_LENGTH, in these three)
     max_epochs: int
     batches_per_epoch: int
+    should_stop: bool  # True ends training after this optimizer step, as Lightning's (under DDP: set on every rank)
 
     @property
     def step(self) -> int: ...

@@ -36,12 +36,12 @@ from .config import TrainConfig, validation_every
 from .console import epoch_line, open_bar
 from .data import TrainData, batch_size_of, build_data, close_loader, split_batch, start_epoch, to_device
 from .evaluation import BestTracker, Evaluator
-from .finish import TrainingDiverged, TrainingStopped, ddp_weight_diff, summary_of
+from .finish import TrainingDiverged, TrainingStopped, closing_lines, ddp_weight_diff, summary_of
 from .hooks import Hooks, Monitor
 from .layers import adapt_task, config_callbacks
 from .optim import OptimizerSetup, build_optimizer
-from .runfiles import ROLLED_BACK, RunFiles, shared_run_dir, write_config_file
-from .runtime import Runtime, launch_prefix, resolve_runtime, seed_everything
+from .runfiles import ROLLED_BACK, RunFiles, resolve_resume, shared_run_dir, write_config_file
+from .runtime import Runtime, cpu_threads, launch_prefix, resolve_runtime, seed_everything
 from .signals import StopNow, StopRequest, agree_stop
 from .state import (
     CallbackStates,
@@ -55,9 +55,10 @@ from .state import (
 )
 from .step import LossError, OptimizerStep, loss_problem
 from .task import LossFn, Task, pick_default_loss, read_step_metrics
-from .usercode import is_stream, rerun_hint, resume_hint
+from .usercode import UNKNOWN_LENGTH, rerun_hint, resume_hint
 
 _NULL = contextlib.nullcontext()  # stateless, so one instance serves every step
+_END = object()  # what next() gives at the end of a stream's pass
 SLOW_VALIDATION_S = 0.5  # a shorter validation is not worth advice: at a few ms, "longer than training" is noise
 
 
@@ -100,7 +101,9 @@ class RunLength:
         steps_per_epoch = math.ceil(batches_per_epoch / cfg.accumulate_grad_batches)
         total_steps = cfg.max_steps or cfg.epochs * steps_per_epoch
         max_epochs = math.ceil(total_steps / steps_per_epoch)
-        every, note = validation_every(cfg.validation_interval, max_epochs)
+        if batches_per_epoch >= UNKNOWN_LENGTH and cfg.max_steps:  # a stream's passes restart until max_steps
+            max_epochs = UNKNOWN_LENGTH
+        every, note = validation_every(cfg.validation_interval, max_epochs if max_epochs < UNKNOWN_LENGTH else 1)
         return cls(batches_per_epoch, steps_per_epoch, total_steps, max_epochs, every), note
 
 
@@ -126,6 +129,7 @@ class FitState:
     start_step: int = 0
     start_skips: int = 0
     fitted: bool = False  # fit() has run: a second call would re-open a closed run
+    summarized: bool = False  # summary.json is written: a stop signal no longer stops anything
     loss_checked: bool = False  # the loss's type and shape are checked on the first step
     chunks: int = 1  # micro-batches each batch is cut into after a CUDA out-of-memory error
 
@@ -162,6 +166,7 @@ class Trainer:
     # the run while fit() lasts
     run_dir: Path | None
     run: FitState
+    should_stop: bool  # a callback (or the model: self.trainer.should_stop) sets it: training ends after this step
 
     def __init__(
         self,
@@ -174,19 +179,20 @@ class Trainer:
     ) -> None:
         # a LightningModule or nanoGPT-style model becomes a plain Task here (trainer/layers.py): its loss,
         # evaluation, optimizer and callbacks are the task's, and nothing below knows where they came from
-        self.requested, self.cfg, self.task = cfg, cfg.effective(), adapt_task(task)
-        cfg, task = self.cfg, self.task
+        task, found = adapt_task(task), list[str]()  # found: what resume="auto" found (the CLI resolves it itself)
+        cfg = resolve_resume(cfg, task.name, found)
+        self.requested, self.cfg, self.task = cfg, cfg.effective(), task
+        cfg = self.cfg
         self._print, self.monitor = log, monitor or Monitor()
         callbacks = [*(callbacks or []), *task.callbacks]
-        self.progress, self.run_dir, self.run = Progress(), None, FitState()
+        self.progress, self.run_dir, self.run, self.should_stop = Progress(), None, FitState(), False
 
         # runtime
         self.rt = rt = resolve_runtime(cfg.precision, cfg.device, cfg.tf32, cfg.cudnn_benchmark)
         seed_everything(cfg.seed)
-        self.notes = [*rt.notes, *task.notes]
-        if cfg.num_threads is not None and rt.device.type == "cpu" and cfg.num_threads != torch.get_num_threads():
-            self.notes.append(f"threads: {torch.get_num_threads()} -> {cfg.num_threads} torch intra-op thread(s)")
-            torch.set_num_threads(cfg.num_threads)
+        self.notes = [*rt.notes, *task.notes, *found]
+        if note := cpu_threads(cfg.num_threads, rt.device, knobs.parameter_count(task.model)["total"]):
+            self.notes.append(note)
         if self.requested.baseline:
             self.notes.append("baseline: fp32, num_workers=0, no pinning, .item() every step, validate every epoch")
         if cfg.deterministic:  # before the model or the data touch a kernel (cuBLAS reads its setting once)
@@ -219,7 +225,7 @@ class Trainer:
 
         # optimizer, schedule, the optimizer step
         self.optim = setup = build_optimizer(
-            self.raw_model, cfg, rt, self.global_batch, self.length.total_steps, task.optimizer_fn
+            self.raw_model, cfg, rt, self.global_batch, self.length.total_steps, task.optimizer_fn, task.lr
         )
         self.notes += setup.notes
         callbacks += setup.callbacks
@@ -242,7 +248,8 @@ class Trainer:
         self.notes += notes
         self.best = BestTracker(task.monitor_metric, task.monitor_mode, cfg.save_top_k)
         self.hooks = Hooks([*callbacks, *made], self, rt.is_main)
-        self.evaluator = Evaluator(task, self.raw_model, rt, self.loss_fn, cfg, data.loader_kw, data.resident)
+        added = any(callable(getattr(cb, "on_validation_end", None)) for cb in self.hooks.callbacks)
+        self.evaluator = Evaluator(task, self.raw_model, rt, self.loss_fn, cfg, data.loader_kw, data.resident, added)
         # the run's state: one registry that every checkpoint walks out and every resume walks in (state.py)
         self.sampler_state = SamplerState(data.sampler, self.progress)
         run_state = register_run_state(
@@ -270,12 +277,10 @@ class Trainer:
             background=cfg.async_checkpoint if cfg.async_checkpoint is not None else rt.device.type == "cuda",
         )
         if cfg.resume:
-            horizon = getattr(setup.schedule, "total_steps", None)
+            horizon, n = getattr(setup.schedule, "total_steps", None), self.length
             self.run_dir = self.checkpointer.resume(
-                Path(cfg.resume), self.length.total_steps, self.length.batches_per_epoch, self.notes, horizon
+                Path(cfg.resume), n.total_steps, n.batches_per_epoch, self.notes, horizon, n.max_epochs
             )
-            if is_stream(task.train_set):  # a stream is one long epoch of this run's length: count its batches
-                self.progress.epoch, self.progress.batches_done = 0, self.progress.step * cfg.accumulate_grad_batches
 
         # wrappers last: checkpoints hold the raw model's state
         if rt.distributed:
@@ -315,7 +320,8 @@ class Trainer:
         self.log(f"[plainloop] {msg}")
 
     def batches_total_done(self) -> int:
-        return self.progress.epoch * self.batches_per_epoch + self.progress.batches_done
+        p, n = self.progress, self.batches_per_epoch  # a stream of unknown length counts its steps' batches
+        return p.epoch * n + p.batches_done if n < UNKNOWN_LENGTH else p.step * self.cfg.accumulate_grad_batches
 
     # ------------------------------------------------------------------ the run: a table of contents
     def fit(self) -> dict[str, Any]:
@@ -323,7 +329,8 @@ class Trainer:
         if self.run.fitted:
             raise RuntimeError(
                 f"Trainer.fit() runs once, and this Trainer already ran (run dir {self.run_dir}): to train on, make a "
-                f"new Trainer with {resume_hint(self.run_dir or 'RUN_DIR')} and more epochs or max_steps"
+                f"new Trainer with TrainConfig(..., resume={str(self.run_dir)!r}) and a larger epochs or max_steps "
+                f"(BaseTrainer: checkpoint_path={str(self.run_dir)!r})"
             )
         self.run.fitted = True
         try:
@@ -365,14 +372,15 @@ class Trainer:
                 if self.run.bar is not None:
                     self.run.bar.close()
                     self.run.bar = None
-        train_time = time.perf_counter() - t0
-        if stopped:
-            self.hooks("on_train_end")
-            self._stopped_by_signal(stopped, train_time)
-        self._check_skips_at_end()
-        # after training a stop still loses nothing: the last validation finishes and last.pt is marked ended; from
-        # then on (the test, the summary) a stop ends the run at once, and its resume only scores and summarises
-        with StopRequest(at_once=lambda: self.progress.ended is not None) as self.run.stop:
+            train_time = time.perf_counter() - t0
+            if stopped:
+                self.hooks("on_train_end")
+                self._stopped_by_signal(stopped, train_time)
+            self._check_skips_at_end()
+            # after training a stop still loses nothing: the last validation finishes and last.pt is marked ended; from
+            # then on (the test, the summary) a stop ends the run at once, and its resume only scores and summarises.
+            # The same request: a signal after _train's last look at it (the last save, the bar closing) counts too.
+            self.run.stop.at_once = lambda: self.progress.ended is not None and not self.run.summarized
             try:
                 self._end_training()
                 if self.run.stop.signum:
@@ -381,9 +389,13 @@ class Trainer:
                 # compared before rank 0 alone loads best.pt to score the test split (--test_with_best)
                 weight_diff = ddp_weight_diff(self.raw_model) if self.rt.distributed else None
                 test = self._test()
-                return self._finish(train_time, test, weight_diff)
+                summary = self._finish(train_time, test, weight_diff)
             except StopNow as e:
                 self._stopped_after_training(e.signum)
+            if self.run.stop.signum:  # after summary.json: the run is complete, so the exit code stays 0
+                self.log(f"[plainloop] {self.run.stop.name} after the run finished: it is complete, nothing to resume")
+                raise TrainingStopped(0)
+            return summary
 
     def _train(self, t0: float) -> int | None:
         """Epochs until the last step, a stop or early stopping; returns the stop signal all ranks agreed on.
@@ -411,7 +423,7 @@ class Trainer:
             # DDP: agree once more, so a signal that reached one rank after the epoch's last log point
             # cannot send that rank out of the loop while the others validate
             stopping = self._agree_stop()
-            epoch_done, last = p.batches_done == 0, p.step >= self.length.total_steps
+            epoch_done, last = p.batches_done == 0, self._last()
             val_now = cfg.val_check_steps is None and (
                 last or (epoch_done and p.epoch % self.length.validation_every == 0)
             )
@@ -482,7 +494,10 @@ class Trainer:
         norm: torch.Tensor | None = None
         want_norm = False
         for i in range(start, nb):
-            batch = next(it)
+            batch = next(it, _END)
+            if batch is _END:  # a stream's pass is over, and so is its epoch (its length was not known)
+                nb = self._pass_ended(i, window_start, pending, i_samples, i_data, i_t)
+                break
             if move:
                 batch = to_device(batch, device)
             if cfg.channels_last:
@@ -533,7 +548,7 @@ class Trainer:
             if bar is not None and ((i + 1) % cfg.progress_every == 0 or i + 1 == nb):
                 bar.update(self.batches_total_done() - bar.n)
             t0 = t1
-            if p.step >= total or agreed or run.halted or (boundary and stop.signum and not ddp):
+            if p.step >= total or agreed or run.halted or (boundary and (self.should_stop or stop.signum and not ddp)):
                 break
         for k, v in (("samples", n_samples), ("iters", n_iters), ("data_s", data_s), ("iter_s", iter_s)):
             run.stats[k] += v
@@ -542,6 +557,30 @@ class Trainer:
             p.batches_done = 0
             hooks("on_train_epoch_end", p.epoch - 1)
         del it
+
+    def _pass_ended(
+        self, i: int, window_start: int, pending: list[torch.Tensor], n: int, data_s: float, t: float
+    ) -> int:
+        """A stream's pass ended after batch `i` of its epoch: a window it cut short steps (as under Lightning), the
+        losses since the last log point are logged, and the epoch ends there. A pass without a batch is an error."""
+        if i == 0:
+            raise ValueError(
+                f"{self.task.name}: the train stream ({type(self.task.train_set).__name__}) gave no batch in epoch "
+                f"{self.progress.epoch + 1} (batch_size {self.cfg.batch_size}, drop_last {self.cfg.drop_last}): "
+                f"each pass must give at least one batch"
+            )
+        if i > window_start:
+            self.opt.step(False)
+            self.progress.step += 1
+        self.progress.batches_done = i
+        if pending:
+            self._log_point(pending, n, data_s, t, None)
+        return i
+
+    def _last(self) -> bool:
+        """Training ends after this epoch: its steps or epochs are done, or a callback (the model) set should_stop."""
+        p = self.progress
+        return p.step >= self.length.total_steps or p.epoch >= self.length.max_epochs or self.should_stop
 
     def forward_backward(
         self, batch: Any, window: int, sync_grads: bool = True, split_on_oom: bool = True
@@ -682,10 +721,10 @@ class Trainer:
         self._warn_slow_validation(t_start, t_end)
         self.hooks("on_validation_end", metrics)  # may replace or add scores: what follows reads the dict after it
         metrics = self._from_rank0(metrics)
-        if metrics and self.task.evaluate_fn is not None and self.best.metric not in metrics:
+        if metrics and self.task.batch_evaluate_fn is None and self.best.metric not in metrics:
             raise ValueError(  # best.pt would be picked by another score under this one's name
-                f"{self.task.name}: the monitored metric {self.best.metric!r} is not among the scores evaluate_fn "
-                f"returned ({', '.join(map(str, metrics))}); set Task(monitor_metric=...) to the one that picks best.pt"
+                f"{self.task.name}: the monitored metric {self.best.metric!r} is not among the scores "
+                f"{'evaluate_fn returned' if self.task.evaluate_fn else 'the validation gave'} ({', '.join(map(str, metrics))}); set Task(monitor_metric=...) to the one that picks best.pt"
             )
         improved = self.best.update(metrics)
         if metrics:
@@ -694,13 +733,13 @@ class Trainer:
             epoch = p.epoch_number
             self.log_row({"kind": "val", "step": p.step, "epoch": epoch, **metrics})
             shown = self.task.console_metrics or tuple(metrics)
+            if improved and self.cfg.save_best:  # saved before the line says so: a full disk raises first
+                self._save("best.pt", background=self.checkpointer.background)
             self.log(
                 f"[val] step {p.step} epoch {epoch}: "
                 + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k in shown)
                 + (" (best so far; best.pt saved)" if improved and self.cfg.save_best else "")
             )
-            if improved and self.cfg.save_best:
-                self._save("best.pt", background=self.checkpointer.background)
         self._keep_top_k(metrics, p.epoch_number)
         return metrics
 
@@ -772,6 +811,9 @@ class Trainer:
         return self.run.stopping
 
     def _early_stop(self) -> bool:
+        if self.should_stop:  # Lightning's trainer.should_stop, set by a callback or the model: as early stopping
+            self._note(f"should_stop: set by a callback or the model; training stopped at step {self.progress.step}")
+            return True
         patience = self.cfg.early_stopping_patience
         if patience is None or self.best.stale < patience:
             return False
@@ -826,9 +868,11 @@ class Trainer:
 
     def _stopped_by_signal(self, signum: int, train_time: float) -> None:
         assert self.run_dir is not None
-        name = self.run.stop.name
+        name, p = self.run.stop.name, self.progress
+        where = f"after step {p.step} ({p.position(self.length.batches_per_epoch)})"
+        where = where if p.step or p.epoch or p.batches_done else "before the first step"  # not "end of epoch 0"
         msg = (
-            f"{name}: stopped after step {self.progress.step} ({self.progress.position(self.length.batches_per_epoch)}); "
+            f"{name}: stopped {where}; "
             f"{self.run_dir / 'checkpoints' / 'last.pt'} written. Resume with: "
             f"{resume_hint(self.run_dir, launch_prefix())}"
         )
@@ -866,13 +910,16 @@ class Trainer:
                     f"resume: {files.rolled_back} metrics row(s) written after the checkpoint's step "
                     f"{self.progress.step} are trained again; moved from metrics.jsonl to {ROLLED_BACK}"
                 )
+            if gone := self.best.prune(self.run_dir / "checkpoints"):  # save_top_k lowered on resume
+                self.notes.append(f"save_top_k {cfg.save_top_k}: removed {', '.join(gone)}, beyond the k best")
             self._write_config(files, self.run_dir)
         self.hooks("on_fit_start")
         for n in self.notes:
             self.log(f"[plainloop] {n}")
         self.log(
             f"[plainloop] {self.task.name}: {_samples(self.task.train_set)} train samples, "
-            f"{self.length.batches_per_epoch} batches/epoch, {self.length.total_steps} optimizer steps, device {rt.device}, "
+            f"{_known(self.length.batches_per_epoch) or '?'} batches/epoch, {_known(self.length.total_steps) or '?'} "
+            f"optimizer steps, device {rt.device}, "
             f"precision {rt.precision}, model {knobs.describe_parameters(self.model_size)}, run dir {self.run_dir}"
         )
 
@@ -933,22 +980,24 @@ class Trainer:
     def _open_bar(self) -> Any:
         return open_bar(self.cfg.progress_bar and self.rt.is_main, self._total_batches(), self.batches_total_done())
 
-    def _total_batches(self) -> int:
-        return min(
-            self.length.max_epochs * self.length.batches_per_epoch,
-            self.length.total_steps * self.cfg.accumulate_grad_batches,
+    def _total_batches(self) -> int | None:
+        return _known(
+            min(
+                self.length.max_epochs * self.length.batches_per_epoch,
+                self.length.total_steps * self.cfg.accumulate_grad_batches,
+            )
         )
 
     def _epoch_line(self, t0: float, saved: bool) -> str:
         done, total = self.batches_total_done(), self._total_batches()
         ran = done - self.run.start_batches
-        eta = (time.perf_counter() - t0) / ran * (total - done) if ran > 0 else float("nan")
+        eta = (time.perf_counter() - t0) / ran * (total - done) if ran > 0 and total is not None else float("nan")
         p = self.progress
         return epoch_line(
             epoch=p.epoch_number,  # stopped mid-epoch (max_steps, a signal), the one the run is inside
-            max_epochs=self.length.max_epochs,
+            max_epochs=_known(self.length.max_epochs),
             step=p.step,
-            total_steps=self.length.total_steps,
+            total_steps=_known(self.length.total_steps),
             row=self.run.last_row,
             saved=("last.pt writing in the background" if self.checkpointer.writing else "last.pt saved")
             if saved
@@ -986,11 +1035,19 @@ class Trainer:
             "trainable": self.model_size["trainable"],
             "size_mb": self.model_size["size_mb"],
         }
-        self.hooks("on_fit_end", summary)
+        self.hooks("on_fit_end", summary)  # a callback may add what the closing lines print (the verdict, re-run)
         if self.run.files is not None:
             self.run.files.write_json("summary.json", summary)
             self.run.files.close()
+        self.run.summarized = True
+        for line in closing_lines(summary, self.run_dir):
+            self.log(line)
         return summary
+
+
+def _known(n: int) -> int | None:
+    """`n`, or None where it counts a stream's unknown length (UNKNOWN_LENGTH or more)."""
+    return n if n < UNKNOWN_LENGTH else None
 
 
 def _first_sample(ds: Any) -> Any:

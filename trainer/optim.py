@@ -70,7 +70,7 @@ class OptimizerSetup:
 
 
 # a task's optimizer_fn(model, cfg, device, base_lr) -> its optimizer and schedule, or None for plainloop's AdamW
-# and warm-up/cosine; base_lr is model.learning_rate or cfg.lr, before any batch-size scaling
+# and warm-up/cosine; base_lr is Task.lr or cfg.lr, before any batch-size scaling
 OptimizerFn = Callable[[nn.Module, TrainConfig, torch.device, float], OptimizerSetup | None]
 
 
@@ -81,18 +81,18 @@ def build_optimizer(
     global_batch: int,
     total_steps: int,
     optimizer_fn: OptimizerFn | None = None,
+    task_lr: float | None = None,
 ) -> OptimizerSetup:
-    """The task's `optimizer_fn` when it gives one (a LightningModule's configure_optimizers comes this way, as it
-    is); else plainloop's AdamW with warm-up + cosine and lr scaling."""
-    base_lr = getattr(model, "learning_rate", None) or cfg.lr
+    """The task's `optimizer_fn` when it gives one (a LightningModule's configure_optimizers, or the optimizer a
+    Task was given, comes this way, as it is); else plainloop's AdamW with warm-up + cosine and lr scaling, at the
+    task's own lr (Task.lr, e.g. a LightningModule's learning_rate) or else cfg.lr (--lr)."""
+    base_lr = task_lr or cfg.lr
     if optimizer_fn is not None:
         own = optimizer_fn(model, cfg, runtime.device, base_lr)
         if own is not None:
             own.hparams = own.hparams or {"source": "the task's optimizer_fn", **optimizer_hparams(own.optimizer)}
             return own
     lr = scaled_lr(base_lr, global_batch, cfg.ref_batch_size, cfg.lr_scaling)
-    scaling = f"{cfg.lr_scaling} scaling, batch {cfg.ref_batch_size} -> {global_batch}"
-    notes = [f"lr: {base_lr:.3g} -> {lr:.3g} ({scaling})"] if lr != base_lr else []
     # a tensor lr: the schedule on the device never needs to ask whether a step was skipped (CUDA, fp16 anywhere)
     tensor_lr = runtime.device.type == "cuda" or runtime.amp_dtype == torch.float16
     optimizer = build_adamw(model, lr, cfg.weight_decay, runtime.device, tensor_lr, cfg.adam_betas, cfg.adam_eps,
@@ -100,6 +100,10 @@ def build_optimizer(
     horizon = cfg.lr_decay_steps or total_steps  # nanoGPT's lr_decay_iters: the cosine may end before the run
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else min(500, int(0.05 * horizon))
     schedule = WarmupCosine(optimizer, horizon, warmup, cfg.min_lr_ratio)
+    source = f"Task.lr; --lr {cfg.lr:g} not used" if task_lr else "--lr / TrainConfig.lr"
+    scaling = f" -> {lr:.3g} ({cfg.lr_scaling} scaling, batch {cfg.ref_batch_size} -> {global_batch})" * (lr != base_lr)
+    notes = [f"optimizer: plainloop's AdamW, lr {base_lr:.3g} (from {source}){scaling}, {warmup} warm-up steps "
+             f"then cosine to lr x {cfg.min_lr_ratio:g}"]  # fmt: skip
     hparams = {
         "source": "plainloop AdamW + warm-up/cosine",
         **optimizer_hparams(optimizer),

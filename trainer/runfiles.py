@@ -11,6 +11,7 @@ write the run checks that its directory is still the one it locked: one removed 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import math
@@ -34,7 +35,7 @@ from .checkpoint import (
     remove_orphan_temps,
     storage_error,
 )
-from .config import run_name_problem, writable_dir_problem
+from .config import TrainConfig, run_name_problem, writable_dir_problem
 from .runtime import Runtime
 from .usercode import resume_hint
 
@@ -192,6 +193,39 @@ def find_resumable(output_dir: str | Path, prefix: str, notes: list[str] | None 
         and not held_by_live_process(p)
     ]
     return newest_readable(runs, notes)
+
+
+def resume_auto(
+    output_dir: str | Path, run_name: str | None, prefix: str, notes: list[str], find: Callable | None = None
+) -> Path | None:
+    """What resume 'auto' continues, from the command line or TrainConfig alike: the run named `run_name` when it
+    holds a last.pt, else (no name) the newest resumable <prefix>-<time> run (`find(output_dir)`, default
+    find_resumable). None, with the line that says so in `notes`: nothing to resume, a new run starts."""
+    root = Path(output_dir)
+    if not run_name:
+        found = (find or (lambda r: find_resumable(r, prefix, notes)))(root)
+        if found is None:
+            notes.append(f"resume auto: nothing to resume under {root} (no unfinished {prefix}-* run with a "
+                         f"checkpoint); starting a new run")  # fmt: skip
+        return found
+    cand = root / run_name
+    if (cand / "checkpoints" / "last.pt").is_file():
+        refuse_if_live(cand)
+        return cand
+    try:  # a live run without a last.pt yet: this one starts in a directory of its own (claim_run_dir)
+        refuse_if_live(cand, "it has no last.pt yet; this run starts in a directory of its own")
+        notes.append(f"resume auto: nothing to resume under {cand}; starting a new run")
+    except RunDirError as e:
+        notes.append(f"resume auto: {e}")
+    return None
+
+
+def resolve_resume(cfg: TrainConfig, prefix: str, notes: list[str]) -> TrainConfig:
+    """`cfg` with resume 'auto' replaced by the run it continues (resume_auto), or by None: a new run."""
+    if cfg.resume != "auto":
+        return cfg
+    found = resume_auto(cfg.output_dir, cfg.run_name, prefix, notes)
+    return dataclasses.replace(cfg, resume=str(found) if found else None)
 
 
 def newest_readable(runs: list[Path], notes: list[str] | None = None) -> Path | None:
@@ -440,6 +474,12 @@ class RunFiles:
         self.notes: list[str] = [self.lock.note] if self.lock.note else []
         try:
             (run_dir / "checkpoints").mkdir(exist_ok=True)
+            if (run_dir / "checkpoints").is_symlink():  # saves and the resume's pruning would act on the target
+                raise RunDirError(
+                    f"{run_dir / 'checkpoints'} is a symbolic link (to {os.readlink(run_dir / 'checkpoints')}): a run "
+                    f"writes its checkpoints inside its own directory; make it a plain folder (--output_dir puts the "
+                    f"whole run on another disk)"
+                )
             if not (run_dir / MARKER).is_file():  # a run from before the marker, resumed: marked now, under its lock
                 _mark(run_dir)
             self.removed = remove_orphan_temps(run_dir / "checkpoints") + remove_orphan_temps(run_dir)

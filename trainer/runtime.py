@@ -123,6 +123,27 @@ def resolve_runtime(
     return Runtime(dev, resolved, amp_dtype, rank, local_rank, world_size, notes)
 
 
+# parameters: below this a CPU step's products are too small to split; more threads wait on each other, and on
+# shared cores lose a lot (the CPU demo's first 40 steps: 8-22 s with 1 thread, 21-44 s with 2, 2 busy cores)
+SMALL_MODEL = 200_000
+
+
+def cpu_threads(requested: int | None, device: torch.device, parameters: int) -> str | None:
+    """Set torch's intra-op threads for a run on a CPU: `requested` when given, else 1 for a model under
+    SMALL_MODEL parameters (torch's one per core otherwise); the line that says so, or None when nothing changes."""
+    now = torch.get_num_threads()
+    want = requested if requested is not None else 1 if parameters < SMALL_MODEL else now
+    if device.type != "cpu" or want == now:
+        return None
+    torch.set_num_threads(want)
+    if requested is not None:
+        return f"threads: {now} -> {want} torch intra-op thread(s) (num_threads)"
+    return (
+        f"threads: {now} -> 1 torch thread: a model of {parameters:,} parameters on a CPU gains nothing from more "
+        f"(under {SMALL_MODEL:,}, they wait on each other); num_threads={now} (--num_threads {now}) keeps {now}"
+    )
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)

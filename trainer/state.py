@@ -22,13 +22,22 @@ from typing import Any, Protocol, cast
 import torch
 from torch import nn
 
-from .checkpoint import CheckpointError, StateDict, atomic_save, load_checkpoint, snapshot_to_host, storage_error
+from .checkpoint import (
+    CheckpointError,
+    NotStorable,
+    StateDict,
+    atomic_save,
+    load_checkpoint,
+    snapshot_to_host,
+    storable,
+    storage_error,
+)
 from .config import TrainConfig
 from .evaluation import BestTracker
 from .hooks import Hooks
 from .runfiles import RunFiles, finished, refuse_if_live
 from .runtime import Runtime, launch_prefix, rng_state, set_rng_state
-from .usercode import cli_resume_line, own_settings_hint, resume_hint
+from .usercode import UNKNOWN_LENGTH, cli_resume_line, own_settings_hint, resume_hint
 
 Settings = dict[str, dict[str, Any]]  # {table: {key: value}}, as config.toml and every checkpoint hold them
 
@@ -36,8 +45,8 @@ FORMAT = "plainloop-2"  # plainloop-1 (the scaler at the top level, no opt_step)
 
 # ------------------------------------------------------------------------------------------- what may change
 # TrainConfig fields a resumed run may change: when and how it logs, validates, saves and loads data, where it
-# runs, and how long it is. Every other field is fixed: the step count, the data order, the optimizer's state
-# and the saved weights were made with it (the optimizer's own hyper-parameters come back from its state anyway).
+# runs, and how long it is. The fixed ones (RESUME_FIXED): the step count, the data order, the optimizer's state,
+# the schedule and the saved weights were made with them. Every field is in one of the two (tests/test_resume_rules.py).
 RESUME_MAY_CHANGE = frozenset(
     {
         "output_dir", "run_name", "resume", "epochs", "max_steps", "max_batches", "early_stopping_patience",
@@ -47,17 +56,26 @@ RESUME_MAY_CHANGE = frozenset(
         "checkpoint_every", "checkpoint_interval", "async_checkpoint", "save_best", "save_top_k", "test_with_best",
         "compile_model", "compile_mode", "cudnn_benchmark", "channels_last", "deterministic", "fused", "summary",
         "warmup_steps",  # derived from the run's length when not given: a longer run recomputes it (a note says so)
+        # the EMA only reads the weights: added on resume it starts from them, left out it is dropped (a note each)
+        "ema_decay", "ema_every", "ema_warmup", "ema_warmup_power",
     }
 )  # fmt: skip
-# keys of the other settings tables ([run], [task]) that may change: where files are, and the measuring tools
-TABLE_MAY_CHANGE = frozenset(
-    {"data_path", "cache_dir", "data_root", "logger", "profile", "profile_then_train", "system_report", "debug"}
-)
+RESUME_FIXED = frozenset({
+    "seed", "baseline", "batch_size", "accumulate_grad_batches", "lr", "ref_batch_size", "lr_scaling", "weight_decay",
+    "min_lr_ratio", "gradient_clip_val", "gradient_clip_algorithm", "adam_betas", "adam_eps", "lr_decay_steps",
+    "precision", "loss_scale", "tf32", "sync_batchnorm", "drop_last", "shuffle", "data_order"})  # fmt: skip
+# keys of the other settings tables ([run], [task]) that may change: where files are (a user task's data_root too),
+# the loader's workers, the measuring and reporting tools. Every other key is fixed (tasks.RESUME_FIXED_SETTINGS).
+TABLE_MAY_CHANGE = frozenset({
+    "data_path", "cache_dir", "data_root", "device_cache", "eval_workers", "logger", "plots", "monitor_interval",
+    "profile", "profile_then_train", "system_report", "report_steps", "report_repeats", "price_per_kwh", "trust_task",
+    "price_per_gpu_hour", "currency", "power_w", "auto_batch_size", "auto_num_workers", "config", "debug"})  # fmt: skip
 
 
 def resume_changes(old: Settings, new: Settings) -> list[tuple[str, object, object]]:
     """(key, saved value, value now) for each fixed setting that differs between a checkpoint's settings and this
-    run's ({table: {key: value}}; a key either side lacks, or holds None, is not compared)."""
+    run's ({table: {key: value}}). None is a value like any other (an unset setting given one is a change); only a
+    key the checkpoint's table lacks (written before the setting existed) is not compared."""
     out = []
     for table, values in new.items():
         saved = old.get(table)
@@ -65,7 +83,7 @@ def resume_changes(old: Settings, new: Settings) -> list[tuple[str, object, obje
             continue
         may = RESUME_MAY_CHANGE if table == "train" else TABLE_MAY_CHANGE
         for key, value in values.items():
-            if key in may or saved.get(key) is None or value is None:
+            if key in may or key not in saved:
                 continue
             a, b = _plain(saved[key]), _plain(value)
             if a != b:
@@ -116,8 +134,9 @@ class Progress:
 
     def position(self, batches_per_epoch: int) -> str:
         """Where the run stands, with epochs counted from 1 as the epoch lines count them."""
-        if self.batches_done:
-            return f"epoch {self.epoch_number}, batch {self.batches_done} of {batches_per_epoch}"
+        if self.batches_done:  # a stream of unknown length: no "of N"
+            of = f" of {batches_per_epoch}" if batches_per_epoch < UNKNOWN_LENGTH else ""
+            return f"epoch {self.epoch_number}, batch {self.batches_done}{of}"
         return f"end of epoch {self.epoch}"
 
     def state_dict(self) -> StateDict:
@@ -262,6 +281,19 @@ def upgrade(ckpt: StateDict) -> StateDict:
     return ckpt
 
 
+def _not_written_by_a_run(ckpt: StateDict) -> str | None:
+    """What no plainloop run writes, or None: the digest proves a file whole, not that plainloop wrote it."""
+    fmt, step, model = ckpt.get("format"), ckpt.get("step", 0), ckpt.get("model")
+    if fmt not in (None, FORMAT, "plainloop-1"):
+        return f"format {fmt!r} (this plainloop reads {FORMAT} and plainloop-1)"
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"step {step!r}, not a whole number >= 0"
+    tensors = model.items() if isinstance(model, dict) else ()
+    # note: a sync per floating-point tensor, once at the resume
+    bad = [k for k, v in tensors if torch.is_tensor(v) and v.is_floating_point() and not bool(v.isfinite().all())]
+    return f"non-finite values in the model's {bad[0]!r}" if bad else None
+
+
 # ------------------------------------------------------------------------------------------- the checkpointer
 @dataclass
 class SaveClock:
@@ -351,6 +383,11 @@ class Checkpointer:
         self.wait()
         state = self.checkpoint()
         self.hooks("on_save_checkpoint", state)
+        try:  # before any file is touched: what weights_only=True could not load back is refused, naming its key
+            state = {k: {n: storable(v, f"callback {n!r} state") for n, v in state[k].items()}
+                     if k == "callbacks" else storable(state[k], f"checkpoint[{k!r}]") for k in state}  # fmt: skip
+        except NotStorable as e:
+            raise NotStorable(f"refusing to write {name}: {e}; nothing written (an earlier {name} is kept)") from None
         p = self.progress
         path = run_dir / "checkpoints" / name
         best = {"metric": self.best.metric, "value": self.best.best, "step": p.step, "epoch": p.epoch_number}
@@ -416,12 +453,21 @@ class Checkpointer:
 
     def _load(self, path: Path, notes: list[str]) -> StateDict:
         ckpt = load_checkpoint(path, map_location=self.rt.device)
+        if why := _not_written_by_a_run(ckpt):
+            file = path / "checkpoints" / "last.pt" if path.is_dir() else path
+            raise ResumeError(f"{file} holds {why}: no plainloop run writes that; resume from another checkpoint")
         if str(ckpt.get("integrity", "")).startswith("unverified"):
             notes.append(f"checkpoint {path}: {ckpt['integrity']}")
         return ckpt
 
     def resume(
-        self, path: Path, total_steps: int, batches_per_epoch: int, notes: list[str], schedule_steps: int | None = None
+        self,
+        path: Path,
+        total_steps: int,
+        batches_per_epoch: int,
+        notes: list[str],
+        schedule_steps: int | None = None,
+        max_epochs: int = UNKNOWN_LENGTH,
     ) -> Path | None:
         """Check that `path` (a checkpoint or a run directory's last.pt) can continue this run, then walk the
         registry in; one line per remark goes to `notes`. Returns the run directory it lives in, or None."""
@@ -448,7 +494,7 @@ class Checkpointer:
                 f"schedule: the run now has {total_steps} optimizer steps (was {old_total}); warm-up and "
                 f"cosine are recomputed for the new length and continue from step {p.step}"
             )
-        self._check_not_finished(path, run_dir, total_steps, notes)
+        self._check_not_finished(path, run_dir, total_steps, notes, max_epochs)
         notes.append(f"resume: {path} at step {p.step} ({p.position(batches_per_epoch)})")
         if p.val_pending is not None:
             notes.append(f"resume: the validation at step {p.step} was due when the run stopped; it runs first")
@@ -492,20 +538,22 @@ class Checkpointer:
                 f"steps (max_steps {step} or more, or more epochs), or leave the length as the run had it"
             )
 
-    def _check_not_finished(self, path: Path, run_dir: Path | None, total_steps: int, notes: list[str]) -> None:
+    def _check_not_finished(
+        self, path: Path, run_dir: Path | None, total_steps: int, notes: list[str], max_epochs: int
+    ) -> None:
         """A run that ended is never trained or scored again: refused with RunFinished once its summary is written."""
         p = self.progress
-        if p.ended == "finished" and p.step < total_steps:  # given more steps: training goes on
+        at_end = p.step >= total_steps or p.epoch >= max_epochs  # (a stream's passes may end before its steps)
+        if p.ended == "finished" and not at_end:  # given more steps or epochs: training goes on
             p.ended = None
             return
-        at_end = p.step >= total_steps
         ended = p.ended is not None or (at_end and p.val_pending is None)
         # a summary written at this step leaves nothing to do, even with a validation pending
         summary = (ended or at_end) and run_dir is not None and finished(run_dir, p.step)
         if summary or (ended and run_dir is None):
             if p.ended == "early_stopped":  # more steps do not restart it: its stop is part of its state
                 raise RunFinished(
-                    f"{path}: the run stopped early at step {p.step} (its validation score stopped improving); its "
+                    f"{path}: the run stopped early at step {p.step} (early stopping, or should_stop); its "
                     f"summary is written and nothing is left to do. To train again, start a new run (a larger "
                     f"early_stopping_patience lets it go on longer)"
                 )

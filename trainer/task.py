@@ -68,6 +68,12 @@ class Task:
     # what an adapter (trainer/layers.py: a LightningModule's methods) or a user plugs in; any task may set them
     batch_evaluate_fn: BatchEvaluateFn | None = None  # evaluation over the loop's batches (when no evaluate_fn)
     optimizer_fn: OptimizerFn | None = None  # None: plainloop's AdamW with warm-up + cosine and lr scaling
+    # a hand-written loop's pieces, used as they are (docs/guides/your-model.md#a-hand-written-loop):
+    optimizer: torch.optim.Optimizer | None = None  # your optimizer over the model's parameters, in place of AdamW
+    scheduler: Any = None  # a torch LR scheduler of `optimizer`, stepped as scheduler_interval says
+    scheduler_interval: str = "epoch"  # "epoch": after each epoch (pytorch/examples); "step": each optimizer step
+    lr_fn: Callable[[int], float] | None = None  # lr_fn(steps taken) -> the lr before each step (nanoGPT's get_lr)
+    lr: float | None = None  # the task's own rate for plainloop's AdamW, over TrainConfig.lr (a LightningModule's)
     log_metrics_fn: LogMetricsFn | None = None  # extra train-row values, also shown on the epoch lines
     callbacks: list[object] = field(default_factory=list)  # run after Trainer(callbacks=...), before the config's
     notes: list[str] = field(default_factory=list)  # one line each, printed at start-up with the run's notes

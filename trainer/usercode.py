@@ -59,12 +59,14 @@ def is_stream(dataset: object) -> TypeGuard[IterableDataset]:
     return isinstance(dataset, IterableDataset)
 
 
-class StreamBatches:
-    """An IterableDataset served as plainloop's loader and sampler at once: one "epoch" of `num_batches` batches.
+UNKNOWN_LENGTH = 2**62  # batches per epoch of a stream without a len(): its pass ends when it is exhausted
 
-    The stream has no length, so the run is counted in steps (max_steps / max_batches). Resume: a dataset with
-    `state_dict()`/`load_state_dict()` is restored (it must then continue where it stopped); any other stream is
-    replayed from its start and the batches already trained are skipped (exact for a deterministic stream).
+
+class StreamBatches:
+    """An IterableDataset served as plainloop's loader and sampler at once: an epoch is one pass, at most
+    `num_batches` (UNKNOWN_LENGTH: until the stream is exhausted; the next epoch iterates it again). Resume: a
+    dataset with `state_dict()`/`load_state_dict()` is restored (it must then continue where it stopped); any other
+    stream is replayed from its pass's start and the batches already trained are skipped (exact when deterministic).
     """
 
     def __init__(self, dataset: IterableDataset, batch_size: int, num_batches: int, loader_kw: dict[str, Any],
@@ -91,7 +93,8 @@ class StreamBatches:
         # kept where close_loader looks: the run stops mid-stream, and its workers must end with the fit
         it = self.iterator = iter(self.loader)
         for _ in range(skip):  # replay: the batches trained before the stop
-            next(it)
+            if next(it, it) is it:  # the pass ended sooner this time
+                return
         yield from it
 
     def state_dict(self) -> dict[str, Any]:

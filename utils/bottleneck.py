@@ -229,12 +229,18 @@ def _epoch_boundaries(st: dict[str, Any], evidence: list[str], notes: list[str])
     return _out("epoch-boundary bound", evidence, advice, "medium", notes, detail=f"{_pct(frac)} between steps")
 
 
-def _contended(evidence: list[str], notes: list[str], cont: tuple[str, list[str]]) -> dict:
+def _contended(evidence: list[str], notes: list[str], cont: tuple[str, list[str]], threads: int = 1) -> dict:
+    """`threads`: torch's intra-op threads on a CPU run (1 elsewhere): on shared cores they wait on each other."""
     advice = (
         "Other work shares this machine, so these timings describe its load, not your training code: measure "
         "again when it is idle (or reserve the cores/GPU: a scheduler allocation, taskset, CUDA_VISIBLE_DEVICES) "
         "before changing settings."
     )
+    if threads > 1:
+        advice = (
+            f"Train with one torch thread: --num_threads 1 (TrainConfig(num_threads=1)); this run's {threads} "
+            f"threads wait on each other on cores other work holds. " + advice
+        )
     return _out("contended", evidence + cont[1], advice, "high", notes, detail=cont[0])
 
 
@@ -379,7 +385,7 @@ def _diagnose_cpu(
             )
             return _out("memory bound", evidence, advice, "medium", notes)
     if cont is not None:
-        return _contended(evidence, notes, cont)
+        return _contended(evidence, notes, cont, int(st.get("torch_threads") or 1))
     if not dw_known:
         why = "without a data-wait timing, time spent loading batches cannot be told from compute"
         if proc is not None and proc < 50:

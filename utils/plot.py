@@ -4,14 +4,17 @@
 
 Reads RUN_DIR/metrics.jsonl (rows {"kind": "train", "step", "epoch", "loss", "lr", "samples_per_s",
 "data_wait_frac", "time", ...} and {"kind": "val", "step", "epoch", "val_loss", <metrics>...}),
-RUN_DIR/summary.json (optional: the title, and which metric selects best.pt) and RUN_DIR/test_month.npz
-(optional; see `map_figure` for its keys). matplotlib is an optional dependency (`pip install matplotlib`);
-without it this module exits with status 2 and says so.
+RUN_DIR/summary.json (optional: the task, the title, and which metric selects best.pt) and RUN_DIR/test_month.npz
+(optional; see `map_figure` for its keys). matplotlib is a dependency (requirements.txt); without it this module
+exits with status 2 and says how to install it.
 
-- `curves.png`: loss (train and validation), then one panel per kind of validation metric: RMSE in °C with the
-  statistical baselines as dashed lines (keys `val_<baseline>_rmse_c`; the axis spans the model and the best
-  baseline, not 0, so close scores stay apart; legends sit beside the panels), ACC likewise, re-ID mAP and rank-1 in both directions with the metric that selects best.pt drawn bold,
-  and the learning rate. Validation points carry markers, so one validation is as readable as many.
+- `curves.png`: loss (train and validation), then one panel per kind of validation metric, the learning rate last.
+  The built-in tasks' metrics get their meaning: the SST task (era5) RMSE in °C and ACC, each with the statistical
+  baselines as dashed lines (keys `val_<baseline>_rmse_c`; the axis spans the model and the best baseline, not 0,
+  so close scores stay apart), re-ID (reid) mAP and rank-1 in both directions. Any other task's metric is labelled
+  with its own name, and "higher/lower is better" only when its direction is known (the task's monitor mode, read
+  from summary.json's best value). The metric that selects best.pt is drawn bold; legends sit beside the panels;
+  validation points carry markers, so one validation is as readable as many.
 - `throughput.png`: samples/s and the share of step time spent waiting for data.
 - `test_month_maps.png`: truth, prediction and climatology in °C, and under them the anomalies (truth −
   climatology, prediction − climatology) beside the error, all three on one colour scale so the error reads
@@ -31,16 +34,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["plot_run", "read_metrics", "map_figure", "curves_figure", "main"]
+__all__ = ["plot_run", "read_metrics", "map_figure", "curves_figure", "monitor_directions", "main"]
 
 
 def _mpl() -> Any:
     try:
         import matplotlib
     except ImportError as e:
-        raise ImportError(
-            "utils.plot needs matplotlib, an optional dependency: pip install matplotlib (or pip install -e '.[plots]')"
-        ) from e
+        raise ImportError("utils.plot needs matplotlib (in requirements.txt): pip install matplotlib") from e
     matplotlib.use("Agg")  # files only; never needs a display
     import matplotlib.pyplot as plt
 
@@ -98,13 +99,19 @@ _BASELINE_COLORS = {"persistence": "dimgray", "climatology (calendar month)": "t
                     "hybrid (LIM + damped persistence)": "tab:purple",
                     "prior (the forecast the model corrects)": "black"}  # fmt: skip
 _DIRECTIONS = {"rgb2ir": "RGB→IR", "ir2rgb": "IR→RGB"}
-# (pattern on the key, panel title, y label); the first match wins; keys that match none get their own panel
-_PANELS = (
-    (re.compile(r"rmse_c$"), "validation RMSE", "RMSE (°C), lower is better"),
-    (re.compile(r"(^|_)acc$"), "validation ACC", "anomaly correlation, higher is better"),
-    (re.compile(r"(^|_)mAP$"), "validation mAP", "mAP, higher is better"),
-    (re.compile(r"(^|_)rank1$"), "validation rank-1", "rank-1 accuracy, higher is better"),
-)
+# a built-in task's panels: (pattern on the key, panel title, y label); the first match wins. Only that task's
+# metrics get its meaning (a user's `acc` is not an anomaly correlation); other keys get their own panel.
+_PANELS: dict[str, tuple[tuple[re.Pattern[str], str, str], ...]] = {
+    "era5": (
+        (re.compile(r"rmse_c$"), "validation RMSE", "RMSE (°C), lower is better"),
+        (re.compile(r"(^|_)acc$"), "validation ACC", "anomaly correlation, higher is better"),
+    ),
+    "reid": (
+        (re.compile(r"(^|_)mAP$"), "validation mAP", "mAP, higher is better"),
+        (re.compile(r"(^|_)rank1$"), "validation rank-1", "rank-1 accuracy, higher is better"),
+    ),
+}
+_BETTER = {"max": "higher is better", "min": "lower is better"}
 # rank-k beyond 1 and the spread / count of SYSU-MM01's gallery trials: in summary.json, not panels of their own
 # (a metric's `_std` is drawn as a band around it)
 _HIDDEN = re.compile(r"(^|_)rank(5|10|20)$|_std$|(^|_)trials$")
@@ -123,7 +130,11 @@ def _series_label(key: str) -> tuple[str, bool]:
     return (_DIRECTIONS.get(direction, direction or "query→gallery")), False
 
 
-def _group_metrics(val: list[dict]) -> list[tuple[str, str, list[str]]]:
+def _group_metrics(
+    val: list[dict], task: str | None = None, directions: Mapping[str, str] | None = None
+) -> list[tuple[str, str, list[str]]]:
+    """(panel title, y label, keys) per panel; the task's own panels first, then up to 3 other metrics, each
+    labelled with its name (and its direction, "min" or "max" in `directions`, when known)."""
     keys: list[str] = []
     for r in val:
         for k, v in r.items():
@@ -131,13 +142,30 @@ def _group_metrics(val: list[dict]) -> list[tuple[str, str, list[str]]]:
                 keys.append(k)
     panels: list[tuple[str, str, list[str]]] = []
     rest = list(keys)
-    for pat, title, ylabel in _PANELS:
+    for pat, title, ylabel in _PANELS.get(task or "", ()):
         hit = [k for k in rest if pat.search(k)]
         if hit:
             panels.append((title, ylabel, hit))
             rest = [k for k in rest if k not in hit]
-    panels += [(k, k, [k]) for k in rest[:3]]  # unknown metrics: their own panel, raw name as the label
+    for k in rest[:3]:  # other metrics: their own panel, the name as the label
+        better = _BETTER.get((directions or {}).get(k, ""))
+        panels.append((k, f"{k}, {better}" if better else k, [k]))
     return panels
+
+
+def monitor_directions(val: list[dict], best: Mapping[str, Any]) -> dict[str, str]:
+    """{metric: "min" or "max"} for the metric that selects best.pt (summary.json's {"best": {metric: value}}):
+    its best value is the lowest or the highest it logged. Empty when that does not tell (one value, no rows)."""
+    out: dict[str, str] = {}
+    for key, value in best.items():
+        _, ys = _series(val, key)
+        if not _num(value) or ys.size < 2 or ys.min() == ys.max():
+            continue
+        if math.isclose(value, ys.min(), rel_tol=1e-9, abs_tol=1e-12):
+            out[key] = "min"
+        elif math.isclose(value, ys.max(), rel_tol=1e-9, abs_tol=1e-12):
+            out[key] = "max"
+    return out
 
 
 # --------------------------------------------------------------------------- learning curves
@@ -180,15 +208,26 @@ def _metric_ylim(model: list[float], baselines: list[float], higher_better: bool
     return lo, hi
 
 
-def curves_figure(train: list[dict], val: list[dict], title: str = "", selection: str | None = None) -> Any:
+def curves_figure(
+    train: list[dict],
+    val: list[dict],
+    title: str = "",
+    selection: str | None = None,
+    task: str | None = None,
+    directions: Mapping[str, str] | None = None,
+) -> Any:
     """The learning-curve figure (a matplotlib Figure), or None when there is nothing to plot.
 
-    `selection` is the validation key that chooses best.pt (drawn bold and named in the legend)."""
+    `selection` is the validation key that chooses best.pt (drawn bold and named in the legend); `task` the task's
+    name ("era5" and "reid" get their metrics' meaning and baselines); `directions` {metric: "min" or "max"}, e.g.
+    {task.monitor_metric: task.monitor_mode}, adds "lower/higher is better" to another task's metric."""
     plt = _mpl()
     xs, ys = _series(train, "loss")
     xv, yv = _series(val, "val_loss")
     xl, yl = _series(train, "lr")
-    groups = _group_metrics(val)
+    groups = _group_metrics(val, task, directions)
+    task_panels = _PANELS.get(task or "", ())
+    own = {k for _, _, keys in groups for k in keys if any(pat.search(k) for pat, _, _ in task_panels)}
     if not (xs.size or xv.size or groups or xl.size):
         return None
     panels = [("loss", "loss")] + [(t, y) for t, y, _ in groups] + ([("learning rate", "lr")] if xl.size else [])
@@ -235,7 +274,7 @@ def curves_figure(train: list[dict], val: list[dict], title: str = "", selection
             xm, ym = _series(val, key)
             if not xm.size:
                 continue
-            label, baseline = _series_label(key)
+            label, baseline = _series_label(key) if key in own else (key, False)
             if baseline:
                 color = _BASELINE_COLORS.get(label, "gray")
                 if np.ptp(ym) <= 1e-9 * max(1.0, abs(ym[-1])):  # a baseline does not change with training
@@ -253,7 +292,7 @@ def curves_figure(train: list[dict], val: list[dict], title: str = "", selection
             if xsd.size and xsd.size == xm.size and np.array_equal(xsd, xm):
                 ax.fill_between(xm, ym - sd, ym + sd, color=line_color, alpha=0.15, lw=0)
                 seen += list(ym - sd) + list(ym + sd)
-        lim = _metric_ylim(seen, [b for _, _, b in baselines], "higher is better" in ylabel)
+        lim = _metric_ylim(seen, [b for _, _, b in baselines], ylabel.endswith("higher is better"))
         for line, label, final in baselines:
             off = lim is not None and not lim[0] <= final <= lim[1]
             line.set_label(f"{label}: {final:.4f}{' (off the axis)' if off else ''}")
@@ -449,25 +488,29 @@ def map_figure(source: Path | Mapping[str, Any], title: str = "") -> Any:
 
 
 # --------------------------------------------------------------------------- the run directory
-def _run_info(run_dir: Path) -> tuple[str, str | None]:
-    """(title, the validation key that selects best.pt) from summary.json, when it is there."""
-    title, selection = run_dir.name, None
+def _run_info(run_dir: Path) -> tuple[str, str | None, dict[str, Any]]:
+    """(title, task name, {the validation key that selects best.pt: its best value}) from summary.json, when it is
+    there."""
+    title, task, best = run_dir.name, None, {}
     summ = run_dir / "summary.json"
     if summ.exists():
         try:
             s = json.loads(summ.read_text(encoding="utf-8"))
-            task = s.get("task") or (s.get("config") or {}).get("task")
+            name = s.get("task") or (s.get("config") or {}).get("task")
+            task = name if isinstance(name, str) else None
             title = f"{run_dir.name}" + (f" ({task})" if task else "")
-            best = s.get("best")
-            if isinstance(best, dict) and len(best) == 1:
-                selection = next(iter(best))
+            if isinstance(s.get("best"), dict) and len(s["best"]) == 1:
+                best = dict(s["best"])
         except (json.JSONDecodeError, AttributeError):
             pass
-    return title, selection
+    return title, task, best
 
 
-def plot_run(run_dir: Path) -> list[Path]:
-    """Write RUN_DIR/plots/{curves,throughput,test_month_maps}.png (those with data); return their paths."""
+def plot_run(run_dir: Path, directions: Mapping[str, str] | None = None) -> list[Path]:
+    """Write RUN_DIR/plots/{curves,throughput,test_month_maps}.png (those with data); return their paths.
+
+    `directions` ({metric: "min" or "max"}) labels metrics "lower/higher is better"; without it the direction of
+    the metric that selects best.pt is read from summary.json's best value."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"plot_run: run directory {run_dir} does not exist")
@@ -478,13 +521,15 @@ def plot_run(run_dir: Path) -> list[Path]:
             f"plot_run: {run_dir} has neither metrics.jsonl nor test_month.npz; is it a run directory?"
         )
     plt = _mpl()
-    title, selection = _run_info(run_dir)
+    title, task, best = _run_info(run_dir)
+    selection = next(iter(best), None)
     out_dir = run_dir / "plots"
     out_dir.mkdir(exist_ok=True)
     written: list[Path] = []
     if metrics.exists():
         train, val = read_metrics(metrics)
-        fig = curves_figure(train, val, title, selection)
+        known = monitor_directions(val, best) if directions is None else directions
+        fig = curves_figure(train, val, title, selection, task, known)
         if fig is not None:
             fig.savefig(out_dir / "curves.png", dpi=110)
             plt.close(fig)

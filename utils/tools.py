@@ -4,10 +4,11 @@
 
 verdict: a TrainingMonitor samples the run and the bottleneck verdict (utils/bottleneck.py) goes into summary.json;
 plots: RUN_DIR/plots/*.png (utils/plot.py); system_report: after the run, the measured report of the run's own
-settings against the candidates (utils/system_report.py) in RUN_DIR/report.md. The closing line is the CLI's:
-"[plainloop] done: ... verdict: ...", so a slow run says why last. The command line builds its report with the
-same `measured_report`. utils/ never imports trainer/: these are duck-typed callbacks (trainer/hooks.py) that
-get the Trainer they run in as their first argument, and the report's trial runs are built from its class.
+settings against the candidates (utils/system_report.py) in RUN_DIR/report.md. The engine's closing line, the
+CLI's, "[plainloop] done: ... verdict: ...", then names this verdict, so a slow run says why at its end. The
+command line builds its report with the same `measured_report`. utils/ never imports trainer/: these are
+duck-typed callbacks (trainer/hooks.py) that get the Trainer they run in as their first argument, and the report's
+trial runs are built from its class.
 """
 
 from __future__ import annotations
@@ -45,19 +46,6 @@ def measuring_tools(
     return tools
 
 
-def done_line(summary: dict[str, Any]) -> str:
-    """The run's last line, the CLI's and the Python API's: steps, time, speed, skipped steps and the verdict."""
-    v = summary.get("verdict") or {}
-    verdict = v.get("headline") or v.get("verdict", "not judged")
-    sps = summary.get("samples_per_s")
-    steps, now = summary["steps"], summary.get("steps_this_process", summary["steps"])
-    steps_text = f"{steps} steps" + (f" ({now} since the resume)" if now != steps else "")
-    return (
-        f"[plainloop] done: {steps_text} in {summary['train_time_s']:.1f} s, {f'{sps:.0f}' if sps else '?'} "
-        f"samples/s, {summary.get('skipped_steps', 0)} skipped, verdict: {verdict}"
-    )
-
-
 def write_plots(run_dir: Path, say: Say = print) -> list[Path]:
     """RUN_DIR/plots/*.png and the line that names them (or says why there are none)."""
     try:
@@ -89,7 +77,8 @@ class MonitorTool:
 
 
 class ClosingLines:
-    """The plots' line and then the done line with the verdict, after the run (rank 0)."""
+    """The plots' and the system report's lines, after the run (rank 0); the engine prints the done line with the
+    verdict and the run directory after them (trainer/finish.py closing_lines)."""
 
     def __init__(self, plots: bool = True, say: Say = print) -> None:
         self.plots, self.say = plots, say
@@ -99,7 +88,6 @@ class ClosingLines:
             write_plots(trainer.run_dir, self.say)
         if "system_report" in summary:
             self.say(f"[plainloop] system report: {summary['system_report']}")
-        self.say(done_line(summary))
 
 
 class SystemReportTool:

@@ -145,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(signal, name) and signal.getsignal(getattr(signal, name)) != signal.SIG_IGN:
             signal.signal(getattr(signal, name), _early_stop)
     cli = importlib.import_module(rename("train_optimized"))  # its main() puts its own handlers in place
-    return int(cli.main(argv))
+    try:
+        return int(cli.main(argv))
+    finally:
+        cli.while_exiting()  # a signal during interpreter exit no longer changes the exit code
 
 
 # at import, not in main(): a worker process started with "spawn" imports this package again and must find the names

@@ -21,7 +21,7 @@ import torch
 from ..checkpoint import DIGEST_KEY, INTEGRITY_KEY, StateDict, checkpoint_file, load_checkpoint, not_a_checkpoint
 
 _CLI = [False]  # set while train_optimized.main runs (also when a test calls it in-process)
-_TASK_FLAG: list[str] = []  # a task file the CLI runs: its resume line names it (code from a run dir is not run)
+_TASK_FLAG: list[str] = []  # a user task the CLI runs: its resume line names it (code from a run dir is not run)
 
 
 @contextlib.contextmanager
@@ -35,8 +35,8 @@ def cli_session() -> Iterator[None]:
 
 
 def set_task_flag(spec: str | None) -> None:
-    """The CLI runs the task file `spec` (path/file.py:function): the resume lines printed add `--task spec`, since a
-    resume does not import a file its run directory names unless the command line names it too."""
+    """The CLI runs the user task `spec` (module:function or path/file.py:function): the resume lines printed add
+    `--task spec`, since a resume does not import a task its run directory names unless the command line names it."""
     _TASK_FLAG[:] = [spec] if spec else []
 
 

@@ -316,11 +316,17 @@ def _twice(path: Path, text: str, key: object, lines: tuple[int | None, int | No
 
 def _bounded(obj: object, path: Path) -> None:
     """Refuse a structure with more values than a config can mean (a YAML alias bomb expands each alias where it is
-    used: 9 aliases of 9 make 387 million) or nested deeper than MAX_CONFIG_DEPTH; stops at the first excess."""
-    stack: list[tuple[object, int]] = [(obj, 0)]
+    used: 9 aliases of 9 make 387 million) or nested deeper than MAX_CONFIG_DEPTH; stops at the first excess. A value
+    no setting takes (a YAML !!set, !!binary, a date) is refused too, by its key: a set would pass for a list."""
+    stack: list[tuple[object, int, object]] = [(obj, 0, None)]
     seen = 0
     while stack:
-        o, depth = stack.pop()
+        o, depth, key = stack.pop()
+        if not isinstance(o, str | int | float | bool | list | tuple | dict | type(None)):
+            kind = "a set (YAML !!set)" if isinstance(o, set | frozenset) else f"a {type(o).__name__}"
+            raise ConfigError(
+                f"{path}: {key!r} is {kind}; a setting is a number, text, true/false or a list ([a, b]; quote a date)"
+            )
         seen += 1
         if seen > MAX_CONFIG_VALUES:
             raise ConfigError(
@@ -330,9 +336,12 @@ def _bounded(obj: object, path: Path) -> None:
         if depth > MAX_CONFIG_DEPTH:
             raise ConfigError(f"{path}: nested deeper than {MAX_CONFIG_DEPTH} levels; a config file is flat settings")
         if isinstance(o, dict):
-            stack.extend((v, depth + 1) for v in o.values())
+            stack.extend((v, depth + 1, k) for k, v in o.items())
         elif isinstance(o, list | tuple):
-            stack.extend((v, depth + 1) for v in o)
+            stack.extend((v, depth + 1, key) for v in o)
+
+
+_MERGE = "tag:yaml.org,2002:merge"  # YAML's `<<` key
 
 
 def _yaml_loader(path: Path) -> type[yaml.SafeLoader]:
@@ -344,7 +353,7 @@ def _yaml_loader(path: Path) -> type[yaml.SafeLoader]:
             if isinstance(node, yaml.MappingNode):
                 seen: dict[object, int] = {}
                 for key_node, _ in node.value:
-                    if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: explicit keys may override it
+                    if key_node.tag == _MERGE:  # `<<: *base`: explicit keys may override it
                         continue
                     key = self.construct_object(key_node, deep=True)
                     line = key_node.start_mark.line + 1
@@ -355,6 +364,24 @@ def _yaml_loader(path: Path) -> type[yaml.SafeLoader]:
                     except TypeError:  # an unhashable key: SafeLoader's own error says so
                         pass
             return super().construct_mapping(node, deep)
+
+        def construct_document(self, node: yaml.Node) -> object:
+            """A top-level block used only as a `<<: *base` merge source is a template, not a setting: dropped."""
+            if isinstance(node, yaml.MappingNode):
+                sources, stack, seen = set(), [node], set()
+                while stack:  # every mapping once (aliases share nodes), iteratively (no recursion limit)
+                    n = stack.pop()
+                    if id(n) in seen or not isinstance(n, yaml.MappingNode | yaml.SequenceNode):
+                        continue
+                    seen.add(id(n))
+                    pairs = n.value if isinstance(n, yaml.MappingNode) else [(None, v) for v in n.value]
+                    for k, v in pairs:
+                        if k is not None and k.tag == _MERGE:
+                            sources |= {id(m) for m in (v.value if isinstance(v, yaml.SequenceNode) else [v])}
+                        stack.append(v)
+                node.value = [(k, v) for k, v in node.value if id(v) not in sources or k.tag == _MERGE
+                              or (isinstance(k.value, str) and k.value in ("train", "task", "run"))]  # fmt: skip
+            return super().construct_document(node)
 
     return Strict
 
@@ -377,13 +404,14 @@ def _read(path: Path) -> tuple[object, str]:
     if suffix not in (".toml", ".json", ".yaml", ".yml"):
         raise ConfigError(f"{path}: unknown config format {suffix or '(no suffix)'!r}; use .toml, .json or .yaml")
     try:
-        text = path.read_bytes()[: MAX_CONFIG_BYTES + 1].decode("utf-8")
+        data = path.read_bytes()[: MAX_CONFIG_BYTES + 1]
+        if len(data) > MAX_CONFIG_BYTES:  # in bytes: 16 MiB of multi-byte text is fewer characters
+            raise ConfigError(f"{path}: larger than 16 MiB; a config file is a few lines of settings")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot be read ({e.strerror or e})") from None
-    if len(text) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: larger than 16 MiB; a config file is a few lines of settings")
     try:
         if suffix == ".toml":
             try:
@@ -411,6 +439,15 @@ def _read(path: Path) -> tuple[object, str]:
         raise ConfigError(f"{path}: nested deeper than Python can read; a config file is flat settings") from None
     except Exception as e:  # the parsers' own messages carry line and column
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "integer string conversion" in first:  # Python's own limit, named in its terms: say it in ours
+            at = re.search(r"\d{4000,}", text)
+            line = f" on line {text.count(chr(10), 0, at.start()) + 1}" if at else ""
+            raise ConfigError(f"{path}: a number of thousands of digits{line}; give a setting's value") from None
+        mark = getattr(e, "problem_mark", None)  # PyYAML: the problem's position is on a later line of its message
+        problem = getattr(e, "problem", None)
+        if mark is not None and problem:
+            tab = " (YAML indents with spaces, not tabs)" if "\\t" in str(problem) else ""
+            first = f"line {mark.line + 1}, column {mark.column + 1}: {problem}{tab}"
         if first.startswith("Cannot overwrite a value"):  # tomllib: a key set twice in one table
             at = re.search(r"line (\d+)", first)
             line = text.splitlines()[int(at.group(1)) - 1].strip() if at else ""

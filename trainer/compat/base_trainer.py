@@ -26,10 +26,10 @@ in a file that loads with weights_only=True; `load_model(path)` rebuilds the mod
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import math
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -481,6 +481,7 @@ class BaseTrainer:
             monitor_metric=self.monitor_metric or "val_loss",
             monitor_mode=self.monitor_mode or "min",
             info={"title": self.title, "uid": self.uid, "area": area},
+            lr=v if isinstance(v := kw.get("learning_rate"), float | int) else None,  # model_params' is the lr
         )
 
     # ------------------------------------------------------------------ training
@@ -834,13 +835,19 @@ def _encode(v: object) -> tuple[bool, object]:
 
 
 def _import(name: str) -> type:
-    """'package.module:Qual.Name' -> the class; ImportError or AttributeError when it is not there."""
+    """'package.module:Qual.Name' -> the class, from a module the program has already imported: a file names the
+    class, and plainloop never imports (runs) what a file names. ImportError or AttributeError when it is not there."""
     mod, _, qual = name.partition(":")
     *path, last = qual.split(".")
-    obj = importlib.import_module(mod)
+    obj = sys.modules.get(mod)
+    if obj is None:
+        raise ImportError(f"{mod} is not imported")
     for part in path:
         obj = getattr(obj, part)
-    return getattr(obj, last)
+    cls = getattr(obj, last)
+    if not (isinstance(cls, type) and (issubclass(cls, nn.Module) or {"title", "lon", "lat"} <= set(_params(cls)))):
+        raise AttributeError(f"{name} is neither a model (nn.Module) nor an area class")
+    return cls
 
 
 def _decode(v: object, where: str) -> object:
@@ -854,7 +861,9 @@ def _decode(v: object, where: str) -> object:
         try:
             cls = _import(name)
         except (ImportError, AttributeError):
-            raise ValueError(f"{where} is a {name}, which cannot be imported here; give it to load_model") from None
+            raise ValueError(
+                f"{where} is a {name}, not a class this program has imported; import it first, or give it to load_model"
+            ) from None
         if "description" in box and not _names(cls, "description"):
             box.pop("description")
         title = box.pop("title")
@@ -945,7 +954,8 @@ def load_model(
     """Rebuild a model saved by BaseTrainer in one call: `model = load_model("saved_models/m.pt")`.
 
     The one-line replacement of `model = torch.load(path, weights_only=False)` for a file written by save(): the
-    class is imported from the name saved with the weights unless `model_class` is given, and is called with the
+    class named with the weights is looked up among the modules the program has imported (a file never makes
+    plainloop import or run anything) unless `model_class` is given, and is called with the
     saved constructor arguments (tuples, nested tuples and areas as the types they were); `model_params` override
     or add to them. The model comes back in eval mode, on the CPU.
     """
@@ -965,8 +975,8 @@ def load_model(
             model_class = _import(obj["model_class"])
         except (ImportError, AttributeError):
             raise ValueError(
-                f"{p} was saved from {obj['model_class']}, which cannot be imported here; give "
-                f"load_model(path, model_class=YourModel)"
+                f"{p} was saved from {obj['model_class']}, which is not a class this program has imported (a file "
+                f"never makes plainloop import anything); import it first, or give load_model(path, model_class=YourModel)"
             ) from None
     saved = dict(obj.get("model_params") or {})
     if fmt == MODEL_FORMAT:

@@ -37,8 +37,10 @@ from torch import nn
 from ..checkpoint import StateDict
 from ..config import TrainConfig
 from ..hooks import TrainerView
-from ..optim import OptimizerFn, OptimizerSetup, group_lr, optimizer_hparams
+from ..optim import ConstantSchedule, OptimizerFn, OptimizerSetup, build_adamw, group_lr, optimizer_hparams
 from ..task import BatchEvaluateFn, LogMetricsFn, LossFn, ModelProtocolError, Task
+from ..usercode import UNKNOWN_LENGTH
+from .nanogpt import LrFnSchedule, skipped_on_device
 
 _SENTINEL = "_plainloop_training_step"  # routes a wrapped (DDP/compiled) call to training_step
 _EVAL_MODE = (
@@ -98,16 +100,15 @@ def is_lightning_style(model: nn.Module) -> bool:
 
 
 def _own(model: nn.Module, name: str) -> ModelMethod | None:
-    """The model's method `name` when its class (not LightningModule's empty default) defines it."""
+    """The model's method `name`, unless it is LightningModule's (LightningDataModule's) own default."""
     fn = getattr(model, name, None)
     if fn is None or not callable(fn):
         return None
-    for cls in type(model).__mro__:
-        if name in cls.__dict__:
-            mod = getattr(cls, "__module__", "") or ""
-            # Lightning's own classes define every hook as a no-op: those count as "not defined"
-            return None if mod.startswith(("lightning.", "pytorch_lightning.", "lightning_fabric.")) else fn
-    return fn  # an instance attribute
+    # The framework base, found in the model's MRO (never imported). Only the very function it resolves (its own
+    # or its hooks mixins') is a default: classes such as lightning.pytorch.demos.BoringModel are users' models
+    base = next((c for c in type(model).__mro__ if c.__name__ in ("LightningModule", "LightningDataModule")
+                 and c.__module__.startswith(("lightning.", "pytorch_lightning."))), None)  # fmt: skip
+    return None if base is not None and getattr(fn, "__func__", fn) is getattr(base, name, None) else fn
 
 
 # ------------------------------------------------------------------ configure_optimizers
@@ -508,7 +509,7 @@ class TrainerShim:
         "max_steps", "num_training_batches", "estimated_stepping_batches", "optimizers", "lr_scheduler_configs",
         "callback_metrics", "logged_metrics", "logger", "loggers", "training", "validating", "testing",
         "sanity_checking", "accumulate_grad_batches", "precision", "device", "plainloop", "num_devices",
-        "progress_bar_callback",
+        "progress_bar_callback", "should_stop",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -518,8 +519,8 @@ class TrainerShim:
         self.world_size = self.num_devices = 1
         self.max_epochs: int | None = None
         self.max_steps = -1
-        self.num_training_batches = 0
-        self.estimated_stepping_batches = 0
+        self.num_training_batches: int | float = 0  # inf for a stream without a len(), as under Lightning
+        self.estimated_stepping_batches: int | float = 0
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_scheduler_configs: list[SchedulerConfig] = []
         self.callback_metrics: dict[str, float] = {}
@@ -539,6 +540,15 @@ class TrainerShim:
     @property
     def is_global_zero(self) -> bool:
         return self.global_rank == 0
+
+    @property
+    def should_stop(self) -> bool:
+        return bool(getattr(self.plainloop, "should_stop", False))
+
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:  # the plainloop Trainer ends training after this step, as Lightning
+        if self.plainloop is not None:
+            self.plainloop.should_stop = bool(value)
 
     def __bool__(self) -> bool:
         return True
@@ -849,10 +859,11 @@ class ModelHooks:
         a.attach()
         s.plainloop = trainer
         cfg = trainer.cfg
-        s.max_epochs = trainer.max_epochs
         s.max_steps = cfg.max_steps if cfg.max_steps is not None else -1
-        s.num_training_batches = trainer.batches_per_epoch
-        s.estimated_stepping_batches = trainer.total_steps
+        # a stream without a len(): Lightning's inf batches per epoch (and steps, without max_steps)
+        s.num_training_batches = n if (n := trainer.batches_per_epoch) < UNKNOWN_LENGTH else float("inf")
+        s.estimated_stepping_batches = n if (n := trainer.total_steps) < UNKNOWN_LENGTH else float("inf")
+        s.max_epochs = n if (n := trainer.max_epochs) < UNKNOWN_LENGTH else -1
         s.accumulate_grad_batches = cfg.accumulate_grad_batches
         rt = trainer.rt
         s.global_rank, s.local_rank, s.world_size = rt.rank, rt.local_rank, rt.world_size
@@ -926,11 +937,127 @@ def _lr(optimizer: torch.optim.Optimizer) -> float:
     return float(lr)  # note: sync point when a device tensor (epoch end only)
 
 
+# ------------------------------------------------------------------ a hand-written loop's optimizer, as it is
+_LR_KNOBS = ("lr", "warmup_steps", "lr_decay_steps", "min_lr_ratio", "ref_batch_size", "lr_scaling")  # lr_fn's
+
+
+def given_pieces(task: Task) -> bool:
+    """The task names a hand-written loop's optimizer, scheduler or lr function (Task(optimizer=...))."""
+    return task.optimizer is not None or task.scheduler is not None or task.lr_fn is not None
+
+
+def check_given(task: Task) -> None:
+    """Task(optimizer=, scheduler=, scheduler_interval=, lr_fn=) that cannot run as given: one line saying why."""
+    if why := _given_problem(task):
+        raise ValueError(f"Task {task.name!r}: {why}")
+
+
+def _given_problem(task: Task) -> str | None:
+    opt, sched = task.optimizer, task.scheduler
+    if task.optimizer_fn is not None:
+        return "give optimizer_fn or optimizer=/scheduler=/lr_fn=, not both"
+    if task.scheduler_interval not in ("epoch", "step"):
+        return (
+            f"scheduler_interval={task.scheduler_interval!r}; give 'epoch' (scheduler.step() after each epoch, as "
+            f"pytorch/examples' mnist) or 'step' (after each optimizer step)"
+        )
+    if sched is not None and opt is None:
+        return "scheduler= without optimizer=: give the optimizer it steps too, Task(optimizer=opt, scheduler=sched)"
+    if sched is not None and task.lr_fn is not None:
+        return "scheduler= and lr_fn= both set the lr; keep one"
+    if task.lr_fn is not None and not callable(task.lr_fn):
+        return f"lr_fn={task.lr_fn!r:.60} is not callable; give a function of the step number returning the lr"
+    if opt is None:
+        return None
+    if not _is_optimizer(opt):
+        return f"optimizer= is a {type(opt).__name__}; give a torch optimizer, e.g. SGD(model.parameters(), lr=0.1)"
+    if task.lr is not None:
+        return f"lr={task.lr} and optimizer= both: the optimizer's own lr runs; drop lr"
+    own = getattr(sched.get("scheduler") if isinstance(sched, dict) else sched, "optimizer", opt)
+    if own is not opt:
+        return (
+            f"the scheduler steps another optimizer (a {type(own).__name__} at {id(own):#x}, not the one given at "
+            f"{id(opt):#x}); build the scheduler on the optimizer you give, e.g. StepLR(optimizer, step_size=1)"
+        )
+    mine = {id(p) for p in task.model.parameters()}
+    if any(id(p) not in mine for g in opt.param_groups for p in g["params"]):
+        return (
+            f"the optimizer holds parameters that are not {type(task.model).__name__}'s (built on another copy of the "
+            f"model?); build it over this model's: torch.optim.X(model.parameters(), ...)"
+        )
+    return None
+
+
+class GivenStepSchedule(ModelStepSchedule):
+    """A Task's own per-step scheduler: as a model's, except that a step the fp16 scaler (or a fused optimizer's
+    guard) skipped does not advance it, as plainloop's own schedule."""
+
+    def step(self, found_inf: torch.Tensor | None = None) -> None:
+        if not skipped_on_device(found_inf):
+            super().step()
+
+
+class GivenOptimizer:
+    """The task's optimizer_fn for Task(optimizer=, scheduler=, lr_fn=): the user's objects as they are, through
+    configure_optimizers' path (parse_optimizers, the step schedule, EpochSchedulers); lr_fn then sets the lr of the
+    given optimizer, the model's configure_optimizers' (`model_fn`), or plainloop's AdamW before each step."""
+
+    def __init__(self, task: Task, model_fn: OptimizerFn | None, adapter: ModelAdapter | None) -> None:
+        self.task, self.model_fn, self.adapter = task, model_fn, adapter
+
+    def __call__(self, model: nn.Module, cfg: TrainConfig, device: torch.device, lr: float) -> OptimizerSetup:
+        t, source = self.task, "Task(optimizer=...)"
+        knobs = [k for k in unused_optimizer_knobs(cfg, {}) if t.optimizer is not None or k.split("=")[0] in _LR_KNOBS]
+        if knobs:
+            what = "optimizer=" if t.optimizer is not None else "lr_fn="
+            raise ValueError(
+                f"Task {t.name!r}: {what} sets the lr, so {', '.join(knobs)} (plainloop's own optimizer and schedule) "
+                f"would do nothing; leave {'it' if len(knobs) == 1 else 'them'} at the default, or drop {what}"
+            )
+        if t.optimizer is not None:
+            one = {"scheduler": t.scheduler, "interval": t.scheduler_interval}
+            sched = None if t.scheduler is None else t.scheduler if isinstance(t.scheduler, dict) else one
+            # Lightning's dict form; a ReduceLROnPlateau watches the task's monitor metric
+            conf = {"optimizer": t.optimizer, "lr_scheduler": sched, "monitor": t.monitor_metric}
+            optimizer, configs = parse_optimizers(conf)
+            assert optimizer is not None  # check_given: an optimizer
+            schedule = GivenStepSchedule(optimizer, configs, scheduler_stepper(model))
+            epochs = EpochSchedulers(optimizer, configs, schedule.stepper)
+            scheds = "; ".join(c.describe() for c in configs) or "none (the optimizer's lr)"
+            notes = [f"optimizer: your {describe_optimizer(optimizer)}, lr as you built it (from {source}); schedule: "
+                     f"{scheds}; plainloop's warm-up/cosine and lr scaling are off"]  # fmt: skip
+            hparams = {"source": source, **optimizer_hparams(optimizer), "schedulers": [c.hparams() for c in configs]}
+            setup = OptimizerSetup(optimizer, schedule, [epochs] if epochs.configs else [], notes, hparams)
+            if self.adapter is not None:  # a LightningModule's self.optimizers() / self.lr_schedulers()
+                self.adapter.choice = OptimizerChoice(optimizer, schedule, configs, notes, hparams)
+        elif self.model_fn is not None:  # lr_fn on top of the model's configure_optimizers
+            own = self.model_fn(model, cfg, device, lr)  # the adapter's: never None
+            if own is None or own.callbacks or getattr(own.schedule, "configs", None):
+                raise ValueError(
+                    f"Task {t.name!r}: lr_fn= and {type(model).__name__}.configure_optimizers' lr_scheduler both set "
+                    f"the lr; return the optimizer alone, or drop lr_fn="
+                )
+            setup = own
+        else:  # plainloop's AdamW with its weight_decay, betas, eps; a float lr, set by lr_fn
+            optimizer = build_adamw(model, lr, cfg.weight_decay, device, False, cfg.adam_betas, cfg.adam_eps, cfg.fused)
+            notes = [f"optimizer: plainloop's AdamW, weight_decay {cfg.weight_decay:g} (matrices only), betas "
+                     f"{tuple(cfg.adam_betas)}, lr from Task(lr_fn=...)"]  # fmt: skip
+            hparams = {"source": "plainloop AdamW + Task(lr_fn=...)", **optimizer_hparams(optimizer)}
+            setup = OptimizerSetup(optimizer, ConstantSchedule(optimizer), [], notes, hparams)
+        if t.lr_fn is not None:
+            setup.schedule = fn = LrFnSchedule(setup.optimizer, t.lr_fn)
+            setup.notes.append(f"schedule: {fn.name}(step) sets the lr of every group before each optimizer step "
+                               f"(Task(lr_fn=...)); at step 0: {fn.current_lr():.3g}")  # fmt: skip
+            setup.hparams["lr_fn"] = fn.name
+        return setup
+
+
 class TaskChanges(TypedDict, total=False):
     """The Task fields the adapter sets (dataclasses.replace's keywords)."""
 
     callbacks: list[object]
     notes: list[str]
+    lr: float
     loss_fn: LossFn
     optimizer_fn: OptimizerFn
     log_metrics_fn: LogMetricsFn
@@ -970,8 +1097,12 @@ def adapt_lightning_task(task: Task) -> Task | None:
     What the task already sets (loss_fn, evaluate_fn, optimizer_fn ...) wins over the model's methods.
     """
     model = task.model
+    given = given_pieces(task) and not isinstance(task.optimizer_fn, GivenOptimizer)  # Task(optimizer=...) not yet used
+    if given:
+        check_given(task)
     if not is_lightning_style(model) or any(isinstance(c, ModelHooks) for c in task.callbacks):
-        return None  # a plain model, or a task adapted already (a Trainer's `task`)
+        # a plain model (its hand-written loop's optimizer, if given, is the optimizer_fn), or a task adapted already
+        return dataclasses.replace(task, optimizer_fn=GivenOptimizer(task, None, None)) if given else None
     a = ModelAdapter(model)
     hooks = ModelHooks(a)
     name = type(model).__name__
@@ -981,8 +1112,20 @@ def adapt_lightning_task(task: Task) -> Task | None:
     out: TaskChanges = {"callbacks": [*task.callbacks, hooks], "notes": notes}
     if task.loss_fn is None and a.training_step is not None:
         out["loss_fn"] = a.loss_fn
-    if task.optimizer_fn is None and _own(model, "configure_optimizers") is not None:
-        out["optimizer_fn"] = a.optimizer_setup
+    own_optimizer = a.optimizer_setup if _own(model, "configure_optimizers") is not None else None
+    if given:  # the optimizer given wins over configure_optimizers; lr_fn goes on top of it
+        out["optimizer_fn"] = GivenOptimizer(task, None if task.optimizer is not None else own_optimizer, a)
+        if task.optimizer is not None and own_optimizer is not None:
+            notes.append(f"optimizer: Task(optimizer=...) runs; {name}.configure_optimizers is not called")
+    elif task.optimizer_fn is None and own_optimizer is not None:
+        out["optimizer_fn"] = own_optimizer
+    elif task.optimizer_fn is None and task.lr is None and hasattr(type(model), "trainer"):
+        # a LightningModule's learning_rate (Lightning's convention) is the rate of plainloop's AdamW; a plain
+        # module's attribute of that name is not read: --lr runs
+        lr = getattr(model, "learning_rate", None)
+        if isinstance(lr, int | float) and not isinstance(lr, bool) and lr > 0:
+            out["lr"] = float(lr)
+            notes.append(f"lr: {name}.learning_rate = {lr:g} (a LightningModule's own rate) is the task's lr (Task.lr)")
     if task.log_metrics_fn is None and a.patches:
         out["log_metrics_fn"] = hooks.train_logs
     lightning_eval = a.training_step is not None or a.validation_step is not None or a.test_step is not None

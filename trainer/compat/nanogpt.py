@@ -4,17 +4,23 @@
 whose model's forward takes targets the loss that forward returns: `(logits, loss)`, `{"loss": ...}` or a 0-dim
 tensor. Its `configure_optimizers(weight_decay, learning_rate, betas, device_type)` is the Lightning adapter's
 (trainer/compat/lightning.py).
+
+`LrFnSchedule` is nanoGPT's `lr = get_lr(iter_num)` before each step: Task(lr_fn=get_lr) (trainer/compat/lightning.py
+hands it the optimizer that runs).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Sequence
+import numbers
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
+from ..checkpoint import StateDict
+from ..optim import group_lr
 from ..task import ModelProtocolError, Task, unwrap_model
 
 TARGET_NAMES = ("targets", "target", "y", "labels", "label", "tgt")
@@ -63,3 +69,46 @@ def adapt_targets_task(task: Task) -> Task | None:
         return None
     note = f"loss: {type(inner).__name__}.forward(x, targets) computes it (the loss it returns)"
     return dataclasses.replace(task, loss_fn=targets_loss, notes=[*task.notes, note])
+
+
+def skipped_on_device(found_inf: torch.Tensor | None) -> bool:
+    """Whether the step the optimizer step reports with `found_inf` (given only when the host did not learn it: fp16,
+    or a fused optimizer on a GPU) was skipped. note: sync point; after GradScaler's own read for a non-fused
+    optimizer it costs no wait, a fused one on a GPU pays it once per step (a host-side schedule must know)."""
+    return found_inf is not None and bool(found_inf.item())  # note: sync point (see above)
+
+
+class LrFnSchedule:
+    """The `Schedule` for Task(lr_fn=...): lr_fn(n) set on every parameter group before each optimizer step, n = the
+    optimizer steps taken so far (nanoGPT's iter_num; a step skipped for non-finite gradients does not count). The
+    count rides in every checkpoint, so a resumed run continues the same curve."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, lr_fn: Callable[[int], float]) -> None:
+        self.optimizer, self.lr_fn, self.steps = optimizer, lr_fn, 0
+        self.name = getattr(lr_fn, "__name__", type(lr_fn).__name__)
+        self._apply()
+
+    def _apply(self) -> None:
+        lr = self.lr_fn(self.steps)
+        if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not 0 <= float(lr) < float("inf"):
+            raise ValueError(f"lr_fn: {self.name}({self.steps}) returned {lr!r}; return the lr, a finite float >= 0")
+        for g in self.optimizer.param_groups:
+            if isinstance(g["lr"], torch.Tensor):  # a tensor lr (fused optimizers) is updated in place
+                g["lr"].fill_(float(lr))
+            else:
+                g["lr"] = float(lr)
+
+    def step(self, found_inf: torch.Tensor | None = None) -> None:
+        if not skipped_on_device(found_inf):
+            self.steps += 1
+            self._apply()
+
+    def current_lr(self) -> float:
+        return group_lr(self.optimizer)
+
+    def state_dict(self) -> dict[str, object]:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: StateDict) -> None:
+        self.steps = int(state["steps"])
+        self._apply()

@@ -82,7 +82,10 @@ class EMA:
             steps).
         every: update every N optimizer steps (1 = every step).
         warmup: ramp the decay up as timm's ModelEmaV3 with use_warmup=True.
-        warmup_power, warmup_gamma, update_after_step, min_decay: timm's ModelEmaV3 settings of the same names.
+        warmup_power: the ramp's exponent: decay 1 - (1 + t / warmup_gamma) ** -warmup_power (timm's names).
+        warmup_gamma: the ramp's time scale, in optimizer steps.
+        update_after_step: optimizer steps during which the average copies the weights (decay 0).
+        min_decay: the lowest decay once averaging starts.
         average_buffers: average floating-point buffers (timm's default) or copy every buffer.
         all_ranks: keep a copy on every DDP rank instead of rank 0 only.
     """

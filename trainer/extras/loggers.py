@@ -180,7 +180,9 @@ class WandbLogger:
 
     Args:
         project: the W&B project (default: $WANDB_PROJECT, else "plainloop").
-        entity, tags, group: passed to wandb.init.
+        entity: passed to wandb.init.
+        tags: passed to wandb.init.
+        group: passed to wandb.init.
         mode: "online", "offline" or "disabled"; None = $WANDB_MODE, else offline without an API key.
     """
 
