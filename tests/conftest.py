@@ -18,6 +18,14 @@ import torch  # noqa: E402
 
 import trainer.compat.base_trainer as base_mod  # noqa: E402
 
+try:  # Hypothesis fails an example slower than 200 ms by default: a timing assertion a loaded machine trips
+    from hypothesis import settings
+
+    settings.register_profile("plainloop", deadline=None)
+    settings.load_profile("plainloop")
+except ImportError:  # the tests that use it say so themselves
+    pass
+
 
 @pytest.fixture(scope="session")
 def era5_cache(tmp_path_factory):

@@ -23,6 +23,29 @@ from utils.bottleneck import THRESHOLDS, VERDICTS, contention, diagnose
 from utils.performance_monitor import TrainingMonitor, percentile
 
 
+def _cpu_s(pid: int) -> float:
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def _wait_until(ready: Callable[[], bool], what: str) -> None:
+    """Wait for an event that a loaded machine may delay; the deadline only catches a hang."""
+    t_end = time.monotonic() + 300
+    while not ready():
+        assert time.monotonic() < t_end, f"{what} did not happen in 300 s"
+        time.sleep(0.01)
+
+
+def _stop(mon: TrainingMonitor) -> None:
+    """stop_monitoring(), then wait until the sampler has taken its last row and scanned the processes: the monitor
+    gives it 5 s (a run's end is not held up by its telemetry), which a loaded machine can exceed."""
+    thread = mon._thread
+    mon.stop_monitoring()
+    if thread is not None:
+        thread.join(300)
+        assert not thread.is_alive(), "the sampler did not end in 300 s"
+
+
 def test_seed_001_snippet_runs(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     # "too short" is a window under _MIN_CPU_WINDOW_S; a loaded machine can stretch these three steps past 0.25 s,
     # so the limit is raised above any window this test can take
@@ -62,7 +85,7 @@ def test_sleep_loop_without_data_time_is_not_called_host_bound() -> None:
         t0 = time.time()
         time.sleep(0.04)
         mon.log_iteration(time.time() - t0)
-    mon.stop_monitoring()
+    _stop(mon)
     s = mon.get_summary()
     assert s["data_wait_frac"] is None
     assert s["process_cpu_percent_mean"] is not None and s["process_cpu_percent_mean"] < 50  # measured: ≥0.25 s
@@ -85,7 +108,7 @@ def test_partly_measured_data_wait_and_short_busy_run_cpu() -> None:
         dt = time.perf_counter() - t0
         mon.log_iteration(dt, data_seconds=dt / 2 if i % 2 == 0 else None)
         i += 1
-    mon.stop_monitoring()
+    _stop(mon)
     s = mon.get_summary()
     assert s["data_wait_frac"] == pytest.approx(0.5)  # over the steps that had a data time
     assert s["data_wait_measured_steps"] == (i + 1) // 2
@@ -101,7 +124,7 @@ def test_summary_fields_and_percentiles() -> None:
     for t in times:
         mon.log_iteration(t, data_seconds=t / 4)
     time.sleep(0.3)  # the CPU counters need at least 0.25 s
-    mon.stop_monitoring()
+    _stop(mon)
     s = mon.get_summary()
     steady = sorted(times[1:])
     assert s["iter_time_s"]["p50"] == pytest.approx(percentile(steady, 50))
@@ -164,7 +187,7 @@ def _train(loader: DataLoader, model: nn.Module, steps: int) -> dict:
         loss.backward()
         opt.step()
         mon.log_iteration(time.perf_counter() - t0, data_seconds=t1 - t0, samples=x.shape[0])
-    mon.stop_monitoring()
+    _stop(mon)
     return mon.get_summary()
 
 
@@ -259,7 +282,7 @@ def test_nvml_path_mocked(monkeypatch: pytest.MonkeyPatch) -> None:
     for _ in range(5):
         mon.log_iteration(0.02, data_seconds=0.001)
     _wait_until(lambda: len(mon._rows) >= 2, "two samples")  # the sampler's own rows, beside the one at the stop
-    mon.stop_monitoring()
+    _stop(mon)
     s = mon.get_summary()
     assert s["gpu_telemetry"] == "nvml"
     assert s["gpu_util_mean"] == pytest.approx(87.0)
@@ -310,19 +333,6 @@ def _spawn_other_process() -> int:
     return int(out.stdout)
 
 
-def _cpu_s(pid: int) -> float:
-    t = psutil.Process(pid).cpu_times()
-    return t.user + t.system
-
-
-def _wait_until(ready: Callable[[], bool], what: str) -> None:
-    """Wait for an event that a loaded machine may delay; the deadline only catches a hang."""
-    t_end = time.monotonic() + 300
-    while not ready():
-        assert time.monotonic() < t_end, f"{what} did not happen in 300 s"
-        time.sleep(0.01)
-
-
 def test_busy_helper_process_gives_contended_verdict() -> None:
     # Real busy helpers: one spinning process per core while a 2-second "training" loop runs.
     ncpu = psutil.cpu_count(logical=True) or 1
@@ -341,7 +351,7 @@ def test_busy_helper_process_gives_contended_verdict() -> None:
             for _ in range(4):
                 x = torch.tanh(x @ x)
             mon.log_iteration(time.perf_counter() - t0, data_seconds=0.0)
-        mon.stop_monitoring()
+        _stop(mon)
         t_wall = time.perf_counter() - t_wall
         used = {pid: (c + _cpu_s(pid)) / t_wall for pid, c in used.items()}  # cores each helper used meanwhile
     finally:
@@ -449,7 +459,7 @@ def test_nvml_other_processes_on_our_gpu(monkeypatch: pytest.MonkeyPatch) -> Non
     for _ in range(5):
         mon.log_iteration(0.02, data_seconds=0.001)
     _wait_until(lambda: len(mon._rows) >= 2, "two samples")
-    mon.stop_monitoring()
+    _stop(mon)
     s = mon.get_summary()
     assert s["gpu_own_pid_visible"] is True and s["gpu_other_processes_max"] == 1
     assert s["gpu_other_process_frac"] == pytest.approx(1.0)
@@ -466,7 +476,7 @@ def test_nvml_other_processes_on_our_gpu(monkeypatch: pytest.MonkeyPatch) -> Non
     mon = TrainingMonitor(interval=0.05, device=torch.device("cuda", 0), batch_size=32)
     mon.start_monitoring()
     _wait_until(lambda: len(mon._rows) >= 2, "two samples")
-    mon.stop_monitoring()
+    _stop(mon)
     s = mon.get_summary()
     assert s["gpu_own_pid_visible"] is False and s["gpu_other_processes_max"] == 1 and s["gpu_other_processes"] == []
 
@@ -479,7 +489,7 @@ def test_torchrun_siblings_are_the_same_job(monkeypatch: pytest.MonkeyPatch) -> 
     mon = TrainingMonitor(interval=0.05)
     mon.start_monitoring()
     time.sleep(0.1)
-    mon.stop_monitoring()
+    _stop(mon)
     assert mon._tree is not None and mon._tree.proc.pid == os.getppid() and os.getpid() in mon._tree.pids()
     assert "torchrun" in mon.get_summary()["process_cpu_scope"]
 

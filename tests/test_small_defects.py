@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import subprocess
 from collections import namedtuple
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 import tasks
@@ -223,3 +225,19 @@ def test_a_metric_of_the_wrong_shape_is_refused_not_averaged(tmp_path):
         "Task(metrics=...) 'mae' on val: gave shape (16, 16) for a batch of 16; return one value per sample "
         "(shape (16,)) or the batch's mean (a 0-d tensor)"
     )
+
+
+@pytest.mark.parametrize(
+    "criterion, shown", [(F.cross_entropy, "cross_entropy"), (nn.CrossEntropyLoss(), "nn.CrossEntropyLoss()")]
+)
+def test_a_criterion_of_output_and_target_as_loss_fn_is_one_line_with_the_way_in(criterion, shown):
+    """loss_fn takes (model, batch): a torch criterion handed over as it is would fail at the first step with a
+    traceback about a Sequential not being a Tensor."""
+    from trainer import Task
+    from trainer.task import ModelProtocolError
+
+    with pytest.raises(
+        ModelProtocolError, match=rf"give loss_fn=lambda m, b: {re.escape(shown)}\(m\(b\[0\]\), b\[1\]\)"
+    ):
+        Task("t", nn.Linear(2, 2), [], loss_fn=criterion)
+    Task("t", nn.Linear(2, 2), [], loss_fn=lambda m, b: criterion(m(b[0]), b[1]))  # the way in

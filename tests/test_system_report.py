@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -254,9 +255,9 @@ def no_rapl(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sr, "_rapl_uj", lambda: None)
 
 
-def _scripted_trial(table: dict[str, list[float]], trial_dir: Path, delay: float = 0.0):
+def _scripted_trial(table: dict[str, list[float]], trial_dir: Path, until: threading.Event | None = None):
     """run_trial that returns scripted samples/s per setting and writes a run folder with a checkpoint,
-    as the engine's trials do."""
+    as the engine's trials do; `until`: an event the trial waits for (what a real trial would measure around it)."""
     calls: dict[str, int] = {}
 
     def run_trial(overrides: dict, steps: int) -> dict:
@@ -266,7 +267,8 @@ def _scripted_trial(table: dict[str, list[float]], trial_dir: Path, delay: float
         d = trial_dir / f"trial-{key}-{i}" / "checkpoints"
         d.mkdir(parents=True)
         (d / "last.pt").write_bytes(b"x" * 1000)
-        time.sleep(delay)
+        if until is not None:
+            assert until.wait(600), "the report's sampler never sampled"
         sps = table[key][i % len(table[key])]
         mon = {"samples_per_s": sps, "data_wait_frac": 0.01, "iter_time_s": {"p50": 0.1, "p90": 0.11},
                "iterations": steps}  # fmt: skip
@@ -347,6 +349,9 @@ class _FakeNvml:
 
     NVML_CLOCK_SM, NVML_CLOCK_MEM = 1, 2
 
+    def __init__(self) -> None:
+        self.sampled = threading.Event()
+
     def nvmlInit(self) -> None: ...
 
     def nvmlShutdown(self) -> None: ...
@@ -361,6 +366,7 @@ class _FakeNvml:
         return SimpleNamespace(gpu=80, memory=35)
 
     def nvmlDeviceGetProcessUtilization(self, h: str, ts: int) -> list[SimpleNamespace]:
+        self.sampled.set()  # the sampler's row is complete once this returns
         return [SimpleNamespace(pid=os.getpid(), smUtil=70, memUtil=30, timeStamp=ts + 1),
                 SimpleNamespace(pid=-5, smUtil=99, memUtil=99, timeStamp=ts + 1)]  # fmt: skip
 
@@ -375,13 +381,14 @@ class _FakeNvml:
 
 
 def test_nvml_utilisation_and_clocks_with_a_mocked_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml())
+    fake = _FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
     assert nvml_clocks() == [{"index": 0, "sm_clock_mhz": 1755, "sm_clock_max_mhz": 1980, "sm_clock_base_mhz": 1590,
                               "mem_clock_mhz": 2619, "mem_clock_max_mhz": 2619}]  # fmt: skip
     hw = {"cpu_model": "x", "gpus": [{"index": 0, "name": "H100", "memory_gb": 80, **nvml_clocks()[0]}]}
     assert "| GPU 0 clocks (NVML) | SM base 1590 MHz, SM now 1755 MHz, SM max 1980 MHz" in render_hardware(hw)
     table = {"base": [100.0]}
-    out = run_system_report(_scripted_trial(table, tmp_path / "t", delay=0.6), {}, [], 5, tmp_path / "r.md",
+    out = run_system_report(_scripted_trial(table, tmp_path / "t", until=fake.sampled), {}, [], 5, tmp_path / "r.md",
                             {"hardware": hw})  # fmt: skip
     raw = json.loads(out.with_suffix(".json").read_text())
     nv = raw["profile"]["nvml"]
