@@ -16,6 +16,7 @@ for _name, _usual in (("SIGINT", signal.default_int_handler), ("SIGHUP", signal.
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+import trainer.base as trainer_base  # noqa: E402
 import trainer.compat.base_trainer as base_mod  # noqa: E402
 
 try:  # Hypothesis fails an example slower than 200 ms by default: a timing assertion a loaded machine trips
@@ -54,5 +55,6 @@ def one_thread():
 def in_tmp(tmp_path, monkeypatch, era5_cache):
     """The test runs in tmp_path, and BaseTrainer saves its models under tmp_path/models."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(base_mod, "MODEL_SAVE_PATH", str(tmp_path / "models"))
+    for module in (base_mod, trainer_base):  # the guides import it from trainer.base, which holds its own copy
+        monkeypatch.setattr(module, "MODEL_SAVE_PATH", str(tmp_path / "models"))
     return tmp_path
