@@ -1,15 +1,10 @@
 """TrainConfig: every knob of the loop in one dataclass, the one source of flags, config files, checks and docs.
 
-Each field is declared with `knob(default, help, group, **rule)`; its metadata (help text, argparse group, rule)
-gives the flag, the config-file key and the check:
-
-    lr: float = knob(1e-3, "learning rate", OPTIM, gt=0)          # a finite float > 0
-    warmup_steps: int | None = knob(None, "...", OPTIM, min=0)     # None or a whole number >= 0
-
-The rule keywords and the validator are the leaf's (trainer/support/values.py). `check_value` is the only
-validator: the CLI's argparse types, config files, a resumed run's config.toml, BaseTrainer's dicts (`TrainConfig.from_dict`) and `TrainConfig.__post_init__` all call it, so a bad value is the
-same one line (the flag or key, the value and what is allowed) whichever door it came through.
-Defaults are the optimised setup; `baseline=True` turns every optimisation off (the unoptimised "before" loop).
+Each field is a `knob(default, help, group, **rule)`: its metadata gives the flag, the config-file key and the
+check (the rule keywords: trainer/support/values.py). `check_value` is the only validator: the CLI's argparse
+types, config files, a resumed run's config.toml, BaseTrainer's dicts and `TrainConfig.__post_init__` all call it,
+so a bad value is the same one line whichever door it came through. Defaults are the optimised setup;
+`baseline=True` turns every optimisation off (the unoptimised "before" loop).
 """
 
 from __future__ import annotations

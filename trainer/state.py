@@ -2,10 +2,12 @@
 
     RunState        every part with state registers once (a key and an object with state_dict/load_state_dict);
                     a checkpoint is the registry walked out, a resume the registry walked in, so the two match
-    Checkpointer    writes last.pt / best.pt from the registry (in the background on a GPU) and resumes a run
+    Checkpointer    decides when last.pt is due, writes last.pt / best.pt from the registry (in the background on a
+                    GPU) and resumes a run
     resume_changes  the one rule for a resumed run: a setting in RESUME_MAY_CHANGE may differ, any other is fixed
+    check_resume    the one resume check (task, processes, fixed settings, length): the command line calls it early
 
-The file format (atomic writes, the digest, safe loading) is `trainer/checkpoint.py`.
+The file format (atomic writes, the digest, safe loading) is the leaf's, `trainer/support/checkpoint_file.py`.
 """
 
 from __future__ import annotations
