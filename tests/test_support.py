@@ -102,3 +102,19 @@ def test_the_random_state_round_trips_through_a_checkpoint(tmp_path):
     first = (random.random(), np.random.rand(), torch.rand(1).item())
     rng.load_state_dict(check_digest(safe_load(path), path)["rng"])  # type: ignore[arg-type]
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == first
+
+
+@pytest.mark.parametrize(
+    "module, names",
+    [
+        ("trainer.checkpoint", "atomic_save atomic_write check_free_space state_digest storable restore NotStorable"),
+        ("trainer.runfiles", "RunLock RunDirError RunDirGone strict_json write_config_file roll_back_metrics"),
+        ("trainer.config", "ConfigError check_value check_settings field_rules knob unwrap INT_LIMIT RULE_KEYS"),
+        ("trainer.runtime", "rng_state set_rng_state seed_everything"),
+    ],
+)
+def test_the_names_that_moved_to_the_leaf_keep_their_old_import_paths(module, names):
+    import importlib
+
+    m = importlib.import_module(module)
+    assert [n for n in names.split() if not hasattr(m, n)] == []

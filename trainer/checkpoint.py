@@ -27,6 +27,7 @@ from .support import (
     atomic_write,
     atomic_write_text,
     check_digest,
+    check_free_space,
     remove_orphan_temps,
     restore,
     safe_load,
@@ -38,9 +39,9 @@ from .support import (
 
 __all__ = [
     "DIGEST_KEY", "INTEGRITY_KEY", "NUMPY_KEY", "STORAGE_ERRNOS", "UNVERIFIED", "CheckpointError", "NotStorable",
-    "StateDict", "StorageError", "atomic_save", "atomic_write", "atomic_write_text", "checkpoint_file",
-    "load_checkpoint", "not_a_checkpoint", "remove_orphan_temps", "restore", "snapshot_to_host", "state_digest",
-    "storable", "storage_error",
+    "StateDict", "StorageError", "atomic_save", "atomic_write", "atomic_write_text", "check_free_space",
+    "checkpoint_file", "load_checkpoint", "not_a_checkpoint", "remove_orphan_temps", "restore", "snapshot_to_host",
+    "state_digest", "storable", "storage_error",
 ]  # fmt: skip
 
 

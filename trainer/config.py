@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .support import (
+    INT_LIMIT,
+    RULE_KEYS,
     STORAGE_PROBLEMS,
     ConfigError,
     Rule,
@@ -34,9 +36,9 @@ from .support import (
 from .support import check_settings as _check_settings
 
 __all__ = [  # the validator is the leaf's (trainer/support/values.py), public here too
-    "AUTO_VALIDATIONS", "ConfigError", "Rule", "Rules", "TrainConfig", "TypeForm", "check_output_dirs",
-    "check_settings", "check_value", "default_num_workers", "describe", "field_rules", "knob", "run_name_problem",
-    "unknown_keys", "unwrap", "usable_cpus", "validation_every", "writable_dir_problem",
+    "AUTO_VALIDATIONS", "INT_LIMIT", "RULE_KEYS", "ConfigError", "Rule", "Rules", "TrainConfig", "TypeForm",
+    "check_output_dirs", "check_settings", "check_value", "default_num_workers", "describe", "field_rules", "knob",
+    "run_name_problem", "unknown_keys", "unwrap", "usable_cpus", "validation_every", "writable_dir_problem",
 ]  # fmt: skip
 VALID = "Valid settings are TrainConfig's fields and a task's own (the --flags of train_optimized.py --help-all)"
 

@@ -36,6 +36,8 @@ from .files import (
 from .lock import STORAGE_PROBLEMS, RunDirError, RunDirGone, RunLock, busy_error, writable_dir_problem
 from .random_state import RngState, rng_state, seed_everything, set_rng_state
 from .values import (
+    INT_LIMIT,
+    RULE_KEYS,
     ConfigError,
     Rule,
     Rules,
@@ -51,10 +53,11 @@ from .values import (
 )
 
 __all__ = [
-    "CheckpointError", "ConfigError", "DIGEST_KEY", "INTEGRITY_KEY", "NUMPY_KEY", "NotStorable", "Rule", "Rules",
-    "RngState", "RunDirError", "RunDirGone", "RunLock", "STORAGE_ERRNOS", "STORAGE_PROBLEMS", "StateDict", "StorageError", "TypeForm",
-    "UNVERIFIED", "atomic_save", "atomic_write", "atomic_write_text", "busy_error", "check_digest",
-    "check_free_space", "check_settings", "check_value", "describe", "field_rules", "knob", "move_jsonl_rows", "remove_orphan_temps",
-    "restore", "rng_state", "show_value", "safe_load", "seed_everything", "set_rng_state", "snapshot_to_host", "state_digest", "storable", "storage_error", "strict_json",
-    "unknown_keys", "unwrap", "writable_dir_problem", "write_config_file",
+    "CheckpointError", "ConfigError", "DIGEST_KEY", "INTEGRITY_KEY", "INT_LIMIT", "NUMPY_KEY", "NotStorable",
+    "RULE_KEYS", "RngState", "Rule", "Rules", "RunDirError", "RunDirGone", "RunLock", "STORAGE_ERRNOS",
+    "STORAGE_PROBLEMS", "StateDict", "StorageError", "TypeForm", "UNVERIFIED", "atomic_save", "atomic_write",
+    "atomic_write_text", "busy_error", "check_digest", "check_free_space", "check_settings", "check_value",
+    "describe", "field_rules", "knob", "move_jsonl_rows", "remove_orphan_temps", "restore", "rng_state",
+    "safe_load", "seed_everything", "set_rng_state", "show_value", "snapshot_to_host", "state_digest", "storable",
+    "storage_error", "strict_json", "unknown_keys", "unwrap", "writable_dir_problem", "write_config_file",
 ]  # fmt: skip
