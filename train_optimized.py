@@ -100,7 +100,7 @@ from trainer.extras.loggers import CSVLogger, WandbLogger, parse_logger_names  #
 from trainer.runfiles import RunDirError, refuse_if_live, resume_auto  # noqa: E402
 from trainer.runtime import launch_prefix  # noqa: E402
 from trainer.signals import handled_signals  # noqa: E402
-from trainer.state import ResumeError, RunFinished, resume_changes  # noqa: E402
+from trainer.state import ResumeError, RunFinished, SettingsChanged, check_resume  # noqa: E402
 from trainer.usercode import resume_hint  # noqa: E402
 
 RUN = "task and run"
@@ -315,8 +315,7 @@ def resolve_settings(explicit: dict[str, Any], notes: list[str]) -> dict[str, An
             for k, v in given.items():
                 if k in saved and saved[k] != v and k not in NOT_IN_CONFIG_FILE:
                     notes.append(f"resume: {k} {saved[k]!r} -> {v!r} (given now)")
-            check_resume_changes(ckpt, given)
-            check_resume_task(ckpt, meta, {**saved, **given}.get("task") or RunOptions.task)
+            check_resume_early(ckpt, meta, given, {**saved, **given}.get("task") or RunOptions.task)
     out = {**saved, **given}
     # one length (or validation interval) in two units: the one given with the higher priority wins, so
     # `--config seed002_mmseg.toml --max_steps 4` shortens the file's runner.max_iters (max_batches) run
@@ -379,45 +378,29 @@ def _json_block(path: Path, key: str) -> dict[str, Any]:
     return block if isinstance(block, dict) else {}
 
 
-def check_resume_changes(ckpt_path: Path, given: dict[str, Any]) -> None:
-    """Refuse, before anything is written, a resume that changes a fixed setting (trainer/state.py's one rule:
-    RESUME_MAY_CHANGE) or gives a step budget below the checkpoint's step."""
-    meta = _checkpoint_meta(ckpt_path)
-    if meta is None:
-        return  # no checkpoint yet (resume auto starting a run) or a damaged one: the engine reports it
+def check_resume_early(ckpt_path: Path, meta: dict[str, Any], given: dict[str, Any], task: str) -> None:
+    """The engine's one resume check (trainer/state.py check_resume), before the task is built and anything is
+    written: the settings given now, the task this resume builds (a task file's Task is named by its builder: the
+    engine compares that one once it is built) and --max_steps against the checkpoint's step."""
     sections = meta.get("settings")
     if not isinstance(sections, dict):  # written before checkpoints carried the settings
         sections = {"train": meta.get("config") or {}}
     now = {t: {k: given[k] for k in v if k in given} for t, v in sections.items() if isinstance(v, dict)}
-    changed = resume_changes(sections, now)
-    if changed:
+    try:
+        check_resume(meta, ckpt_path, now, None if is_user_task(task) else task, total_steps=given.get("max_steps"))
+    except SettingsChanged as e:  # in the command line's words: the flags given
+        if e.changed:
+            raise ConfigError(
+                f"{', '.join(f'--{k} {_shown(b)}' for k, _, b in e.changed)}: the run at {ckpt_path} was made with "
+                f"{', '.join(f'{k} {_shown(a)}' for k, a, _ in e.changed)}, and a resumed run keeps them (its state "
+                f"was made with them); resume without {'them' if len(e.changed) > 1 else 'it'}, or start a new run "
+                f"with the new values: --config {shlex.quote(str(ckpt_path.parent.parent / 'config.toml'))} plus "
+                f"the flags"
+            ) from None
         raise ConfigError(
-            f"{', '.join(f'--{k} {_shown(b)}' for k, _, b in changed)}: the run at {ckpt_path} was made with "
-            f"{', '.join(f'{k} {_shown(a)}' for k, a, _ in changed)}, and a resumed run keeps them (its state was "
-            f"made with them); resume without {'them' if len(changed) > 1 else 'it'}, or start a new run with the "
-            f"new values: --config {shlex.quote(str(ckpt_path.parent.parent / 'config.toml'))} plus the flags"
-        )
-    step = meta.get("step")
-    if isinstance(step, int) and given.get("max_steps") is not None and given["max_steps"] < step:
-        raise ConfigError(
-            f"--max_steps {given['max_steps']}: the run at {ckpt_path} is already at step {step}; give at least "
-            f"--max_steps {step} (more continues it), or leave it out to keep the run's own length"
-        )
-
-
-def check_resume_task(ckpt_path: Path, meta: dict[str, Any], task: str) -> None:
-    """Refuse, before the task is built, a checkpoint of another task than the built-in one this resume would build
-    (a task file's Task is named by its builder: the engine compares that one once it is built)."""
-    old = meta.get("task")
-    if is_user_task(task) or old in (None, task):
-        return
-    run = meta.get("settings", {}).get("run") if isinstance(meta.get("settings"), dict) else None
-    spec = run.get("task") if isinstance(run, dict) else None
-    how = f"--task {shlex.quote(spec)}" if isinstance(spec, str) else "--task with the module:function that builds it"
-    raise ResumeError(
-        f"--resume: {ckpt_path} is a checkpoint of task {old!r}, not {task!r} (the task this resume builds); to "
-        f"continue it, give {how}; or resume a run of task {task!r}"
-    )
+            f"--max_steps {given['max_steps']}: the run at {ckpt_path} is already at step {e.step}; give at least "
+            f"--max_steps {e.step} (more continues it), or leave it out to keep the run's own length"
+        ) from None
 
 
 def _shown(v: Any) -> str:

@@ -40,7 +40,7 @@ FLAGS = [("--preset", "tiny", "problem size", {"choices": sorted(PRESETS)}),
 
 def _patched(variant: str, device: torch.device, phases: dict[str, list[float]], epochs: int) -> contextlib.ExitStack:
     """The variant's change and timers around the save's parts, undone when the returned stack closes."""
-    import trainer.checkpoint as ck
+    import trainer.support.checkpoint_file as ck
     from trainer.state import Checkpointer
 
     def timed(key: str, fn: Callable[..., Any], pre_sync: bool = False) -> Callable[..., Any]:

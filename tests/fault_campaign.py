@@ -115,7 +115,7 @@ def install_pause(where: str, n: int, marker: str) -> None:
     (the campaign has signalled it) or it is killed. where: "step" (the n-th training forward of the
     RecursiveAttentionTransformer) or "write" (the n-th write of last.pt, half its bytes in the temp file). The
     campaign then acts on an event, not after a guessed delay: a loaded machine changes when, never what."""
-    import trainer.checkpoint as ck
+    import trainer.support.checkpoint_file as ck
 
     flag, go, count = Path(marker), Path(marker + ".go"), [0]
 

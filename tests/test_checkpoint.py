@@ -23,12 +23,12 @@ from trainer.checkpoint import (
     INTEGRITY_KEY,
     UNVERIFIED,
     CheckpointError,
-    _owner_tag,
     atomic_save,
     load_checkpoint,
     remove_orphan_temps,
     state_digest,
 )
+from trainer.support.files import _owner_tag
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = 0.0091  # the weight that became 3.1e36 after one flipped bit in issue 10

@@ -395,7 +395,8 @@ def test_a_stop_right_after_the_run_directory_is_made_saves_and_resumes(tmp_path
 
 def test_a_killed_settings_write_leaves_a_temp_the_next_start_removes(tmp_path):
     """config.toml's temp file is named as checkpoint temps are, so a writer killed mid-write is tidied up."""
-    from trainer.checkpoint import _owner_tag, atomic_write_text, remove_orphan_temps
+    from trainer.checkpoint import atomic_write_text, remove_orphan_temps
+    from trainer.support.files import _owner_tag
 
     atomic_write_text(tmp_path / "config.toml", "x = 1\n")
     dead = 2**22 + 12345  # above pid_max's default: no such process

@@ -182,7 +182,7 @@ def test_where_a_directory_cannot_be_locked_the_lock_file_is_verified(tmp_path, 
     .lock was deleted or replaced stops at its next write instead of sharing the run with a second process."""
     import stat
 
-    import trainer.runfiles as rf
+    import trainer.support.lock as rf
 
     real = rf._try_lock
 
@@ -295,7 +295,7 @@ def test_a_failed_write_names_the_file_keeps_the_old_one_and_leaves_no_temp(err,
 
 
 def test_a_checkpoint_larger_than_the_free_space_is_refused_before_writing(tmp_path, monkeypatch):
-    import trainer.checkpoint as ck
+    import trainer.support.files as ck
 
     target = tmp_path / "last.pt"
     target.write_bytes(b"old")
@@ -312,7 +312,7 @@ class _Usage:
 
 
 def test_a_full_disk_during_a_checkpoint_save_exits_4_naming_the_file(task_file, tmp_path, monkeypatch, capsys):
-    import trainer.checkpoint as ck
+    import trainer.support.files as ck
 
     monkeypatch.setattr(ck, "shutil", SimpleNamespace(disk_usage=lambda p: _Usage(free=100)))  # the saves' view
     code = _main(["--task", task_file, "--run_name", "r", "--output_dir", "out", "--no-progress_bar", "--no-plots"])
@@ -815,8 +815,9 @@ def test_a_full_disk_in_metrics_jsonl_names_the_file(tmp_path):
 def test_a_lock_busy_for_one_probe_is_not_a_live_run(tmp_path, monkeypatch):
     """torchrun ranks probing one run's lock at once (--resume auto) must not each see the other as a live writer."""
     import trainer.runfiles as rf
+    import trainer.support.lock as lock
 
-    real, calls = rf._try_lock, []
+    real, calls = lock._try_lock, []
 
     def busy_once(fd: int) -> None:
         calls.append(fd)
@@ -824,10 +825,10 @@ def test_a_lock_busy_for_one_probe_is_not_a_live_run(tmp_path, monkeypatch):
             raise OSError(errno.EWOULDBLOCK, "Resource temporarily unavailable")
         real(fd)
 
-    monkeypatch.setattr(rf, "_try_lock", busy_once)
+    monkeypatch.setattr(lock, "_try_lock", busy_once)
     rf.check_not_live(tmp_path)  # passes on the second try
     assert len(calls) == 2
-    monkeypatch.setattr(rf, "_try_lock", real)
+    monkeypatch.setattr(lock, "_try_lock", real)
     held = RunLock(tmp_path)  # a live writer keeps it: still refused after every try
     with pytest.raises(RunDirError, match="another live process"):
         rf.check_not_live(tmp_path)

@@ -1,457 +1,62 @@
-"""Checkpoints that are written atomically, carry a digest, and load with weights_only=True.
+"""Checkpoints: the file format is the leaf's (trainer/support/checkpoint_file.py: atomic writes, the digest,
+weights_only loading); here, what a resume path means for a run directory.
 
-- `atomic_save` writes a temp file in the same folder, fsyncs and renames it, so a crash never leaves half a
-  file; a plainloop checkpoint (a dict with a "model" entry) gets a sha256 digest of its contents as one more
-  entry.
-- `load_checkpoint` never unpickles arbitrary objects (a pickle payload is refused, never run), reports
-  damaged files (random bytes, truncation, a flipped bit caught by the digest) as corrupt, naming the file,
-  and still loads older checkpoints written without a digest (marked unverified).
-- `storable` checks what callbacks and models put in a checkpoint at the save: NumPy values become tagged tensors
-  (`load_checkpoint` turns them back), anything weights_only=True could not load is refused, naming its key.
-- `remove_orphan_temps` deletes the temp files a killed writer left behind.
+- `load_checkpoint` takes a checkpoint file or a run directory (its checkpoints/last.pt), refuses pickled
+  objects, reports damaged files as corrupt, and marks checkpoints without a digest unverified.
+- `atomic_save`, `storable`, `restore`, `snapshot_to_host`, `remove_orphan_temps`: the leaf's, public here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import functools
-import hashlib
-import inspect
-import io
 import os
-import pickle
-import pickletools
-import re
-import shutil
-import socket
-import time
-import warnings
-import zipfile
-from collections import OrderedDict
-from collections.abc import Callable, Mapping
-from copy import deepcopy
 from pathlib import Path
-from typing import IO, Any, BinaryIO, cast
 
-import numpy as np
 import torch
 
-DIGEST_KEY = "digest"  # entry of a saved plainloop checkpoint: "sha256:<hex>" over every other entry
-INTEGRITY_KEY = "integrity"  # set by load_checkpoint on what it returns: "verified" or "unverified: ..."
-UNVERIFIED = "unverified: written without a digest (an older checkpoint); damage inside it would go unnoticed"
-
-# a state read back from a checkpoint file, as load_state_dict() takes it: torch.load gives its values no types
-StateDict = dict[str, Any]
-
-
-class CheckpointError(RuntimeError):
-    pass
-
-
-# errors of the storage, not of the input: a full disk, a quota, a failing device, a read-only or forbidden place
-STORAGE_ERRNOS = frozenset(
-    getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EIO", "EROFS", "EACCES", "EPERM") if hasattr(errno, n)
+from .support import (
+    DIGEST_KEY,
+    INTEGRITY_KEY,
+    NUMPY_KEY,
+    STORAGE_ERRNOS,
+    UNVERIFIED,
+    CheckpointError,
+    NotStorable,
+    StateDict,
+    StorageError,
+    atomic_save,
+    atomic_write,
+    atomic_write_text,
+    check_digest,
+    check_free_space,
+    remove_orphan_temps,
+    restore,
+    safe_load,
+    snapshot_to_host,
+    state_digest,
+    storable,
+    storage_error,
 )
 
-
-class StorageError(OSError):
-    """Writing a run's file failed because of the storage (a full disk, no permission, a vanished folder); the
-    message names the file and says what was kept. The command line exits with code 4 on it."""
-
-    def __init__(self, message: str, err: int | None = None, filename: str | os.PathLike | None = None) -> None:
-        super().__init__(err or errno.EIO, message)
-        self.message = message
-        self.filename = str(filename) if filename is not None else None
-
-    def __str__(self) -> str:
-        return self.message
-
-
-def storage_error(path: str | os.PathLike, e: OSError, what: str = "writing") -> StorageError:
-    """`e` (raised while writing `path`) as one line that names the file and the cause."""
-    why = e.strerror or str(e) or type(e).__name__
-    if isinstance(e, FileNotFoundError) or e.errno == errno.ENOENT:
-        why = f"its folder {Path(path).parent} is gone (removed while the run was writing it)"
-    return StorageError(f"{what} {path} failed: {why}", e.errno, path)
-
-
-def _tensor_bytes(obj: object) -> int:
-    """About how many bytes torch.save writes for `obj`: its tensors' storage (a lower bound; walks <= 100k items)."""
-    total, stack, seen = 0, [obj], 0
-    while stack and seen < 100_000:
-        o = stack.pop()
-        seen += 1
-        if isinstance(o, torch.Tensor):
-            total += o.numel() * o.element_size()
-        elif isinstance(o, dict):
-            stack.extend(o.values())
-        elif isinstance(o, list | tuple):
-            stack.extend(o)
-    return total
-
-
-def check_free_space(path: str | os.PathLike, needed: int) -> None:
-    """Refuse a write of about `needed` bytes into `path`'s folder when the disk has less free (cheap: one statvfs);
-    the file there now is kept."""
-    folder = Path(path).parent
-    try:
-        free = shutil.disk_usage(folder).free
-    except OSError:  # the write itself reports a missing folder, with the file's name
-        return
-    if free < needed + 2**20:
-        raise StorageError(
-            f"writing {path} needs about {needed / 2**20:.1f} MB and {folder} has {free / 2**20:.1f} MB free: "
-            f"nothing written, the previous file is kept; free some space (or use another --output_dir), then resume",
-            errno.ENOSPC,
-            path,
-        )
-
-
-# ---------------------------------------------------------------------------------------------- digest
-
-
-def state_digest(obj: object) -> str:
-    """sha256 over a canonical serialisation: every tensor's dtype, shape and bytes, and every other entry.
-
-    Dict order is part of it (pickle and torch.load keep insertion order), lists and tuples hash alike.
-    CUDA tensors are copied to the host for hashing.
-    """
-    h = hashlib.sha256()
-
-    def put(tag: bytes, payload: bytes | memoryview) -> None:
-        # a tag and a length prefix keep the stream unambiguous ("ab","c" never hashes like "a","bc")
-        h.update(tag + len(payload).to_bytes(8, "little"))
-        h.update(payload)
-
-    def feed(obj: object) -> None:
-        if isinstance(obj, torch.Tensor):
-            t = obj.detach()
-            put(b"T", f"{t.dtype}|{tuple(t.shape)}".encode())
-            try:
-                if t.layout != torch.strided:
-                    t = t.to_dense()
-                if t.device.type != "cpu":
-                    t = t.to("cpu")  # note: sync point (checkpoint), as torch.save's own copy is
-                if t.is_quantized:  # its integers, and what maps them to values
-                    per_tensor = t.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric)
-                    feed((t.q_scale(), t.q_zero_point()) if per_tensor else (
-                        t.q_per_channel_scales(), t.q_per_channel_zero_points(), t.q_per_channel_axis()))  # fmt: skip
-                    t = t.int_repr()
-                t = t.resolve_conj().resolve_neg().contiguous()
-                # its memory as uint8, without a copy (`t` stays alive until put(): the view points into it)
-                view = t.reshape(-1).view(torch.uint8).numpy().data if t.numel() else memoryview(b"")
-            except (RuntimeError, TypeError, ValueError):  # exotic tensors: hash their values instead
-                put(b"V", repr(obj.detach().to("cpu").tolist()).encode())
-                return
-            put(b"B", view)
-        elif isinstance(obj, dict):
-            put(b"D", str(len(obj)).encode())
-            for k, v in obj.items():
-                feed(k)
-                feed(v)
-        elif isinstance(obj, list | tuple):
-            put(b"L", str(len(obj)).encode())
-            for v in obj:
-                feed(v)
-        elif isinstance(obj, np.ndarray) and obj.dtype != object:
-            a = np.ascontiguousarray(obj)
-            put(b"A", f"{a.dtype.str}|{a.shape}".encode())
-            put(b"B", a.reshape(-1).view(np.uint8).data)
-        elif isinstance(obj, str):
-            put(b"S", obj.encode("utf-8", "surrogatepass"))
-        elif isinstance(obj, bytes | bytearray):
-            put(b"Y", bytes(obj))
-        else:  # None, bool, int, float (repr round-trips exactly, nan included), complex, dtype, device, ...
-            put(b"O", f"{type(obj).__name__}:{obj!r}".encode())
-
-    feed(obj)
-    return "sha256:" + h.hexdigest()
-
-
-# ------------------------------------------------------------------------------------------------ save
-
-
-def _owner_tag() -> str:
-    """host~pid of this writer, embedded in temp names so `remove_orphan_temps` can tell live from dead."""
-    host = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:40]
-    return f"{host}~{os.getpid()}"
-
-
-def atomic_save(obj: object, path: str | os.PathLike, *, digest: bool | None = None) -> Path:
-    """torch.save to a temp file in the same folder, fsync, then rename: a crash never leaves half a file.
-
-    digest: add a DIGEST_KEY entry to a dict; None (default) = only for a plainloop checkpoint (a dict with a
-    "model" entry), so plain state dicts stay loadable by `model.load_state_dict` as they are.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if digest is None:
-        digest = isinstance(obj, dict) and "model" in obj
-    if digest:
-        if not isinstance(obj, dict):
-            raise TypeError(f"atomic_save(digest=True) needs a dict, got {type(obj).__name__}")
-        body = {k: v for k, v in obj.items() if k != DIGEST_KEY}
-        obj = {**body, DIGEST_KEY: state_digest(body)}
-    check_free_space(path, _tensor_bytes(obj))
-    return atomic_write(path, lambda f: torch.save(obj, f))
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
-    """`write(file)` into a temp file beside `path`, fsync, rename, fsync the folder: the file is whole or not there.
-    Temps are named .NAME.host~pid.*.tmp, so `remove_orphan_temps` can tell a dead writer's from a live one's."""
-    path = Path(path)
-    if path.is_dir():  # os.replace would say "Is a directory" without saying which
-        raise StorageError(
-            f"cannot write {path}: a directory is in its place; move that directory away, then run again",
-            errno.EISDIR,
-            path,
-        )
-    tmp = path.parent / f".{path.name}.{_owner_tag()}.{os.urandom(6).hex()}.tmp"
-    try:  # created as open() creates a file (mode 0666 less the umask, where mkstemp gives 0600), never over one
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    except OSError as e:
-        raise storage_error(path, e) from e
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):  # a full disk, a quota, a vanished folder: one line naming the file
-            raise storage_error(path, e) from e
-        raise
-    if hasattr(os, "O_DIRECTORY"):  # the rename itself survives a power cut once the folder is synced (not Windows)
-        with contextlib.suppress(OSError):  # some file systems refuse a folder fsync; the file is already on disk
-            dfd = os.open(path.parent, os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-    return path
-
-
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write a file whole or not at all: a temp file beside it, fsync, rename. A kill or a bad value mid-write
-    leaves the previous file (never an empty one, which a resume would read as "no settings")."""
-    data = text.encode("utf-8")  # fails before anything is touched when the text cannot be written
-    return atomic_write(path, lambda fh: fh.write(data))
-
-
-def snapshot_to_host(state: Mapping[str, object]) -> dict[str, object]:
-    """A copy of a checkpoint's state that training can no longer change: every tensor copied to host memory
-    (GPU tensors into pinned memory, all at once, then one wait), every dict/list/tuple rebuilt, other leaves
-    deep-copied. A background writer then serialises it while the loop goes on."""
-    cuda_devices: set[torch.device] = set()
-
-    def copy(o: object) -> object:
-        if isinstance(o, torch.Tensor):
-            t = o.detach()
-            if t.device.type == "cuda":
-                cuda_devices.add(t.device)
-                return t.to("cpu", non_blocking=True)  # lands in pinned memory; valid after the sync below
-            return t.to("cpu").clone()
-        if isinstance(o, dict):
-            d = {k: copy(v) for k, v in o.items()}
-            return d if type(o) is dict else type(o)(d)  # OrderedDict state dicts keep their type
-        if isinstance(o, list):
-            return [copy(v) for v in o]
-        if isinstance(o, tuple):
-            items = [copy(v) for v in o]
-            if hasattr(o, "_fields"):  # a namedtuple: its class takes the fields one by one
-                namedtuple_class: Callable[..., object] = type(o)
-                return namedtuple_class(*items)
-            return tuple(items)
-        if o is None or isinstance(o, str | bytes | int | float | bool | complex | torch.dtype | torch.device):
-            return o
-        return deepcopy(o)
-
-    out = {k: copy(v) for k, v in state.items()}
-    for dev in cuda_devices:  # note: sync point (checkpoint): the copies must land before training moves on
-        torch.cuda.current_stream(dev).synchronize()
-    return out
-
-
-# ------------------------------------------------------------------------------ what a checkpoint may hold
-NUMPY_KEY = "__plainloop_numpy__"  # {NUMPY_KEY: dtype.str, "shape": [...], "data": tensor[, "scalar": True]}
-# leaves torch.load(weights_only=True) gives back as they were (and the digest hashes alike in every process)
-_PLAIN = frozenset({type(None), bool, int, float, complex, str, bytes, bytearray, torch.dtype, torch.device,
-                    torch.layout, torch.Size})  # fmt: skip
-_CONTAINERS = (dict, OrderedDict, list, tuple)  # exactly these: subclasses do not load back
-
-
-class NotStorable(CheckpointError):
-    """A value that a checkpoint loaded with weights_only=True cannot give back; the message names its key."""
-
-
-def storable(obj: object, path: str = "checkpoint", depth: int = 0) -> object:
-    """`obj` as a checkpoint file holds it: NumPy arrays and scalars become tagged tensors (load_checkpoint turns
-    them back, dtype and shape kept), tensors and plain values (dict, list, tuple, str, numbers, None) stay, the
-    same objects when nothing inside changed. Anything else raises NotStorable naming its key path."""
-    kind = type(obj)
-    if kind in _PLAIN or isinstance(obj, torch.Tensor):
-        return obj
-    if depth > 100:
-        raise NotStorable(f"{path}: nested more than 100 levels deep (a container that holds itself?)")
-    if isinstance(obj, np.generic) or (isinstance(obj, np.ndarray) and kind in (np.ndarray, np.memmap)):
-        if not obj.dtype.hasobject and obj.dtype.fields is None:
-            a = np.ascontiguousarray(obj)
-            try:  # a tensor of the same dtype where torch has it (readable anywhere), else the raw bytes
-                data = torch.from_numpy(a if a.flags.writeable else a.copy())
-            except (TypeError, ValueError):  # strings, dates, long double, another byte order
-                data = torch.from_numpy(a.reshape(-1).view(np.uint8).copy())
-            out = {NUMPY_KEY: obj.dtype.str, "shape": list(obj.shape), "data": data}
-            return {**out, "scalar": True} if isinstance(obj, np.generic) else out
-    elif isinstance(obj, dict | list | tuple) and kind in _CONTAINERS:
-        return _map(obj, lambda k, v: storable(v, f"{path}[{k!r}]", depth + 1) if _key_ok(k, path) else v)
-    raise NotStorable(f"{path}: {_not_storable(obj)}")
-
-
-def _map(obj: dict | list | tuple, fn: Callable[[Any, Any], object]) -> object:
-    """`obj` with fn(key, value) for each of its values: the same object when none changed. A module's state_dict
-    keeps its `_metadata` (load_state_dict reads the layers' versions there)."""
-    pairs = list(obj.items()) if isinstance(obj, dict) else list(enumerate(obj))
-    new = [fn(k, v) for k, v in pairs]
-    if all(a is v for a, (_, v) in zip(new, pairs)):
-        return obj
-    if not isinstance(obj, dict):
-        return type(obj)(new)
-    out = type(obj)(zip((k for k, _ in pairs), new))
-    if "_metadata" in getattr(obj, "__dict__", {}):
-        vars(out)["_metadata"] = vars(obj)["_metadata"]
-    return out
-
-
-def _key_ok(key: object, path: str) -> bool:
-    if type(key) in _PLAIN or (isinstance(key, tuple) and type(key) is tuple and all(type(k) in _PLAIN for k in key)):
-        return True
-    raise NotStorable(f"{path}: the key {key!r} is of type {type(key).__name__}; use str, int or float keys")
-
-
-def _not_storable(obj: object) -> str:
-    """Why `obj` cannot be in a checkpoint, and what to store instead."""
-    name = type(obj).__name__
-    if isinstance(obj, set | frozenset):
-        return f"a {name} is not storable (its order differs between processes); store a sorted list or a tensor"
-    if inspect.isroutine(obj) or isinstance(obj, type | functools.partial):
-        what = "class" if isinstance(obj, type) else "function"
-        return f"a {what} is not storable (a checkpoint holds data, not code); store the values it needs instead"
-    if isinstance(obj, np.ndarray | np.generic):
-        return f"a NumPy value of dtype {obj.dtype} is not storable; store an array of numbers, or a list"
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return f"a namedtuple {name} is not storable; store tuple(x) or x._asdict()"
-    if isinstance(obj, dict | list | tuple):
-        return f"a {name} is not storable; store it as a plain {type(obj).__mro__[-2].__name__}"
-    return (
-        f"a {type(obj).__module__}.{type(obj).__qualname__} object is not storable (checkpoints load with "
-        f"weights_only=True, which refuses classes); store its state as a dict of tensors, arrays and plain values "
-        f"(e.g. its state_dict() or vars()) and build it again on load"
-    )
-
-
-def restore(obj: object) -> object:
-    """A checkpoint's values as they were saved: the tagged tensors of `storable` back to NumPy arrays/scalars."""
-    if isinstance(obj, dict) and NUMPY_KEY in obj:
-        dtype = np.dtype(obj[NUMPY_KEY])
-        if dtype.hasobject:  # never from a file: object arrays are pointers
-            raise CheckpointError(f"a stored NumPy array claims dtype {dtype}, which no checkpoint holds")
-        raw = obj["data"].detach().cpu().numpy()
-        arr = (raw if raw.dtype == dtype else raw.view(dtype)).reshape(obj["shape"])
-        return arr[()] if obj.get("scalar") else arr
-    if isinstance(obj, dict | list | tuple) and type(obj) in _CONTAINERS:
-        return _map(obj, lambda k, v: restore(v))
-    return obj
-
-
-# ------------------------------------------------------------------------------------------------ load
-
-
-def _is_pickle_stream(data: IO[bytes]) -> bool:
-    """True when `data` parses as a pickle opcode stream up to STOP (raises on bytes that do not). Parses only;
-    nothing is executed."""
-    for n, (op, _, _) in enumerate(pickletools.genops(data)):
-        if op.name == "STOP" or n >= 2_000_000:  # a long, still-valid stream: random bytes fail within a few opcodes
-            return True
-    return False
-
-
-def _looks_like_pickle(path: Path) -> bool:
-    """Is the file (or the data.pkl inside a torch zip) a well-formed pickle? Separates "holds pickled
-    objects" from "damaged bytes", whose weights_only errors can read alike."""
-    try:
-        if zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as z:
-                names = [n for n in z.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
-                return bool(names) and _is_pickle_stream(io.BytesIO(z.read(names[0])))  # z.read checks the CRC
-        with open(path, "rb") as f:
-            return _is_pickle_stream(f)
-    except Exception:  # damaged bytes, or a zip whose records are damaged: corrupt, whatever the pickle says
-        return False
-
-
-def _detail(e: BaseException) -> str:
-    """The informative line of an exception (torch's weights_only errors open with a generic paragraph)."""
-    lines = [s.strip() for s in str(e).splitlines() if s.strip()]
-    useful = [
-        s
-        for s in lines
-        if not s.startswith(("Weights only load failed", "Please file an issue", "Check the documentation"))
-    ]
-    text = (useful or lines or [""])[0]
-    if len(text) > 200:  # whole sentences only (torch's zip reader appends advice cut off mid-sentence at 200)
-        cut = text[:200].rfind(". ")
-        text = text[: cut + 1] if cut > 0 else text[:200] + " ..."
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+__all__ = [
+    "DIGEST_KEY", "INTEGRITY_KEY", "NUMPY_KEY", "STORAGE_ERRNOS", "UNVERIFIED", "CheckpointError", "NotStorable",
+    "StateDict", "StorageError", "atomic_save", "atomic_write", "atomic_write_text", "check_free_space",
+    "checkpoint_file", "load_checkpoint", "not_a_checkpoint", "remove_orphan_temps", "restore", "snapshot_to_host",
+    "state_digest", "storable", "storage_error",
+]  # fmt: skip
 
 
 def load_checkpoint(
     path: str | os.PathLike, map_location: str | torch.device = "cpu", *, verify: bool = True
 ) -> StateDict:
-    """Load with weights_only=True and check the digest; anything that needs arbitrary unpickling is refused.
+    """Load a checkpoint file or a run directory's last.pt with weights_only=True and check its digest.
 
-    Accepts a checkpoint file or a run directory (its checkpoints/last.pt). The returned dict has no digest
-    entry; its INTEGRITY_KEY entry says "verified" or why not (UNVERIFIED for checkpoints without a digest).
-    """
-    path = checkpoint_file(path)
-    try:
-        with warnings.catch_warnings():  # damaged bytes can look like an odd pickle protocol: not news
-            warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except MemoryError:
-        raise
-    except Exception as e:
-        # a weights_only refusal of a well-formed pickle means pickled objects (classes, functions); damaged
-        # bytes raise the same error class, so the stream's shape decides, not the message
-        if isinstance(e, pickle.UnpicklingError) and _looks_like_pickle(path):
-            raise CheckpointError(
-                f"refusing to load {path}: it is not loadable with weights_only=True (it holds pickled Python "
-                f"objects, which could run code). Only plainloop checkpoints or plain state dicts are accepted. "
-                f"Detail: {_detail(e)}"
-            ) from None
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt or truncated and cannot be read ({_detail(e)}); "
-            f"use another checkpoint (best.pt, an earlier copy) or start the run again"
-        ) from None
+    The returned dict has no digest entry; its INTEGRITY_KEY entry says "verified" or why not (UNVERIFIED for
+    checkpoints written without a digest)."""
+    file = checkpoint_file(path)
+    ckpt = safe_load(file, map_location)
     if not isinstance(ckpt, dict) or "model" not in ckpt:
-        raise not_a_checkpoint(path, ckpt)
-    stored = ckpt.pop(DIGEST_KEY, None)
-    if stored is None:
-        ckpt[INTEGRITY_KEY] = UNVERIFIED
-    elif not verify:
-        ckpt[INTEGRITY_KEY] = "unverified: digest check skipped (verify=False)"
-    elif not isinstance(stored, str) or state_digest(ckpt) != stored:
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt: its contents do not match the digest written with it (damaged "
-            f"on disk or in a copy); use another checkpoint (best.pt, an earlier copy) or start the run again"
-        )
-    else:
-        ckpt[INTEGRITY_KEY] = "verified"
-    try:
-        return cast(StateDict, restore(ckpt))
-    except (KeyError, TypeError, ValueError, AttributeError, CheckpointError) as e:  # a hand-made marker entry
-        raise CheckpointError(f"checkpoint {path} has a damaged NumPy entry ({_detail(e)}); use another") from None
+        raise not_a_checkpoint(file, ckpt)
+    return check_digest(ckpt, file, verify)
 
 
 def checkpoint_file(path: str | os.PathLike) -> Path:
@@ -495,58 +100,3 @@ def not_a_checkpoint(path: Path, obj: object) -> CheckpointError:
         f"{path} is not a plainloop checkpoint ({what}); resume from a run directory or its checkpoints/last.pt or "
         f"best.pt (plain weights load with model.load_state_dict(torch.load(...)) instead)"
     )
-
-
-# ------------------------------------------------------------------------------------------ orphan temps
-
-# .<target>.<host>~<pid>.<random>.tmp from atomic_save; older writers had no host~pid part
-_TEMP_RE = re.compile(r"^\.(?P<target>.+?)\.(?:(?P<host>[A-Za-z0-9_-]*)~(?P<pid>\d+)\.)?[A-Za-z0-9_]+\.tmp$")
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    if os.name != "posix":
-        return True  # os.kill(pid, 0) would terminate the process on Windows: leave it to the age rule
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists, owned by someone else
-    try:  # a zombie (killed, not yet reaped) writes nothing any more
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat[stat.rindex(")") + 2] != "Z"
-    except (OSError, ValueError, IndexError):
-        return True
-
-
-def remove_orphan_temps(folder: str | os.PathLike, max_age_s: float = 900.0) -> list[Path]:
-    """Delete `.<name>.*.tmp` files that a killed `atomic_save` left in `folder`; return what was removed.
-
-    A temp file is removed when its writer (host~pid in the name) is this host's process that no longer runs,
-    or when nothing has written to it for `max_age_s` seconds (writers on other hosts, older names). A live
-    writer's file is never touched: it keeps writing, so its modification time stays fresh.
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    me = _owner_tag().split("~")[0]
-    now = time.time()
-    removed: list[Path] = []
-    for p in folder.iterdir():
-        m = _TEMP_RE.match(p.name)
-        if not m or not p.is_file():
-            continue
-        try:
-            age = now - p.stat().st_mtime
-        except FileNotFoundError:  # renamed or removed by its writer meanwhile
-            continue
-        dead_writer = m["pid"] is not None and m["host"] == me and not _pid_alive(int(m["pid"]))
-        if dead_writer or age > max_age_s:
-            try:
-                p.unlink()
-            except FileNotFoundError:
-                continue
-            removed.append(p)
-    return removed

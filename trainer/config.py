@@ -1,49 +1,53 @@
 """TrainConfig: every knob of the loop in one dataclass, the one source of flags, config files, checks and docs.
 
-Each field is declared with `knob(default, help, group, **rule)`; its metadata (help text, argparse group, rule)
-gives the flag, the config-file key and the check:
-
-    lr: float = knob(1e-3, "learning rate", OPTIM, gt=0)          # a finite float > 0
-    warmup_steps: int | None = knob(None, "...", OPTIM, min=0)     # None or a whole number >= 0
-
-The rule keywords (any mix; a tuple field applies them to each element, check= to the whole tuple):
-    choices=(...)   one of these values                  min= / max=   inclusive bounds
-    gt=             exclusive lower bound                 allow_inf=True  floats may be +-inf (default: finite)
-    allow_empty=True   "" is allowed for a str field     check=fn      fn(value) -> error text or None
-    aliases=("old",)   earlier names, still accepted with a one-line note
-The type comes from the annotation: ints are whole numbers in [-2**31, 2**31) unless min/max say otherwise,
-floats are finite, strings are valid UTF-8 without control characters and, unless allow_empty, not empty.
-`check_value` is the only validator: the CLI's argparse types, config files, a resumed run's config.toml,
-BaseTrainer's dicts (`TrainConfig.from_dict`) and `TrainConfig.__post_init__` all call it, so a bad value is the
-same one line (the flag or key, the value and what is allowed) whichever door it came through.
-Defaults are the optimised setup; `baseline=True` turns every optimisation off (the unoptimised "before" loop).
+Each field is a `knob(default, help, group, **rule)`: its metadata gives the flag, the config-file key and the
+check (the rule keywords: trainer/support/values.py). `check_value` is the only validator: the CLI's argparse
+types, config files, a resumed run's config.toml, BaseTrainer's dicts and `TrainConfig.__post_init__` all call it,
+so a bad value is the same one line whichever door it came through. Defaults are the optimised setup;
+`baseline=True` turns every optimisation off (the unoptimised "before" loop).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import errno
 import math
 import os
-import shutil
-import types
-import typing
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
+from .support import (
+    INT_LIMIT,
+    RULE_KEYS,
+    STORAGE_PROBLEMS,
+    ConfigError,
+    Rule,
+    Rules,
+    TypeForm,
+    check_value,
+    describe,
+    field_rules,
+    knob,
+    show_value,
+    unknown_keys,
+    unwrap,
+    writable_dir_problem,
+)
+from .support import check_settings as _check_settings
 
-class ConfigError(ValueError):
-    """A bad config file, key or value: the message names it and what to do."""
+__all__ = [  # the validator is the leaf's (trainer/support/values.py), public here too
+    "AUTO_VALIDATIONS", "INT_LIMIT", "RULE_KEYS", "ConfigError", "Rule", "Rules", "TrainConfig", "TypeForm",
+    "check_output_dirs", "check_settings", "check_value", "default_num_workers", "describe", "field_rules", "knob",
+    "run_name_problem", "unknown_keys", "unwrap", "usable_cpus", "validation_every", "writable_dir_problem",
+]  # fmt: skip
+VALID = "Valid settings are TrainConfig's fields and a task's own (the --flags of train_optimized.py --help-all)"
 
 
-def unknown_keys(d: Iterable[object], known: Iterable[str]) -> list[str]:
-    """'key (did you mean ...?)' for each key of `d` not in `known`."""
-    known = list(known)
-    near = [(k, difflib.get_close_matches(str(k).lower(), known, n=3, cutoff=0.6)) for k in d if k not in known]
-    return [f"{k!r}" + (f" (did you mean {', '.join(n)}?)" if n else "") for k, n in near]
+def check_settings(
+    values: Mapping[str, object], rules: Rules, where: str, notes: list[str] | None = None, style: str = "key"
+) -> dict[str, Any]:
+    """The leaf's check_settings, naming where the valid settings are listed."""
+    return _check_settings(values, rules, where, notes, style, VALID)
 
 
 PRECISIONS = ("auto", "32", "16-mixed", "bf16-mixed")
@@ -52,235 +56,7 @@ CLIP_ALGORITHMS = ("norm", "value")
 LR_SCALING = ("sqrt", "linear", "none")
 MP_CONTEXTS = ("spawn", "fork", "forkserver")
 AUTO_VALIDATIONS = 100  # validation_interval auto: runs of up to this many epochs validate every epoch
-INT_LIMIT = 2**31  # whole numbers live in [-INT_LIMIT, INT_LIMIT) unless a field's min/max say otherwise
-RULE_KEYS = ("choices", "min", "max", "gt", "allow_inf", "allow_empty", "check", "aliases")
 NAME_MAX = 120  # run names: well under NAME_MAX 255, leaving room for "-N" suffixes and temp names
-
-
-TypeForm = Any  # a field's annotation (int, str | None, tuple[float, float], Literal[...]): typing's own forms
-Rule = Mapping[str, Any]  # a knob's metadata: help, group and the rule keywords (values of many types)
-Rules = dict[str, tuple[TypeForm, Rule]]  # {field name: (type, metadata)}
-
-
-def knob(default: Any, help: str, group: str, **rule: Any) -> Any:  # noqa: A002 (argparse's word)
-    """A dataclass field with its help text, flag group and rule (keywords: see the module docstring)."""
-    unknown = set(rule) - set(RULE_KEYS) - {"metavar"}
-    if unknown:
-        raise TypeError(f"knob(): unknown rule keyword(s) {sorted(unknown)}; use {', '.join(RULE_KEYS)}")
-    return field(default=default, metadata={"help": help, "group": group, **rule})
-
-
-# ------------------------------------------------------------------------------------------- the validator
-def unwrap(tp: TypeForm) -> tuple[TypeForm, bool]:
-    """(the type without None, whether None is allowed)."""
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return (args[0] if len(args) == 1 else str), type(None) in typing.get_args(tp)
-    return tp, False
-
-
-def _base(tp: TypeForm, rule: Rule) -> tuple[TypeForm, bool, Rule]:
-    """unwrap(tp) and the rule, a Literal's values becoming the rule's choices."""
-    base, optional = unwrap(tp)
-    if typing.get_origin(base) is typing.Literal:
-        return type(typing.get_args(base)[0]), optional, {"choices": typing.get_args(base), **rule}
-    return base, optional, rule
-
-
-def _show(v: object) -> str:
-    if isinstance(v, str):
-        if len(v) > 80:  # the message stays one readable line
-            return f"{_show(v[:60])}... ({len(v)} characters)"
-        return repr(v) if (not v or any(c.isspace() or not c.isprintable() for c in v)) else v
-    if isinstance(v, list | tuple):  # a long list: its start and its length, not 200 KB of values
-        return " ".join(_show(x) for x in v[:8]) + (f" ... ({len(v)} values)" if len(v) > 8 else "")
-    return str(v)
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
-
-
-def _at(label: str, v: object) -> str:
-    """'--lr nan' for a flag; "where: key=value" (Python's repr for text) for a file or dict key."""
-    if label.endswith("="):
-        return label + (_show(v) if not isinstance(v, str) or len(v) > 80 else repr(v))
-    return f"{label} {_show(v)}"
-
-
-def describe(tp: TypeForm, rule: Rule, implicit: bool = False) -> str:
-    """What a value of this type and rule may be, in words: 'a finite number > 0', 'a whole number >= 1'."""
-    base, optional, rule = _base(tp, rule)
-    if "choices" in rule:
-        return "one of " + ", ".join(str(c) for c in rule["choices"])
-    if base is bool:
-        return "on or off (true or false)" + (" or auto" if optional else "")
-    if typing.get_origin(base) in (tuple, list):
-        args = typing.get_args(base)
-        n = "" if (not args or args[-1] is Ellipsis or typing.get_origin(base) is list) else f"{len(args)} "
-        return f"{n}values, each {describe(args[0] if args else str, rule)}"
-    if base not in (int, float):
-        return "a text value" if rule.get("allow_empty") else "a non-empty text value"
-    what = "a whole number" if base is int else ("a number" if rule.get("allow_inf") else "a finite number")
-    lo, hi, gt = rule.get("min"), rule.get("max"), rule.get("gt")
-    if base is int and implicit:  # the implicit bounds of a whole number, said when a value broke them
-        hi = INT_LIMIT - 1 if hi is None else hi
-        lo = -INT_LIMIT if (lo is None and gt is None) else lo
-    if lo is not None and hi is not None:
-        return f"{what} in [{_num(lo)}, {_num(hi)}]"
-    if gt is not None:
-        return f"{what} > {_num(gt)}" + (f" and <= {_num(hi)}" if hi is not None else "")
-    if lo is not None:
-        return f"{what} >= {_num(lo)}"
-    return what if hi is None else f"{what} <= {_num(hi)}"
-
-
-def _convert(v: object, base: TypeForm) -> object:
-    """One value to `base` (bool, int, float, str); TypeError/ValueError when it is not one."""
-    if base in (int, float) and isinstance(v, bool):
-        raise TypeError(v)  # True is not the number 1 here
-    if base is bool:
-        if isinstance(v, bool):
-            return v
-        s = v.strip().lower() if isinstance(v, str) else ""
-        if s in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-            return s in ("1", "true", "yes", "on")
-        raise ValueError(v)
-    if base is int:
-        if isinstance(v, int):
-            return v
-        if isinstance(v, float) and math.isfinite(v) and v.is_integer():
-            return int(v)
-        if isinstance(v, str) and v.strip().lstrip("+-").isdigit() and len(v.strip()) <= 40:
-            return int(v.strip(), 10)
-        raise ValueError(v)
-    if base is float:
-        if isinstance(v, int | float) or (isinstance(v, str) and len(v) <= 100):
-            return float(v)  # float() strips the spaces around a number itself
-        raise ValueError(v)
-    if isinstance(v, str | os.PathLike):
-        return os.fspath(v)
-    if isinstance(v, int | float) and not isinstance(v, bool) and base is str:
-        return str(v)  # a config file's `loss_scale = 1024`
-    raise TypeError(v)
-
-
-def _problem(v: object, base: TypeForm, rule: Rule) -> str | None:
-    """Why a converted value breaks the rule (None: it does not)."""
-    if "choices" in rule and v not in rule["choices"]:
-        return "not allowed"
-    if isinstance(v, float) and not rule.get("allow_inf") and not math.isfinite(v):
-        return "not finite"
-    if isinstance(v, float) and math.isnan(v):
-        return "not a number"
-    if isinstance(v, int | float) and not isinstance(v, bool):
-        lo, hi, gt = rule.get("min"), rule.get("max"), rule.get("gt")
-        if base is int and lo is None and gt is None and v < -INT_LIMIT:
-            return "too small"
-        if base is int and hi is None and v >= INT_LIMIT:
-            return "too large"
-        if (lo is not None and v < lo) or (gt is not None and not v > gt) or (hi is not None and v > hi):
-            return "out of range"
-    if isinstance(v, str):
-        try:
-            v.encode("utf-8")
-        except UnicodeEncodeError:
-            return "not valid UTF-8"
-        if any(ord(c) < 32 or ord(c) == 127 for c in v):
-            return "holds a control character"
-        if not v and not rule.get("allow_empty") and "choices" not in rule:
-            return "empty"
-    return None
-
-
-def check_value(label: str, value: object, tp: TypeForm, rule: Rule) -> Any:
-    """Convert `value` to the type `tp` and check `rule` (a knob's metadata); returns the converted value.
-
-    A bad value raises ConfigError("<label> <value>: <why>; use <what is allowed>"), e.g.
-    "--lr nan: not finite; use a finite number > 0". `label` names the flag or key as the user wrote it."""
-    base, optional, rule = _base(tp, rule)
-    allowed = describe(tp, rule)
-    auto = isinstance(value, str) and value.strip().lower() in ("auto", "none")
-    if value is None or (optional and base is bool and auto):
-        if optional:
-            return None
-        raise ConfigError(f"{label}: cannot be empty; use {allowed}")
-    sequence = typing.get_origin(base) in (tuple, list)
-    try:
-        if sequence:
-            args = typing.get_args(base)
-            elem = args[0] if args else str
-            if isinstance(value, str | bytes) or not isinstance(value, Iterable):
-                raise TypeError(value)
-            items = list(value)
-            if args and args[-1] is not Ellipsis and typing.get_origin(base) is tuple and len(items) != len(args):
-                raise ConfigError(f"{_at(label, items)}: give {len(args)} values; use {allowed}")
-            out = []
-            for x in items:  # each element converted, then checked, in order: the first bad one is named
-                try:
-                    out.append(_convert(x, elem))
-                except (TypeError, ValueError, OverflowError):
-                    kind = describe(elem, rule).split(" in ")[0].split(" >")[0]
-                    raise ConfigError(f"{_at(label, items)}: {_show(x)} is not {kind}; use {allowed}") from None
-                why = _problem(out[-1], elem, rule)
-                if why:
-                    raise ConfigError(f"{_at(label, items)}: {_show(x)} is {why}; use {allowed}")
-            converted: object = tuple(out)
-        else:
-            converted = _convert(value, base)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError, OverflowError):
-        if isinstance(value, str | int | float):
-            at = _at(label, value)
-        else:  # a list, dict or object: its type, not its text
-            at = f"{label}{'' if label.endswith('=') else ' '}({type(value).__name__})"
-        what = allowed.split(" in ")[0].split(" >")[0]
-        why = "not understood" if what == allowed else f"not {what}"  # "not X; use X" says it twice
-        raise ConfigError(f"{at}: {why}; use {allowed}") from None
-    why = None if sequence else _problem(converted, base, rule)
-    if why:
-        if why in ("too large", "too small"):
-            allowed = describe(tp, rule, implicit=True)
-        raise ConfigError(f"{_at(label, converted)}: {why}; use {allowed}")
-    msg = rule["check"](converted) if rule.get("check") else None
-    if msg:
-        raise ConfigError(f"{_at(label, items if sequence else converted)}: {msg}")
-    return converted
-
-
-_RULES: dict[type, Rules] = {}
-
-
-def field_rules(cls: type) -> Rules:
-    """{field name: (type, metadata)} of a dataclass whose fields are knobs (computed once per class)."""
-    if cls not in _RULES:
-        hints = typing.get_type_hints(cls)
-        _RULES[cls] = {f.name: (hints[f.name], dict(f.metadata)) for f in dataclasses.fields(cls)}
-    return _RULES[cls]
-
-
-def check_settings(
-    values: Mapping[str, object], rules: Rules, where: str, notes: list[str] | None = None, style: str = "key"
-) -> dict[str, Any]:
-    """Check a whole dict of settings (a config file, a dict from code): unknown keys name the nearest valid
-    ones, old names become the current ones (a note each), every value is converted and checked by its rule.
-    style "key" labels a value "<where>: <key> =", "flag" labels it "--<key>"."""
-    old = {alias: name for name, (_, rule) in rules.items() for alias in rule.get("aliases", ())}
-    out: dict[str, Any] = {}
-    for k, v in values.items():
-        if k in old and k not in rules:
-            if notes is not None:
-                notes.append(f"{where}: {k} is now called {old[k]}; read as {old[k]}")
-            k = old[k]
-        out[k] = v
-    hints = unknown_keys(out, [*rules, *old])
-    if hints:
-        raise ConfigError(
-            f"{where}: unknown setting(s) {'; '.join(hints)}. "
-            "Valid settings are TrainConfig's fields and a task's own (the --flags of train_optimized.py --help-all)"
-        )
-    return {k: check_value(f"--{k}" if style == "flag" else f"{where}: {k}=", v, *rules[k]) for k, v in out.items()}
 
 
 # ------------------------------------------------------------------------------------------- special rules
@@ -315,37 +91,6 @@ def _loss_scale_problem(scale: str) -> str | None:
     return None if ok else "use 'dynamic' or a positive number such as 1024"
 
 
-def writable_dir_problem(path: str | os.PathLike) -> str | None:
-    """Why a run could not write under directory `path` (created if missing), or None. Checked before anything
-    is written, so a file in the way, a read-only or full file system is one line instead of a traceback."""
-    p = Path(os.path.abspath(path))
-    if any(len(os.fsencode(part)) > 255 for part in p.parts):
-        return "a name in it is longer than 255 bytes, more than file systems allow"
-    cur = p
-    while not os.path.lexists(cur) and cur != cur.parent:
-        cur = cur.parent
-    if not cur.is_dir():
-        return "exists and is not a directory" if cur == p else f"lies under {cur}, which is not a directory"
-    if not os.access(cur, os.W_OK | os.X_OK):
-        return f"{'it' if cur == p else cur} is not writable (permissions or a read-only file system)"
-    try:
-        usage = shutil.disk_usage(cur)
-    except OSError:
-        return None
-    if usage.total == 0:  # /proc, /sys: root may write there, but no file of a run's
-        return f"{cur} is on a pseudo file system (size 0, like /proc or /sys), not a disk: choose a folder on a disk"
-    if usage.free < 16 * 2**20:  # a small empty file system is not "full": say both sizes
-        return (
-            f"the file system of {cur} has {usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.1f} MiB; a run "
-            f"needs at least 16 MiB free: free space there or choose another folder"
-        )
-    return None
-
-
-# writable_dir_problem's problems of the storage (exit code 4, as a full disk during the run), not of the path (2)
-STORAGE_PROBLEMS = {"is not writable": errno.EACCES, "MiB free of": errno.ENOSPC}
-
-
 def check_output_dirs(pairs: Iterable[tuple[str, str | os.PathLike | None]]) -> None:
     """ConfigError naming the first (label, directory) a run cannot write to."""
     for label, path in pairs:
@@ -354,7 +99,7 @@ def check_output_dirs(pairs: Iterable[tuple[str, str | os.PathLike | None]]) -> 
         why = writable_dir_problem(path)
         if why:
             err = next((n for text, n in STORAGE_PROBLEMS.items() if text in why), None)
-            raise ConfigError(f"{label} {_show(os.fspath(path))}: {why}") from (OSError(err, why) if err else None)
+            raise ConfigError(f"{label} {show_value(os.fspath(path))}: {why}") from (OSError(err, why) if err else None)
 
 
 RUN, SCHED, OPTIM, PREC, DATA, LOG, SAFE = (

@@ -131,7 +131,7 @@ class Hooks:
     `all_ranks = True` are called; every callback's state is saved and restored whatever its rank setting.
     """
 
-    def __init__(self, callbacks: list[Any], trainer: object, is_main: bool) -> None:
+    def __init__(self, callbacks: list[Any], trainer: TrainerView, is_main: bool) -> None:
         self.callbacks, self.trainer, self.is_main = callbacks, trainer, is_main
         self.bound: dict[str, list[Callable[..., Any]]] = {}
         self.resolve()

@@ -37,7 +37,7 @@ from .console import epoch_line, open_bar
 from .data import TrainData, batch_size_of, build_data, close_loader, split_batch, start_epoch, to_device
 from .evaluation import BestTracker, Evaluator
 from .finish import TrainingDiverged, TrainingStopped, closing_lines, ddp_weight_diff, summary_of
-from .hooks import Hooks, Monitor
+from .hooks import Hooks, Monitor, TrainerView
 from .layers import adapt_task, config_callbacks
 from .optim import OptimizerSetup, build_optimizer
 from .runfiles import ROLLED_BACK, RunFiles, resolve_resume, shared_run_dir, write_config_file
@@ -205,23 +205,7 @@ class Trainer:
         if note and task.val_set is not None and cfg.val_check_steps is None:
             self.notes.append(note)
 
-        # model and loss; the model knobs (trainer/knobs.py) before the optimizer sees the parameters
-        self.model = self.raw_model = task.model.to(rt.device)
-        if cfg.sync_batchnorm:
-            self.model, note = knobs.sync_batchnorm(self.raw_model, rt.world_size, rt.device)
-            self.raw_model = self.model
-            self.notes.append(note)
-        if cfg.channels_last:
-            self.notes.append(knobs.channels_last(self.raw_model, rt.device))
-        self.model_size = knobs.parameter_count(self.raw_model)
-        if why := model_problem(self.raw_model, task, rt.amp_dtype):  # before any file: one line, no traceback
-            raise ValueError(why)
-        if task.loss_fn is not None:
-            self.loss_fn = task.loss_fn
-        else:
-            self.loss_fn, note = pick_default_loss(self.raw_model, _first_sample(task.train_set))
-            if note:
-                self.notes.append(note)
+        self._place_model(task, cfg, rt)  # the model and its knobs before the optimizer sees the parameters
 
         # optimizer, schedule, the optimizer step
         self.optim = setup = build_optimizer(
@@ -247,35 +231,11 @@ class Trainer:
         made, notes = config_callbacks(cfg, callbacks)  # EMA for ema_decay: ordinary callbacks (trainer/layers.py)
         self.notes += notes
         self.best = BestTracker(task.monitor_metric, task.monitor_mode, cfg.save_top_k)
-        self.hooks = Hooks([*callbacks, *made], self, rt.is_main)
+        view: TrainerView = self  # mypy checks here that the Trainer is what callbacks are promised
+        self.hooks = Hooks([*callbacks, *made], view, rt.is_main)
         added = any(callable(getattr(cb, "on_validation_end", None)) for cb in self.hooks.callbacks)
         self.evaluator = Evaluator(task, self.raw_model, rt, self.loss_fn, cfg, data.loader_kw, data.resident, added)
-        # the run's state: one registry that every checkpoint walks out and every resume walks in (state.py)
-        self.sampler_state = SamplerState(data.sampler, self.progress)
-        run_state = register_run_state(
-            RunState(),
-            model=self.raw_model,
-            optimizer=setup.optimizer,
-            schedule=setup.schedule,
-            opt_step=self.opt,
-            progress=self.progress,
-            sampler=self.sampler_state,
-            best=self.best,
-            callbacks=CallbackStates(self.hooks, self.notes),
-        )
-        self.checkpointer = Checkpointer(
-            state=run_state,
-            model=self.raw_model,
-            progress=self.progress,
-            best=self.best,
-            hooks=self.hooks,
-            cfg=cfg,
-            settings=self._settings(config_sections or {}),
-            task_name=task.name,
-            rt=rt,
-            # per-interval last.pt from a background thread on a GPU (on a CPU the write would share the cores)
-            background=cfg.async_checkpoint if cfg.async_checkpoint is not None else rt.device.type == "cuda",
-        )
+        self.checkpointer = self._build_checkpointer(setup, config_sections or {})
         if cfg.resume:
             horizon, n = getattr(setup.schedule, "total_steps", None), self.length
             self.run_dir = self.checkpointer.resume(
@@ -288,6 +248,54 @@ class Trainer:
         if cfg.compile_model:
             self.model = torch.compile(self.model, mode=cfg.compile_mode)  # type: ignore[assignment]
             self.notes.append(f"compile: torch.compile(mode={cfg.compile_mode!r}); the first steps include compiling")
+
+    def _place_model(self, task: Task, cfg: TrainConfig, rt: Runtime) -> None:
+        """The model on its device with the model knobs (trainer/knobs.py) applied, its size, and the loss."""
+        self.model = self.raw_model = task.model.to(rt.device)
+        if cfg.sync_batchnorm:
+            self.model, done = knobs.sync_batchnorm(self.raw_model, rt.world_size, rt.device)
+            self.raw_model = self.model
+            self.notes.append(done)
+        if cfg.channels_last:
+            self.notes.append(knobs.channels_last(self.raw_model, rt.device))
+        self.model_size = knobs.parameter_count(self.raw_model)
+        if why := model_problem(self.raw_model, task, rt.amp_dtype):  # before any file: one line, no traceback
+            raise ValueError(why)
+        if task.loss_fn is not None:
+            self.loss_fn = task.loss_fn
+        else:
+            self.loss_fn, note = pick_default_loss(self.raw_model, _first_sample(task.train_set))
+            if note:
+                self.notes.append(note)
+
+    def _build_checkpointer(self, setup: OptimizerSetup, config_sections: Settings) -> Checkpointer:
+        """The run's state: one registry that every checkpoint walks out and every resume walks in (state.py)."""
+        self.sampler_state = SamplerState(self.data.sampler, self.progress)
+        cfg, rt = self.cfg, self.rt
+        run_state = register_run_state(
+            RunState(),
+            model=self.raw_model,
+            optimizer=setup.optimizer,
+            schedule=setup.schedule,
+            opt_step=self.opt,
+            progress=self.progress,
+            sampler=self.sampler_state,
+            best=self.best,
+            callbacks=CallbackStates(self.hooks, self.notes),
+        )
+        return Checkpointer(
+            state=run_state,
+            model=self.raw_model,
+            progress=self.progress,
+            best=self.best,
+            hooks=self.hooks,
+            cfg=cfg,
+            settings=self._settings(config_sections),
+            task_name=self.task.name,
+            rt=rt,
+            # per-interval last.pt from a background thread on a GPU (on a CPU the write would share the cores)
+            background=cfg.async_checkpoint if cfg.async_checkpoint is not None else rt.device.type == "cuda",
+        )
 
     # ------------------------------------------------------------------ public state (read-only: hooks.TrainerView)
     step = _View[int]("progress.step", "Optimizer steps done.")
@@ -399,7 +407,7 @@ class Trainer:
 
     def _train(self, t0: float) -> int | None:
         """Epochs until the last step, a stop or early stopping; returns the stop signal all ranks agreed on.
-        last.pt is written when its interval is due (state.SaveClock), on a stop, and at the end (_end_training)."""
+        The checkpointer decides when last.pt is due (its interval, a stop); the end of training always writes it."""
         p, cfg = self.progress, self.cfg
         if p.ended is not None:  # resumed after training ended, before the summary: the test and summary are left
             return self._agree_stop()
@@ -436,7 +444,7 @@ class Trainer:
             halted = self.run.halted = self.run.halted or (not stopping and self._early_stop())
             if epoch_done or last or stopping:
                 # an epoch's end writes last.pt only when its interval is due; a stop and the end always do
-                saved = bool(stopping) or (not (last or halted) and self.checkpointer.clock.due(epoch_end=True))
+                saved = self.checkpointer.due_at_epoch_end(bool(stopping), ending=last or halted)
                 if saved:
                     self._save("last.pt", background=self.checkpointer.background and not stopping)
                 self.log(self._epoch_line(t0, saved))
@@ -465,27 +473,10 @@ class Trainer:
         if not all(m.training and type(m).train is nn.Module.train for m in self.model.modules()):
             self.model.train()  # it sets every module's flag again: skipped when all are set and none overrides it
         start, nb = p.batches_done, self.length.batches_per_epoch
-        replay = 0
-        if start == 0:
-            start_epoch(self.data.sampler, p.epoch)
-        elif hasattr(self.data.sampler, "load_state_dict"):
-            # resuming mid-epoch: the sampler regenerates this epoch's order and skips what was consumed
-            self.data.sampler.load_state_dict(
-                {**self.data.sampler.state_dict(), "epoch": p.epoch, "batches_done": start}
-            )
-        else:  # a sampler without state: replay its epoch and drop the batches already trained
-            start_epoch(self.data.sampler, p.epoch)
-            replay = start
-        # the sampler's state before this epoch's order is drawn: a checkpoint mid-epoch saves it, so that a resume
-        # draws the same order again (a sampler with its own RNG) and skips the batches already trained
-        self.sampler_state.epoch_started()
-        hooks("on_train_epoch_start", p.epoch)
+        it = self._start_epoch(start)
         pending: list[torch.Tensor] = []  # per-batch losses, kept on the device until the next log point
         n_samples = n_iters = 0  # this epoch's totals, and since the last log point (i_*)
         data_s = iter_s = i_data = 0.0
-        it: Iterator[Any] = iter(self.data.loader)
-        for _ in range(replay):
-            next(it)
         # read once: what every step below consults
         total, run, device, ddp = self.length.total_steps, self.run, self.rt.device, self.rt.distributed
         move, bar, stop = not self.data.on_device, run.bar, run.stop
@@ -523,7 +514,7 @@ class Trainer:
                 logged = p.step % cfg.log_every == 0 or p.step >= total or i + 1 == nb
                 if logged:
                     # a save may follow: the weights' finiteness rides in the log point's one transfer
-                    save_due = self.checkpointer.clock.due(epoch_end=i + 1 == nb) or p.step >= total
+                    save_due = self.checkpointer.may_save(epoch_end=i + 1 == nb, at_end=p.step >= total)
                     i_t = self._log_point(pending, i_samples, i_data, i_t, norm if want_norm else None, save_due)
                     i_samples, i_data = 0, 0.0
                     if ddp:  # every rank must stop at the same step: agree at the log point (a sync)
@@ -534,10 +525,7 @@ class Trainer:
                     self.validate()
                     self.model.train()
                     run.halted = self._early_stop()  # at the validation, not at the epoch's end (a stream has one)
-                if i + 1 < nb and (
-                    (cfg.checkpoint_every is not None and p.step % cfg.checkpoint_every == 0)
-                    or (logged and self.checkpointer.clock.due(epoch_end=False))
-                ):
+                if i + 1 < nb and self.checkpointer.due_after_step(p.step, logged):
                     self._save("last.pt", background=self.checkpointer.background)
             t1 = time.perf_counter()
             self.monitor.log_iteration(t1 - t0, t_data, bs)
@@ -557,6 +545,29 @@ class Trainer:
             p.batches_done = 0
             hooks("on_train_epoch_end", p.epoch - 1)
         del it
+
+    def _start_epoch(self, start: int) -> Iterator[Any]:
+        """The sampler set to this epoch's order, on_train_epoch_start, then the loader's batches from batch `start`
+        on (a sampler without a state of its own replays its epoch, the batches already trained dropped)."""
+        p, replay = self.progress, 0
+        if start == 0:
+            start_epoch(self.data.sampler, p.epoch)
+        elif hasattr(self.data.sampler, "load_state_dict"):
+            # resuming mid-epoch: the sampler regenerates this epoch's order and skips what was consumed
+            self.data.sampler.load_state_dict(
+                {**self.data.sampler.state_dict(), "epoch": p.epoch, "batches_done": start}
+            )
+        else:  # a sampler without state: replay its epoch and drop the batches already trained
+            start_epoch(self.data.sampler, p.epoch)
+            replay = start
+        # the sampler's state before this epoch's order is drawn: a checkpoint mid-epoch saves it, so that a resume
+        # draws the same order again (a sampler with its own RNG) and skips the batches already trained
+        self.sampler_state.epoch_started()
+        self.hooks("on_train_epoch_start", p.epoch)
+        it = iter(self.data.loader)
+        for _ in range(replay):
+            next(it)
+        return it
 
     def _pass_ended(
         self, i: int, window_start: int, pending: list[torch.Tensor], n: int, data_s: float, t: float

@@ -12,14 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import json
-import math
 import os
 import random
-import socket
 import time
-import weakref
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -27,25 +23,29 @@ from typing import Any
 
 import torch
 
-from .checkpoint import (
-    StorageError,
-    atomic_write,
+from .checkpoint import load_checkpoint
+from .config import TrainConfig, run_name_problem
+from .runtime import Runtime
+from .support import (
+    RunDirError,
+    RunDirGone,
+    RunLock,
     atomic_write_text,
-    load_checkpoint,
+    busy_error,
+    move_jsonl_rows,
     remove_orphan_temps,
     storage_error,
+    strict_json,
+    writable_dir_problem,
+    write_config_file,
 )
-from .config import TrainConfig, run_name_problem, writable_dir_problem
-from .runtime import Runtime
 from .usercode import resume_hint
 
-
-class RunDirError(ValueError):
-    """The run directory cannot be used (taken by a live process, or not a run)."""
-
-
-class RunDirGone(StorageError):
-    """The run directory was removed or replaced while this process trained it: the run stops (exit code 4)."""
+__all__ = [  # the leaf's lock and writers are public here too (trainer.runfiles.RunLock, write_config_file)
+    "MARKER", "ROLLED_BACK", "WAIT_OR_RENAME", "WAIT_THEN_RESUME", "RunDirError", "RunDirGone", "RunFiles",
+    "RunLock", "busy_error", "check_not_live", "claim_run_dir", "find_resumable", "finished", "held_by_live_process", "is_run_dir", "newest_readable", "refuse_if_live",
+    "resolve_resume", "resume_auto", "roll_back_metrics", "shared_run_dir", "strict_json", "write_config_file",
+]  # fmt: skip
 
 
 MARKER = ".plainloop-run"  # written into a claimed directory while its lock is held: "this is a plainloop run"
@@ -77,7 +77,7 @@ def claim_run_dir(output_dir: str | Path, name: str | None, prefix: str) -> tupl
                     )
                     return cand, f"run dir: reusing {cand} ({why})"
                 continue
-            _HELD[str(cand.resolve())] = RunLock(cand)
+            _HELD[str(cand.resolve())] = RunLock(cand, fix=WAIT_OR_RENAME)
             _mark(cand)
             if name is None or i == 1:
                 return cand, None
@@ -117,7 +117,7 @@ def _take_if_unused(run_dir: Path) -> bool:
     if not is_run_dir(run_dir) or (run_dir / "summary.json").exists() or any((run_dir / "checkpoints").glob("*.pt")):
         return False
     try:
-        _HELD[key] = RunLock(run_dir)
+        _HELD[key] = RunLock(run_dir, fix=WAIT_OR_RENAME)
     except (RunDirError, OSError):
         return False
     _mark(run_dir)
@@ -168,13 +168,6 @@ def refuse_if_live(run_dir: Path, fix: str = WAIT_THEN_RESUME, main: bool | None
     main = int(os.environ.get("RANK", "0")) == 0 if main is None else main
     if main and run_dir.is_dir() and ((run_dir / "checkpoints").is_dir() or is_run_dir(run_dir)):
         check_not_live(run_dir, fix)
-
-
-def busy_error(run_dir: Path, fix: str = WAIT_OR_RENAME) -> RunDirError:
-    """The refusal of a second process on `run_dir`, naming the owner its .lock records."""
-    owner = _recorded_owner(Path(run_dir) / ".lock")
-    holder = f"(pid {owner[0]})" + (f" on {owner[1]}" if owner[1] else "") if owner else "(pid unknown)"
-    return RunDirError(f"{run_dir} is being written by another live process {holder}; {fix}")
 
 
 def find_resumable(output_dir: str | Path, prefix: str, notes: list[str] | None = None) -> Path | None:
@@ -261,112 +254,6 @@ def finished(run_dir: Path, step: int | None = None) -> bool:
     return step <= summary["steps"]
 
 
-def _recorded_owner(path: Path) -> tuple[int, str] | None:
-    """(pid, host) that RUN_DIR/.lock names, if it names one."""
-    try:
-        parts = path.read_text(encoding="utf-8", errors="replace").split()
-        return int(parts[0]), parts[1] if len(parts) > 1 else ""
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _try_lock(fd: int) -> None:
-    """An exclusive lock on `fd` without waiting (OSError when another process holds it)."""
-    if os.name == "nt":
-        import msvcrt
-
-        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)  # type: ignore[attr-defined]
-    else:
-        import fcntl
-
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-
-
-_BUSY = {errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES, errno.EDEADLK}  # another process holds the lock
-
-
-class RunLock:
-    """An exclusive lock on the run directory for this process's lifetime (released at exit, also on kill -9).
-
-    The lock is an flock on the directory itself, so deleting RUN_DIR/.lock (a "stale" lock, to a user) cannot let a
-    second process in; .lock only records the owner (pid and host) for the messages. Where a directory cannot be
-    locked (Windows; some network file systems) the lock is on .lock itself, and `check()` also verifies that .lock
-    is still the file locked.
-    """
-
-    def __init__(self, run_dir: Path, record: bool = True) -> None:
-        self.run_dir, self.path, self.note = Path(run_dir), Path(run_dir) / ".lock", None
-        self.on_file = os.name == "nt"
-        while True:
-            if self.on_file:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT)
-            else:
-                fd = os.open(self.run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-            try:
-                _try_lock(fd)
-                break
-            except OSError as e:
-                os.close(fd)
-                if e.errno in _BUSY or self.on_file:
-                    raise busy_error(self.run_dir) from None
-                self.on_file = True  # the file system cannot lock a directory: lock .lock, verified by inode
-        self.identity = os.stat(self.run_dir)
-        self.file_identity = os.fstat(fd) if self.on_file else None
-        if record:  # the owner, for the messages: a dead owner's lock was released with it and is taken over here
-            before = _recorded_owner(self.path)
-            if before is not None and before[0] != os.getpid():
-                where = f" on {before[1]}" if before[1] else ""
-                self.note = f"run dir: took over the lock of pid {before[0]}{where}, which ended without releasing it"
-            owner = f"{os.getpid()} {socket.gethostname()}\n"
-            with contextlib.suppress(OSError):  # the record is for messages only; the lock is what holds
-                if self.on_file:  # into the locked file itself: a replaced file would be another lock
-                    os.ftruncate(fd, 0)
-                    os.lseek(fd, 0, os.SEEK_SET)
-                    os.write(fd, owner.encode())  # not os.pwrite: Windows, where this path runs, has none
-                else:
-                    atomic_write_text(self.path, owner)
-        # a lock nobody released (a Trainer dropped without fit, interpreter exit) is released, not left open
-        self._finalizer = weakref.finalize(
-            self, RunLock._unlock, fd, os.getpid(), self.path if record else None, self.on_file
-        )
-
-    @staticmethod
-    def _unlock(fd: int, owner: int, record: Path | None, on_file: bool) -> None:
-        if os.getpid() != owner:  # a forked child shares the lock: only its owner may let it go
-            return
-        if record is not None and _recorded_owner(record) == (owner, socket.gethostname()):
-            # released in order: a record left behind names a process that died (a locked .lock is emptied, not
-            # unlinked: another process may be waiting on that very file)
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0) if on_file else record.unlink()
-        if os.name != "nt":  # unlock explicitly: forked loader workers share this descriptor and outlive close()
-            import fcntl
-
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-
-    def check(self, writing: str) -> None:
-        """Raise RunDirGone when the run directory (or, locked by file, its .lock) was removed or replaced since it
-        was locked (before `writing`, a name inside it: the path is built only for the message)."""
-        try:
-            same = os.path.samestat(os.stat(self.run_dir), self.identity) and (
-                self.file_identity is None or os.path.samestat(os.stat(self.path), self.file_identity)
-            )
-        except OSError:
-            same = False
-        if not same:
-            raise RunDirGone(
-                f"the run directory {self.run_dir} (or its .lock) was removed or replaced while this run was writing "
-                f"it: stopped before writing {self.run_dir / writing} (nothing recreated); start a new run, or resume "
-                f"from a copy",
-                errno.ENOENT,
-                self.run_dir,
-            )
-
-    def release(self) -> None:
-        self._finalizer()
-
-
 ROLLED_BACK = "metrics.rolled_back.jsonl"
 
 
@@ -374,48 +261,14 @@ def roll_back_metrics(run_dir: Path, step: int, junk: list[int], val_pending: bo
     """Resuming from a checkpoint at `step`: rows a killed process wrote after it are trained again, so they move
     from metrics.jsonl to metrics.rolled_back.jsonl (kept, never deleted), as does a line torn by the kill. With
     `val_pending` (the checkpoint came right before a validation, which the resume runs again) a val row at `step`
-    moves too. A line that is not a JSON row (damaged bytes, not UTF-8) moves as it is; its line number goes to
-    `junk`. Returns how many rows moved for being after `step`."""
-    path = run_dir / "metrics.jsonl"
-    try:
-        with open(path, "rb") as f:
-            lines = f.readlines()  # binary: rows end in \n alone (a \r is part of a row)
-    except FileNotFoundError:
-        return 0
-    except OSError as e:
-        raise storage_error(path, e, "reading") from e
-    keep: list[bytes] = []
-    moved: list[bytes] = []
-    after = 0
-    for i, raw in enumerate(lines, 1):
-        try:
-            row = json.loads(raw.decode("utf-8")) if raw.endswith(b"\n") else None
-        except ValueError:  # UnicodeDecodeError too
-            row = None
-        if isinstance(row, dict):
-            s = row.get("step")
-            if (isinstance(s, int) and s > step) or (val_pending and s == step and row.get("kind") == "val"):
-                after += 1
-                moved.append(raw)
-            else:
-                keep.append(raw)
-        elif raw.endswith(b"\n"):  # damaged bytes
-            junk.append(i)
-            moved.append(raw)
-        else:  # the last line, torn by the kill
-            after += 1
-            moved.append(raw + b"\n")
-    if moved:
-        target = run_dir / ROLLED_BACK
-        try:
-            with open(target, "ab") as fh:
-                fh.writelines(moved)
-                fh.flush()
-                os.fsync(fh.fileno())
-        except OSError as e:
-            raise storage_error(target, e) from e
-        atomic_write(path, lambda fh: fh.write(b"".join(keep)))
-    return after
+    moves too. A line that is not a JSON row moves as it is; its line number goes to `junk`. Returns how many rows
+    moved for being after `step`."""
+
+    def after(row: dict[str, Any]) -> bool:
+        s = row.get("step")
+        return (isinstance(s, int) and s > step) or (val_pending and s == step and row.get("kind") == "val")
+
+    return move_jsonl_rows(run_dir / "metrics.jsonl", run_dir / ROLLED_BACK, after, junk)
 
 
 def shared_run_dir(
@@ -435,26 +288,6 @@ def shared_run_dir(
     return Path(run_dir), note
 
 
-_PLAIN = frozenset({str, int, bool, type(None)})  # JSON as they are: no look inside, no key path built
-
-
-def strict_json(obj: Any, bad: list[str], where: str = "") -> Any:
-    """`obj` with every non-finite float replaced by None; the dotted keys of those go to `bad`."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        bad.append(where or "value")
-        return None
-    if isinstance(obj, dict):  # a metrics row: its numbers pass without a call each (a row per log point)
-        return {
-            k: v
-            if (t := type(v)) in _PLAIN or (t is float and math.isfinite(v))
-            else strict_json(v, bad, f"{where}.{k}" if where else str(k))
-            for k, v in obj.items()
-        }
-    if isinstance(obj, list | tuple):
-        return [strict_json(v, bad, f"{where}[{i}]") for i, v in enumerate(obj)]
-    return obj
-
-
 _ROW_JSON = json.JSONEncoder(default=str, allow_nan=False)  # json.dumps with these settings, built once
 
 
@@ -470,7 +303,9 @@ class RunFiles:
     ) -> None:
         self.run_dir, self.on_row = run_dir, on_row
         held = _HELD.pop(str(run_dir.resolve()), None)  # the lock this process took when it claimed the directory
-        self.lock = held or RunLock(run_dir)  # first: nothing is created in a directory another process trains
+        self.lock = held or RunLock(
+            run_dir, fix=WAIT_OR_RENAME
+        )  # first: nothing is created in a directory another process trains
         self.notes: list[str] = [self.lock.note] if self.lock.note else []
         try:
             (run_dir / "checkpoints").mkdir(exist_ok=True)
@@ -529,24 +364,3 @@ class RunFiles:
                 self._metrics.close()
         finally:
             self.lock.release()
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v) if math.isfinite(v) else json.dumps(str(v))
-    if isinstance(v, list | tuple):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    return json.dumps(str(v), ensure_ascii=False)  # a JSON string is a valid TOML basic string
-
-
-def write_config_file(path: str | Path, sections: dict[str, dict[str, Any]], header: str = "") -> Path:
-    """Write {table: {key: value}} as TOML that `load_config_file` reads back; None values are left out."""
-    lines = [f"# {h}" for h in header.splitlines()] + [""] if header else []
-    for table, values in sections.items():
-        lines.append(f"[{table}]")
-        for k, v in values.items():
-            lines.append(f"{k} = {_toml_value(v)}" if v is not None else f"# {k}: unset")
-        lines.append("")
-    return atomic_write_text(path, "\n".join(lines))

@@ -10,15 +10,18 @@ import atexit
 import contextlib
 import importlib
 import os
-import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from .checkpoint import StateDict
+from .support import rng_state, seed_everything, set_rng_state
+
+__all__ = [  # the random state is the leaf's, public here too
+    "Runtime", "cleanup_distributed", "cpu_threads", "init_distributed", "launch_prefix", "resolve_runtime",
+    "rng_state", "seed_everything", "set_rng_state",
+]  # fmt: skip
 
 
 @dataclass
@@ -142,44 +145,6 @@ def cpu_threads(requested: int | None, device: torch.device, parameters: int) ->
         f"threads: {now} -> 1 torch thread: a model of {parameters:,} parameters on a CPU gains nothing from more "
         f"(under {SMALL_MODEL:,}, they wait on each other); num_threads={now} (--num_threads {now}) keeps {now}"
     )
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def rng_state() -> dict[str, object]:
-    """Every RNG the loop touches, as tensors/plain types so torch.load(weights_only=True) accepts it."""
-    np_state = np.random.get_state(legacy=False)  # the global MT19937's key and position, as a dict
-    state: dict[str, object] = {
-        "python": random.getstate(),
-        "numpy": {
-            "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
-            "pos": int(np_state["state"]["pos"]),
-            "has_gauss": int(np_state["has_gauss"]),
-            "gauss": float(np_state["gauss"]),
-        },
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: StateDict) -> None:
-    random.setstate(_to_tuple(state["python"]))
-    n = state["numpy"]
-    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _to_tuple(x: Sequence[object]) -> tuple[object, ...]:
-    # python's random state round-trips through a checkpoint as lists; setstate wants tuples
-    return tuple(_to_tuple(v) if isinstance(v, list | tuple) else v for v in x)
 
 
 def cleanup_distributed() -> None:

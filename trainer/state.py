@@ -2,10 +2,12 @@
 
     RunState        every part with state registers once (a key and an object with state_dict/load_state_dict);
                     a checkpoint is the registry walked out, a resume the registry walked in, so the two match
-    Checkpointer    writes last.pt / best.pt from the registry (in the background on a GPU) and resumes a run
+    Checkpointer    decides when last.pt is due, writes last.pt / best.pt from the registry (in the background on a
+                    GPU) and resumes a run
     resume_changes  the one rule for a resumed run: a setting in RESUME_MAY_CHANGE may differ, any other is fixed
+    check_resume    the one resume check (task, processes, fixed settings, length): the command line calls it early
 
-The file format (atomic writes, the digest, safe loading) is `trainer/checkpoint.py`.
+The file format (atomic writes, the digest, safe loading) is the leaf's, `trainer/support/checkpoint_file.py`.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from .config import TrainConfig
 from .evaluation import BestTracker
 from .hooks import Hooks
 from .runfiles import RunFiles, finished, refuse_if_live
-from .runtime import Runtime, launch_prefix, rng_state, set_rng_state
+from .runtime import Runtime, launch_prefix
+from .support import RngState
 from .usercode import UNKNOWN_LENGTH, cli_resume_line, own_settings_hint, resume_hint
 
 Settings = dict[str, dict[str, Any]]  # {table: {key: value}}, as config.toml and every checkpoint hold them
@@ -104,8 +107,70 @@ class ResumeError(ValueError):
     """A checkpoint that cannot continue this run (other settings or model shapes, another task)."""
 
 
+class SettingsChanged(ResumeError):
+    """A resume that changes fixed settings (`changed`: (key, saved, now) each) or gives fewer steps than the
+    checkpoint's `step`; a door may word it in its own terms (the command line names its flags)."""
+
+    def __init__(self, message: str, changed: list[tuple[str, object, object]], step: int | None = None) -> None:
+        super().__init__(message)
+        self.changed, self.step = changed, step
+
+
 class RunFinished(ResumeError):
     """Resuming a run that already ended (trained to its last step, or stopped early): nothing is redone."""
+
+
+def check_resume(
+    ckpt: StateDict,
+    path: Path,
+    settings: Settings,
+    task: str | None = None,
+    world_size: int | None = None,
+    total_steps: int | None = None,
+    config: dict[str, Any] | None = None,
+) -> None:
+    """The one resume check: can `ckpt` (read from `path`) continue a run of `task` with `settings` ({table: {key:
+    value}}, a key left out is not compared), `world_size` processes and `total_steps` optimizer steps? None skips
+    that comparison; `config`: the TrainConfig in effect, compared with a checkpoint from before settings were
+    kept (default: settings' [train]). A ResumeError names the file and what differs. The command line calls it
+    before its long set-up with what it knows then; the Checkpointer calls it at the resume."""
+    if task is not None and ckpt.get("task") not in (None, task):
+        old_task = ckpt["task"]
+        run = ckpt.get("settings", {}).get("run") if isinstance(ckpt.get("settings"), dict) else None
+        spec = run.get("task") if isinstance(run, dict) else None
+        fix = f"give --task {shlex.quote(spec)}" if isinstance(spec, str) else "give --task with its builder"
+        fix = fix if cli_resume_line(path, launch_prefix()) else f"build the Task named {old_task!r}"
+        raise ResumeError(
+            f"{path} is a checkpoint of task {old_task!r}, not {task!r} (the task this resume builds); to continue "
+            f"it, {fix}; or resume a run of task {task!r}"
+        )
+    old = ckpt.get("world_size")
+    if world_size is not None and old is not None and int(old) != world_size:
+        launch = ckpt.get("launch") or ("python" if int(old) == 1 else f"torchrun --nproc_per_node {old}")
+        raise ResumeError(
+            f"{path} was written by a run of {old} process{'es' if int(old) > 1 else ''} and this one has "
+            f"{world_size}: its steps, its position in the epoch and its effective batch (batch_size x "
+            f"processes) do not carry over to another number. Resume it with {old}: {resume_hint(path, launch)}"
+        )
+    if isinstance(ckpt.get("settings"), dict):
+        changed = resume_changes(ckpt["settings"], settings)
+    else:  # written before checkpoints carried the settings: the TrainConfig in effect then and now
+        changed = resume_changes({"train": ckpt.get("config") or {}}, {"train": config or settings.get("train", {})})
+    if changed:
+        raise SettingsChanged(
+            f"{path}: a resumed run keeps the settings its state was made with, and these differ: "
+            f"{'; '.join(f'{k} {a!r} -> {b!r}' for k, a, b in changed)}. Resume with the run's own values "
+            f"({own_settings_hint(path)}), or start a new run with the new ones",
+            changed,
+        )
+    step = ckpt.get("step")
+    if total_steps is not None and isinstance(step, int) and step > total_steps:
+        raise SettingsChanged(
+            f"{path} is at step {step}, beyond this run's {total_steps} optimizer steps: give at least as many "
+            f"steps (max_steps {step} or more, or more epochs), or leave the length as the run had it",
+            [],
+            step,
+        )
 
 
 # ------------------------------------------------------------------------------------------- the parts
@@ -207,16 +272,6 @@ def load_model_state(model: nn.Module, state: StateDict, source: Path | str | No
             f"model settings. Differences: {'; '.join(shapes[:6]) or str(e)[:300]}. Resume with the run's own "
             f"settings ({own_settings_hint(source or 'RUN_DIR')})."
         ) from None
-
-
-class RngState:
-    """Python's, NumPy's and torch's generators."""
-
-    def state_dict(self) -> StateDict:
-        return rng_state()
-
-    def load_state_dict(self, state: StateDict) -> None:
-        set_rng_state(state)
 
 
 class CallbackStates:
@@ -335,11 +390,28 @@ class Checkpointer:
         self.state, self.model, self.progress, self.best, self.hooks = state, model, progress, best, hooks
         self.cfg, self.settings, self.task_name, self.rt = cfg, settings, task_name, rt
         self.background = background  # last.pt written from a thread while training goes on
-        self.clock = SaveClock(cfg.checkpoint_interval)
+        self._clock = SaveClock(cfg.checkpoint_interval)
         # save(background=True): the one write in flight, its on_log row, and what it failed with
         self._writer: threading.Thread | None = None
         self._written: StateDict = {}
         self._write_error: BaseException | None = None
+
+    # ------------------------------------------------------------------ when: the loop says what happened
+    def due_after_step(self, step: int, logged: bool) -> bool:
+        """last.pt after this optimizer step, inside an epoch: every checkpoint_every steps, or at a log point once
+        checkpoint_interval seconds of training have passed (an epoch's last batch leaves it to the epoch's end)."""
+        every = self.cfg.checkpoint_every
+        return (every is not None and step % every == 0) or (logged and self._clock.due(epoch_end=False))
+
+    def due_at_epoch_end(self, stopping: bool, ending: bool) -> bool:
+        """last.pt at an epoch's end: always on a stop; never when training is `ending` (the last epoch, early
+        stopping: the end of training writes it, marked ended); else when its interval is due."""
+        return stopping or (not ending and self._clock.due(epoch_end=True))
+
+    def may_save(self, epoch_end: bool, at_end: bool) -> bool:
+        """A save may follow this log point (at_end: the run's last step), so the weights' finiteness is read
+        with the loss."""
+        return at_end or self._clock.due(epoch_end=epoch_end)
 
     # ------------------------------------------------------------------ out
     def checkpoint(self) -> StateDict:
@@ -393,7 +465,7 @@ class Checkpointer:
         best = {"metric": self.best.metric, "value": self.best.best, "step": p.step, "epoch": p.epoch_number}
         row = {"kind": "checkpoint", "name": name, "step": p.step, "path": str(path)}
         if name == "last.pt":
-            self.clock.reset()
+            self._clock.reset()
         # one batched copy to host: the digest and torch.save then read it, and training may go on changing the
         # weights while a background write runs
         if background or self.rt.device.type == "cuda":
@@ -474,7 +546,8 @@ class Checkpointer:
         found = path if path.is_dir() else path.parent.parent
         refuse_if_live(found, main=self.rt.is_main)  # a live run is named as such, not "last.pt does not exist"
         ckpt = upgrade(self._load(path, notes))
-        self._check_same_run(path, ckpt, total_steps)  # before any part changes
+        # before any part changes (the command line ran this same check before its set-up)
+        check_resume(ckpt, path, self.settings, self.task_name, self.rt.world_size, total_steps, self.cfg.to_dict())
         self.state.load_state_dict(ckpt, source=path)
         p = self.progress
         run_dir = found if (found / "checkpoints").is_dir() else None
@@ -500,43 +573,6 @@ class Checkpointer:
             notes.append(f"resume: the validation at step {p.step} was due when the run stopped; it runs first")
         self.hooks("on_load_checkpoint", ckpt)
         return run_dir
-
-    def _check_same_run(self, path: Path, ckpt: StateDict, total_steps: int) -> None:
-        """The task, the number of processes, the fixed settings and the length must let this run go on exactly."""
-        if ckpt.get("task") not in (None, self.task_name):
-            old_task = ckpt["task"]
-            run = ckpt.get("settings", {}).get("run") if isinstance(ckpt.get("settings"), dict) else None
-            spec = run.get("task") if isinstance(run, dict) else None
-            fix = f"give --task {shlex.quote(spec)}" if isinstance(spec, str) else "give --task with its builder"
-            fix = fix if cli_resume_line(path, launch_prefix()) else f"build the Task named {old_task!r}"
-            raise ResumeError(
-                f"{path} is a checkpoint of task {old_task!r}, not {self.task_name!r}; to continue it, {fix}; or "
-                f"resume a run of task {self.task_name!r}"
-            )
-        old = ckpt.get("world_size")
-        if old is not None and int(old) != self.rt.world_size:
-            launch = ckpt.get("launch") or ("python" if int(old) == 1 else f"torchrun --nproc_per_node {old}")
-            raise ResumeError(
-                f"{path} was written by a run of {old} process{'es' if int(old) > 1 else ''} and this one has "
-                f"{self.rt.world_size}: its steps, its position in the epoch and its effective batch (batch_size x "
-                f"processes) do not carry over to another number. Resume it with {old}: {resume_hint(path, launch)}"
-            )
-        if isinstance(ckpt.get("settings"), dict):
-            changed = resume_changes(ckpt["settings"], self.settings)
-        else:  # written before checkpoints carried the settings: the TrainConfig in effect then and now
-            changed = resume_changes({"train": ckpt.get("config") or {}}, {"train": self.cfg.to_dict()})
-        if changed:
-            raise ResumeError(
-                f"{path}: a resumed run keeps the settings its state was made with, and these differ: "
-                f"{'; '.join(f'{k} {a!r} -> {b!r}' for k, a, b in changed)}. Resume with the run's own values "
-                f"({own_settings_hint(path)}), or start a new run with the new ones"
-            )
-        step = int(ckpt["step"])
-        if step > total_steps:
-            raise ResumeError(
-                f"{path} is at step {step}, beyond this run's {total_steps} optimizer steps: give at least as many "
-                f"steps (max_steps {step} or more, or more epochs), or leave the length as the run had it"
-            )
 
     def _check_not_finished(
         self, path: Path, run_dir: Path | None, total_steps: int, notes: list[str], max_epochs: int

@@ -272,6 +272,17 @@ class BaseTrainer:
                 f"BaseTrainer: area={area!r} has no .lon/.lat; give a datasets.area.Area "
                 f"(Area('Global', lon=[-180, 180], lat=[-80, 80])) or None for data without an area"
             )
+        self.config = self._config_from(trainer_params, checkpoint_path)
+        self.trainer: Trainer | None = None
+        self.model: nn.Module | None = None
+        self.summary: dict[str, object] | None = None
+        self._init_notes = list(self.notes)
+
+    def _config_from(
+        self, trainer_params: Mapping[str, object] | None, checkpoint_path: str | os.PathLike | None
+    ) -> TrainConfig:
+        """The TrainConfig of `trainer_params`, after BaseTrainer's own keys (split_ratio, auto_batch_size,
+        Lightning's monitor keys) are taken out and its defaults put in; a note for each setting changed."""
         # values are checked where they are read (TrainConfig.from_dict for its fields)
         tp: dict[str, Any] = dict(trainer_params or {})
         check_trainer_params(tp)
@@ -307,7 +318,7 @@ class BaseTrainer:
             )
         for k, v in FEED_DEFAULTS.items():
             tp.setdefault(k, v)
-        tp.setdefault("run_name", f"{title}-{uid}")
+        tp.setdefault("run_name", f"{self.title}-{self.uid}")
         self.init_weights: Path | None = None  # a Lightning .ckpt given as checkpoint_path: weights only
         if checkpoint_path is not None:
             if _is_lightning_ckpt(Path(checkpoint_path)):
@@ -316,14 +327,10 @@ class BaseTrainer:
                 tp["resume"] = str(checkpoint_path)
         # The learning rate belongs to the optimizer; a model that does not take it never sees it.
         lr = self.model_params.get("learning_rate")
-        if lr is not None and not _names(model_class, "learning_rate"):
+        if lr is not None and not _names(self.model_class, "learning_rate"):
             self.model_params.pop("learning_rate")
             tp.setdefault("lr", lr)
-        self.config = TrainConfig.from_dict(tp, where="trainer_params")
-        self.trainer: Trainer | None = None
-        self.model: nn.Module | None = None
-        self.summary: dict[str, object] | None = None
-        self._init_notes = list(self.notes)
+        return TrainConfig.from_dict(tp, where="trainer_params")
 
     def _lightning_keys(self, tp: dict[str, object]) -> tuple[str | None, str | None]:
         """The Lightning-style keys: each honoured, or named in one line when it cannot be."""

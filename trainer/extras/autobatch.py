@@ -102,6 +102,22 @@ def find_max_batch_size(
         tried.append((bs, ok))
         return ok
 
+    good, bad = _largest_fitting(fits, start, upper)
+    accum = math.ceil(target / good) if target is not None else 1
+    balanced = math.ceil(target / accum) if target is not None else good
+    return {
+        "batch_size": good,
+        "accumulate_grad_batches": accum,
+        "balanced_batch_size": balanced,
+        "effective_batch_size": good * accum,
+        "hit_max": bad is None,
+        "tried": tried,
+    }
+
+
+def _largest_fitting(fits: Callable[[int], bool], start: int, upper: int) -> tuple[int, int | None]:
+    """(the largest size that fits, the smallest tried that did not, None if `upper` fit): doubling or halving from
+    `start`, then a binary search between the two."""
     # Phase 1: find a size that fits (halve on failure) and one that does not (double on success).
     good, bad = 0, None
     bs = start
@@ -137,16 +153,7 @@ def find_max_batch_size(
             else:
                 hi = mid
         good = lo
-    accum = math.ceil(target / good) if target is not None else 1
-    balanced = math.ceil(target / accum) if target is not None else good
-    return {
-        "batch_size": good,
-        "accumulate_grad_batches": accum,
-        "balanced_batch_size": balanced,
-        "effective_batch_size": good * accum,
-        "hit_max": bad is None,
-        "tried": tried,
-    }
+    return good, bad
 
 
 def search_cap(n_samples: int, device_type: str) -> int:

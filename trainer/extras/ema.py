@@ -1,7 +1,6 @@
 """EMA: an exponential moving average of the model's weights, written as an ordinary callback.
 
-    from trainer import Trainer, TrainConfig
-    from trainer.ema import EMA
+    from trainer import EMA, Trainer, TrainConfig   # the module: trainer.extras.ema
     Trainer(cfg, task, callbacks=[EMA(decay=0.999)]).fit()   # or TrainConfig(ema_decay=0.999): the same callback
 
 It uses only the public hooks (trainer/hooks.py), so it doubles as the example of a callback of your own:

@@ -1,6 +1,6 @@
 """Loggers: callbacks that mirror every metrics.jsonl row into a CSV file or Weights & Biases.
 
-    from trainer.loggers import CSVLogger, WandbLogger
+    from trainer import CSVLogger, WandbLogger      # the module: trainer.extras.loggers
     Trainer(cfg, task, callbacks=[CSVLogger(), WandbLogger(project="sst")]).fit()
     python train_optimized.py --logger csv,wandb,tensorboard            # the same from the command line
 
