@@ -230,14 +230,15 @@ def test_a_metric_of_the_wrong_shape_is_refused_not_averaged(tmp_path):
 @pytest.mark.parametrize(
     "criterion, shown", [(F.cross_entropy, "cross_entropy"), (nn.CrossEntropyLoss(), "nn.CrossEntropyLoss()")]
 )
-def test_a_criterion_of_output_and_target_as_loss_fn_is_one_line_with_the_way_in(criterion, shown):
+def test_a_criterion_of_output_and_target_as_loss_fn_is_one_line_with_the_way_in(criterion, shown, tmp_path):
     """loss_fn takes (model, batch): a torch criterion handed over as it is would fail at the first step with a
-    traceback about a Sequential not being a Tensor."""
-    from trainer import Task
+    traceback about a Linear not being a Tensor."""
     from trainer.task import ModelProtocolError
 
-    with pytest.raises(
-        ModelProtocolError, match=rf"give loss_fn=lambda m, b: {re.escape(shown)}\(m\(b\[0\]\), b\[1\]\)"
-    ):
-        Task("t", nn.Linear(2, 2), [], loss_fn=criterion)
-    Task("t", nn.Linear(2, 2), [], loss_fn=lambda m, b: criterion(m(b[0]), b[1]))  # the way in
+    data = TensorDataset(torch.randn(8, 2), torch.tensor([0, 1] * 4))
+    way_in = rf"give loss_fn=lambda m, b: {re.escape(shown)}\(m\(b\[0\]\), b\[1\]\)"
+    with pytest.raises(ModelProtocolError, match=way_in):
+        Trainer(toy_config(tmp_path / "a", max_steps=1), Task("t", nn.Linear(2, 2), data, loss_fn=criterion))
+    assert not (tmp_path / "a").exists()  # refused before the run directory
+    task = Task("t", nn.Linear(2, 2), data, loss_fn=lambda m, b: criterion(m(b[0]), b[1]))  # the way in
+    assert Trainer(toy_config(tmp_path / "b", max_steps=1, batch_size=4), task).fit()["steps"] == 1

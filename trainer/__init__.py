@@ -13,7 +13,7 @@ from .cli import options
 from .cli.command import rerun_command, resume_command
 from .compat.base_trainer import BaseTrainer
 from .compat.lightning import adapt_lightning_task
-from .compat.nanogpt import adapt_targets_task
+from .compat.nanogpt import adapt_targets_task, refuse_criterion_loss
 from .config import TrainConfig
 from .evaluation import accuracy, top_k_accuracy
 from .extras import autobatch, ema, loggers
@@ -25,7 +25,7 @@ from .loop import Trainer
 from .task import Task
 
 # the layers plug into the core here; the core never imports them (trainer/layers.py)
-layers.TASK_ADAPTERS += [adapt_lightning_task, adapt_targets_task]
+layers.TASK_ADAPTERS += [refuse_criterion_loss, adapt_lightning_task, adapt_targets_task]
 layers.CONFIG_CALLBACKS += [EMA.for_config, ModelSummary.for_config]
 layers.RESUME_COMMANDS.append(resume_command)
 layers.RERUN_COMMANDS.append(rerun_command)

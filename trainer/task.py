@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,26 +79,6 @@ class Task:
     notes: list[str] = field(default_factory=list)  # one line each, printed at start-up with the run's notes
     # scores beside the mean loss when the loop evaluates (no evaluate_fn): {"acc": accuracy} -> val_acc, test_acc
     metrics: dict[str, MetricFn] | None = None
-
-    def __post_init__(self) -> None:
-        if self.loss_fn is not None and _is_criterion(self.loss_fn):
-            fn = self.loss_fn
-            name = f"nn.{type(fn).__name__}()" if isinstance(fn, nn.Module) else getattr(fn, "__name__", "loss_fn")
-            raise ModelProtocolError(
-                f"Task(loss_fn={name}): loss_fn(model, batch) returns the loss, and {name} takes (output, target); "
-                f"give loss_fn=lambda m, b: {name}(m(b[0]), b[1])"
-            )
-
-
-def _is_criterion(fn: object) -> bool:
-    """A loss of (output, target), such as F.cross_entropy or nn.CrossEntropyLoss(), where (model, batch) belongs."""
-    if isinstance(fn, nn.Module):
-        return True
-    try:
-        first = list(inspect.signature(fn).parameters)[:2]  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
-    return len(first) == 2 and set(first) <= {"input", "output", "pred", "logits", "target", "y", "labels"}
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

@@ -112,3 +112,23 @@ class LrFnSchedule:
     def load_state_dict(self, state: StateDict) -> None:
         self.steps = int(state["steps"])
         self._apply()
+
+
+def refuse_criterion_loss(task: Task) -> None:
+    """A loss of (output, target), such as F.cross_entropy or nn.CrossEntropyLoss(), given where loss_fn(model,
+    batch) belongs: one line with the way in, not a traceback at the first step."""
+    fn = task.loss_fn
+    if fn is None:
+        return None
+    if not isinstance(fn, nn.Module):
+        try:
+            first = list(inspect.signature(fn).parameters)[:2]
+        except (TypeError, ValueError):
+            return None
+        if len(first) < 2 or not set(first) <= {"input", "output", "pred", "logits", "target", "y", "labels"}:
+            return None
+    name = f"nn.{type(fn).__name__}()" if isinstance(fn, nn.Module) else getattr(fn, "__name__", "loss_fn")
+    raise ModelProtocolError(
+        f"Task(loss_fn={name}): loss_fn(model, batch) returns the loss, and {name} takes (output, target); "
+        f"give loss_fn=lambda m, b: {name}(m(b[0]), b[1])"
+    )
