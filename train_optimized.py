@@ -79,7 +79,7 @@ from tasks import (  # noqa: E402
     user_train_defaults,
 )
 from trainer.checkpoint import STORAGE_ERRNOS, CheckpointError, StorageError  # noqa: E402
-from trainer.cli.command import cli_command, cli_session, peek_checkpoint, set_task_flag  # noqa: E402
+from trainer.cli.command import cli_command, cli_session, installed_command, peek_checkpoint, set_task_flag  # noqa: E402
 from trainer.cli.options import (  # noqa: E402
     add_dataclass_arguments,
     add_function_arguments,
@@ -221,7 +221,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
-        prog="plainloop" if Path(sys.argv[0]).stem == "plainloop" else "train_optimized.py",  # pip's command
+        prog=installed_command() or "train_optimized.py",  # pip's command: plainloop, or python -m plainloop
         usage="%(prog)s [--flag VALUE ...]",
         description="plainloop: fast training in plain PyTorch.",
         epilog=EXIT_TEXT,

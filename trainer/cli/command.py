@@ -52,11 +52,21 @@ def cli_script() -> str:
     return shlex.quote(arg) if Path(arg).name == "train_optimized.py" else "train_optimized.py"
 
 
-def cli_command(prefix: str = "python") -> str:
-    """The start of a printed command: `plainloop` when this process is the installed command, else the prefix
-    (python, or a torchrun line) and the script."""
-    if prefix == "python" and sys.argv and Path(sys.argv[0]).name == "plainloop":
+def installed_command() -> str | None:
+    """`plainloop` or `python -m plainloop` when this process is the installed command run so, else None."""
+    here = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if here is not None and here.name == "plainloop":
         return "plainloop"
+    if here is not None and here.name == "__main__.py" and here.resolve().parent == Path(__file__).resolve().parents[1]:
+        return f"python -m {__package__.rpartition('.')[0]}"  # this folder's own __main__.py: -m plainloop
+    return None
+
+
+def cli_command(prefix: str = "python") -> str:
+    """The start of a printed command: the installed command when this process is it, else the prefix (python, or
+    a torchrun line) and the script."""
+    if prefix == "python" and (command := installed_command()):
+        return command
     return f"{prefix} {cli_script()}"
 
 
