@@ -1,0 +1,50 @@
+"""Validation with one host read: the SST task's scores come from one transfer (the prior, the correction and the
+loss at each correction scale) and equal what the scoring gave when each came to the host on its own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_skill import sample_file, small_task  # noqa: F401 (a fixture)
+
+from tasks.era5 import _predict_all, choose_correction_scale
+from utils.metrics import acc, weighted_rmse
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _scores_read_one_by_one(task, m) -> dict[str, float]:
+    """The validation as it was: base, correction, prediction and loss each read to the host."""
+    ds, mask = task.val_set, task.val_set.ocean_mask.numpy()
+    ref = ds.reference_c()
+    base, corr, y = _predict_all(m, ds, torch.device("cpu"), parts=True)
+    base_c = ds.denormalize(base.cpu(), torch.arange(len(ds))).numpy()
+    corr_c = corr.cpu().numpy() * ds.anomaly_std
+    a = choose_correction_scale(base_c, corr_c, ref["truth_c"], ds.lats, mask, lead=task.info["lead_months"])
+    pred = base + a * corr
+    pred_c = ds.denormalize(pred.cpu(), torch.arange(len(ds))).numpy()
+    return {
+        "val_rmse_c": weighted_rmse(pred_c, ref["truth_c"], ds.lats, mask),
+        "val_acc": acc(pred_c, ref["truth_c"], ref["clim_target_c"], ds.lats, mask),
+        "val_loss": float(m.loss(pred, y)),
+        "val_correction_scale": a,
+        "val_prior_rmse_c": weighted_rmse(base_c, ref["truth_c"], ds.lats, mask),
+    }
+
+
+@pytest.mark.parametrize("std", [0.0, 0.02, 5.0])  # the prior alone, a correction that helps or may, pure noise
+def test_one_read_scores_as_the_reads_one_by_one_did(sample_file, tmp_path, std):  # noqa: F811
+    task = small_task(sample_file, tmp_path, prior="hybrid")
+    m = task.model.eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for net in m.members:
+            torch.nn.init.normal_(net.head.weight, std=std)
+        expected = _scores_read_one_by_one(task, m)
+        got = task.evaluate_fn(m, "val", torch.device("cpu"))
+    assert list(got)[:5] == ["val_rmse_c", "val_acc", "val_loss", "val_correction_scale", "val_prior_rmse_c"]
+    for k, v in expected.items():
+        assert got[k] == pytest.approx(v, abs=1e-6, rel=1e-6), k
+    assert float(m.correction_scale) == expected["val_correction_scale"]
+    assert all(np.isfinite(v) for v in got.values())
