@@ -81,7 +81,9 @@ def test_the_loop_feeds_the_cadence_and_a_resume_keeps_it(tmp_path, monkeypatch,
     monkeypatch.setattr(evaluation, "throttled_every", lambda val_s, epoch_s, every: every)  # cheap from now on
     Trainer(toy_config(tmp_path, epochs=7, validation_interval=None, resume=str(tmp_path / "cut")), small_task()).fit()
     assert _val_epochs(tmp_path / "cut") == [1, 3, 6, 7]  # 6 from the saved spacing; then every epoch again
-    assert all(torch.equal(a, b) for a, b in zip(weights(tmp_path / "whole").values(), weights(tmp_path / "cut").values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(weights(tmp_path / "whole").values(), weights(tmp_path / "cut").values())
+    )
 
 
 def test_a_given_cadence_writes_no_cadence_state(tmp_path, monkeypatch):

@@ -48,3 +48,32 @@ def test_one_read_scores_as_the_reads_one_by_one_did(sample_file, tmp_path, std)
         assert got[k] == pytest.approx(v, abs=1e-6, rel=1e-6), k
     assert float(m.correction_scale) == expected["val_correction_scale"]
     assert all(np.isfinite(v) for v in got.values())
+
+
+def test_the_builtin_validation_reads_the_host_once(tmp_path, monkeypatch):
+    """The mean loss and every Task(metrics=...) score stay on the device over the batches: one read at the end."""
+    from helpers import toy_config
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    from trainer import Task, Trainer, accuracy
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 4, generator=g), torch.randint(0, 3, (64,), generator=g)
+
+    def loss_fn(m, b):
+        return nn.functional.cross_entropy(m(b[0]), b[1])
+
+    task = Task(
+        "cls", nn.Linear(4, 3), TensorDataset(x, y), TensorDataset(x, y), loss_fn=loss_fn, metrics={"acc": accuracy}
+    )
+    t = Trainer(toy_config(tmp_path, batch_size=8), task)
+    reads: list[str] = []
+    for name in ("tolist", "item", "__float__", "cpu", "numpy", "__bool__"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(
+            torch.Tensor, name, lambda self, *a, _n=name, _r=real, **k: reads.append(_n) or _r(self, *a, **k)
+        )
+    scores = t.evaluate("val")  # 8 batches
+    monkeypatch.undo()
+    assert reads == ["tolist"] and set(scores) == {"val_loss", "val_acc"}

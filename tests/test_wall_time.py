@@ -41,8 +41,11 @@ def test_a_run_writes_its_split_and_prints_it(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     ("val", "ckpt", "verdict"),
-    [(4.0, 0.5, "validation bound: 40% of the wall time"), (0.5, 2.5, "checkpoint bound: 25% of the wall time"),
-     (1.0, 1.0, None)],  # fmt: skip
+    [
+        (4.0, 0.5, "validation bound: 40% of the wall time"),
+        (0.5, 2.5, "checkpoint bound: 25% of the wall time"),
+        (1.0, 1.0, None),
+    ],  # fmt: skip
 )
 def test_the_verdict_names_the_edges_that_took_the_time(val, ckpt, verdict):
     split = {"wall_s": 10.0, "steps_s": 10.0 - val - ckpt - 0.5, "validation_s": val, "checkpoints_s": ckpt,
