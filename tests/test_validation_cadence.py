@@ -41,15 +41,15 @@ def test_the_throttle_keeps_validation_near_a_tenth_of_the_wall_time(val_s, epoc
 
 def test_the_cadence_changes_on_measurements_and_says_so():
     c = ValidationCadence(1, auto=True, patience=3)
-    assert c.due(1) and c.measured(1, 0.1, 1.0) is None  # cheap: every epoch, no line
+    assert c.due(1) and c.measured(1, 9.0, 0.1) is None  # the first, with its warm-up: not measured
     assert c.due(2)
-    line = c.measured(2, 3.9, 0.1)  # means: 2.0 s a validation, 0.55 s an epoch -> ceil(2*0.9/0.055) = 33
+    line = c.measured(2, 2.0, 0.55)  # 2.0 s a validation, 0.55 s an epoch -> ceil(2*0.9/0.055) = 33
     assert c.every == 33 and line is not None
     assert line.startswith("validation: every 33 epochs and the last from epoch 33 (auto: one takes 2.00 s, an "
                            "epoch 0.55 s: 10% of the wall time, at most 10%; early stopping's patience of 3 "
                            "validations spans 99 epochs); --validation_interval N sets it")  # fmt: skip
     assert [e for e in range(3, 67) if c.due(e)] == [33, 66]
-    assert c.measured(66, 2.0, 35.2) is None and c.every == 33  # means 1.97 s and 0.55 s: 33 again, no line
+    assert c.measured(66, 2.0, 35.2) is None and c.every == 33  # means 2.0 s and 0.55 s: 33 again, no line
     assert c.state_dict() == {"every": 33}
     again = ValidationCadence(1, auto=True)
     again.load_state_dict(c.state_dict())
@@ -64,12 +64,12 @@ def _val_epochs(run_dir) -> list[int]:
 
 
 def test_the_loop_feeds_the_cadence_and_a_resume_keeps_it(tmp_path, monkeypatch, capsys):
-    """A costly validation (the decision forced to every 3 epochs) validates at 1, 3, 6 and the last, 7, and says
-    so; a run stopped in epoch 4 resumes with every 3 from its last.pt (epoch 6 next, not 5) and trains the same
+    """A costly validation (the decision forced to every 3 epochs from the second, measured one) validates at 1, 2,
+    3, 6 and the last, 7, and says so; a run stopped in epoch 4 resumes with every 3 from its last.pt (epoch 6 next, not 5) and trains the same
     weights as the run that was not stopped."""
     monkeypatch.setattr(evaluation, "throttled_every", lambda val_s, epoch_s, every: 3)
     whole = Trainer(toy_config(tmp_path, epochs=7, validation_interval=None, run_name="whole"), small_task()).fit()
-    assert _val_epochs(tmp_path / "whole") == [1, 3, 6, 7]
+    assert _val_epochs(tmp_path / "whole") == [1, 2, 3, 6, 7]
     assert any(n.startswith("validation: every 3 epochs and the last from epoch 3 (auto: ") for n in whole["notes"])
     assert "[plainloop] validation: every 3 epochs" in capsys.readouterr().out
 
@@ -80,7 +80,7 @@ def test_the_loop_feeds_the_cadence_and_a_resume_keeps_it(tmp_path, monkeypatch,
     assert ckpt["validation"] == {"every": 3}
     monkeypatch.setattr(evaluation, "throttled_every", lambda val_s, epoch_s, every: every)  # cheap from now on
     Trainer(toy_config(tmp_path, epochs=7, validation_interval=None, resume=str(tmp_path / "cut")), small_task()).fit()
-    assert _val_epochs(tmp_path / "cut") == [1, 3, 6, 7]  # 6 from the saved spacing; then every epoch again
+    assert _val_epochs(tmp_path / "cut") == [1, 2, 3, 6, 7]  # 6 from the saved spacing; then every epoch again
     assert all(
         torch.equal(a, b) for a, b in zip(weights(tmp_path / "whole").values(), weights(tmp_path / "cut").values())
     )

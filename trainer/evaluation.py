@@ -61,7 +61,7 @@ def _output_and_target(outputs: list[object], batch: object, split: str) -> tupl
 
 
 VALIDATION_SHARE = 0.1  # auto cadence: validation takes at most about this share of the wall time
-THROTTLE_FROM_S = 0.5  # a shorter validation is never spaced out: at most ~100 of them (AUTO_VALIDATIONS) cost little
+THROTTLE_FROM_S = 0.25  # a shorter validation is never spaced out: timer noise, not a cost
 
 
 def throttled_every(val_s: float, other_s: float, every: int, share: float = VALIDATION_SHARE) -> int:
@@ -76,7 +76,7 @@ def throttled_every(val_s: float, other_s: float, every: int, share: float = VAL
 class ValidationCadence:
     """The epochs between validations: `every` as given (validation_interval, or auto's count cadence); auto, also
     spaced by cost after each validation (throttled_every of the mean validation and the mean epoch measured in
-    this process, rank 0's under DDP). The spacing it chose is run state (an int in last.pt): a resume keeps it,
+    this process, rank 0's under DDP; the process's first validation, with its warm-up, is not measured). The spacing it chose is run state (an int in last.pt): a resume keeps it,
     then measures again. The last epoch always validates (the loop's rule)."""
 
     def __init__(self, every: int, auto: bool, distributed: bool = False, patience: int | None = None) -> None:
@@ -84,6 +84,7 @@ class ValidationCadence:
         self.auto, self.distributed, self.patience = auto, distributed, patience
         self.ends = 0  # epoch ends since the last validation
         self.sums = [0.0, 0.0, 0, 0]  # validation s, other s, validations, epochs (this process)
+        self.seen = 0  # validations this process fed: the first (caches, workers starting) is not measured
 
     def due(self, epoch: int) -> bool:
         """At an epoch's end (`epoch` finished): validate now?"""
@@ -100,7 +101,8 @@ class ValidationCadence:
             box = [(val_s, since_s)]
             dist.broadcast_object_list(box, src=0)
             val_s, since_s = box[0]
-        if since_s is None or ends == 0:
+        self.seen += 1
+        if since_s is None or ends == 0 or self.seen == 1:
             return None
         s = self.sums
         s[0], s[1], s[2], s[3] = s[0] + val_s, s[1] + since_s, s[2] + 1, s[3] + ends
