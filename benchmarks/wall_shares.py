@@ -21,19 +21,17 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from benchmarks import common as bc
+from trainer import Task
 
 JOBS = {"sst": [], "big-val": ["--task", "benchmarks.wall_shares:big_val", "--epochs", "60", "--batch_size", "250"]}
 PARTS = ("steps_s", "validation_s", "checkpoints_s", "rest_s")
 
 
-def big_val(train: int = 4000) -> Any:
+def big_val(train: int = 4000) -> Task:
     """An MLP regression whose validation set is 10x its training set.
 
     Args:
-        train: training samples
-    """
-    from trainer import Task
-
+        train: training samples"""
     x = torch.randn(11 * train, 128, generator=torch.Generator().manual_seed(0))
     y = x[:, :8].sum(1, keepdim=True)
     torch.manual_seed(0)
@@ -42,15 +40,16 @@ def big_val(train: int = 4000) -> Any:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = bc.parser(__doc__, [("--jobs", ",".join(JOBS), "jobs to run"), ("--out", str(bc.RESULTS_DIR /
-                   "wall_shares_cpu.json"), "JSON path"), ("--extra", "", "more flags for every run")], timing=(1, 1))  # fmt: skip
+    flags = [("--jobs", ",".join(JOBS), "jobs to run"), ("--extra", "", "more flags for every run"),
+             ("--out", str(bc.RESULTS_DIR / "wall_shares_cpu.json"), "JSON path")]  # fmt: skip
+    ap = bc.parser(__doc__, flags, timing=(1, 1))
     a = ap.parse_args(argv)
     runs: dict[str, Any] = {}
     for job in bc.comma_list(ap, "--jobs", a.jobs, JOBS):
         for every in ([], ["--validation_interval", "1"]):
             with tempfile.TemporaryDirectory() as tmp:
-                cmd = [sys.executable, "train_optimized.py", *JOBS[job], *every, *a.extra.split(), "--output_dir",
-                       tmp, "--run_name", "r", "--no-progress_bar", "--no-plots", "--num_threads", str(a.threads)]  # fmt: skip
+                run = [*JOBS[job], *every, *a.extra.split(), "--num_threads", str(a.threads), "--output_dir", tmp]
+                cmd = [sys.executable, "train_optimized.py", *run, "--run_name", "r", "--no-progress_bar", "--no-plots"]
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=Path(__file__).parents[1])
                 s = json.loads((Path(tmp) / "r" / "summary.json").read_text())
                 rows = map(json.loads, (Path(tmp) / "r" / "metrics.jsonl").read_text().splitlines())
@@ -61,8 +60,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "closing_lines": out.stdout.splitlines()[-2:]}  # fmt: skip
             print(f"[wall] {job}{' every epoch' if every else ''}: {r['closing_lines'][0]}")
     env = bc.environment(torch.device("cpu"))
-    table = [[name, len(r["val_epochs"]), f"{r['wall_time']['wall_s']:.1f}", *(
-        f"{100 * r['wall_time'][k] / r['wall_time']['wall_s']:.0f}%" for k in PARTS)] for name, r in runs.items()]  # fmt: skip
+    walls = {name: r["wall_time"] for name, r in runs.items()}
+    table = [[name, len(runs[name]["val_epochs"]), f"{w['wall_s']:.1f}", *(f"{100 * w[k] / w['wall_s']:.0f}%"
+              for k in PARTS)] for name, w in walls.items()]  # fmt: skip
     md = (f"Wall-time shares on {env['device_name']}, torch {env['torch']}, commit `{env['commit'][:12]}`, one run "
           f"each.\n\n{bc.md_table(['job, cadence', 'validations', 'wall s', *PARTS], table)}\n")  # fmt: skip
     result = {"schema": "plainloop-bench-wall-shares-1", "command": bc.command("wall_shares", argv),

@@ -65,8 +65,8 @@ def _val_epochs(run_dir) -> list[int]:
 
 def test_the_loop_feeds_the_cadence_and_a_resume_keeps_it(tmp_path, monkeypatch, capsys):
     """A costly validation (the decision forced to every 3 epochs from the second, measured one) validates at 1, 2,
-    3, 6 and the last, 7, and says so; a run stopped in epoch 4 resumes with every 3 from its last.pt (epoch 6 next, not 5) and trains the same
-    weights as the run that was not stopped."""
+    3, 6 and the last, 7, and says so; a run stopped in epoch 4 resumes with every 3 from its last.pt (epoch 6
+    next, not 5) and trains the same weights as the run that was not stopped."""
     monkeypatch.setattr(evaluation, "throttled_every", lambda val_s, epoch_s, every: 3)
     whole = Trainer(toy_config(tmp_path, epochs=7, validation_interval=None, run_name="whole"), small_task()).fit()
     assert _val_epochs(tmp_path / "whole") == [1, 2, 3, 6, 7]

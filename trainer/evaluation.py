@@ -75,9 +75,10 @@ def throttled_every(val_s: float, other_s: float, every: int, share: float = VAL
 
 class ValidationCadence:
     """The epochs between validations: `every` as given (validation_interval, or auto's count cadence); auto, also
-    spaced by cost after each validation (throttled_every of the mean validation and the mean epoch measured in
-    this process, rank 0's under DDP; the process's first validation, with its warm-up, is not measured). The spacing it chose is run state (an int in last.pt): a resume keeps it,
-    then measures again. The last epoch always validates (the loop's rule)."""
+    spaced by cost after each validation: throttled_every of the mean validation and the mean epoch measured in
+    this process (rank 0's under DDP; its first validation, with the warm-up, is not measured). The spacing it
+    chose is run state (an int in last.pt): a resume keeps it, then measures again. The last epoch always
+    validates (the loop's rule)."""
 
     def __init__(self, every: int, auto: bool, distributed: bool = False, patience: int | None = None) -> None:
         self.base = self.every = every
