@@ -77,3 +77,27 @@ def test_the_builtin_validation_reads_the_host_once(tmp_path, monkeypatch):
     scores = t.evaluate("val")  # 8 batches
     monkeypatch.undo()
     assert reads == ["tolist"] and set(scores) == {"val_loss", "val_acc"}
+
+
+def test_the_sst_validation_reads_the_host_once(sample_file, tmp_path, monkeypatch):  # noqa: F811
+    """The prior, the correction and the loss at each correction scale come to the host in one copy (they were three
+    copies and a float() of the loss); the test split's predictions in one."""
+    task = small_task(sample_file, tmp_path, prior="hybrid")
+    m = task.model.eval()
+    copies: list[tuple[int, ...]] = []
+    real = torch.Tensor.cpu
+
+    def cpu(self, *a, **k):
+        if self.is_floating_point():
+            copies.append(tuple(self.shape))
+        return real(self, *a, **k)
+
+    with torch.no_grad():
+        task.evaluate_fn(m, "val", torch.device("cpu"))  # the first: the split's fixed references are computed
+        copies.clear()
+        monkeypatch.setattr(torch.Tensor, "cpu", cpu)
+        task.evaluate_fn(m, "val", torch.device("cpu"))
+        assert len(copies) == 1 and len(copies[0]) == 1  # one flat copy
+        copies.clear()
+        task.evaluate_fn(m, "test", torch.device("cpu"))
+        assert len(copies) == 1
