@@ -85,9 +85,9 @@ def steps_time(stats: Mapping[str, float]) -> float:
 
 
 def wall_split(stats: Mapping[str, float]) -> dict[str, float]:
-    """Where the fit's wall time (`wall_s`) went: steps, validation (and the test), checkpoints (what the loop
-    waited for: the in-line saves, the snapshot of a background one, the wait for the last) and the rest (set-up,
-    epoch ends, logging, the summary), adding up to wall_s. Host clocks, read where the run already syncs (log
+    """Where the fit's wall time (`wall_s`, from the run directory's opening to the summary) went: steps, validation
+    (and the test), checkpoints (what the loop waited for: the in-line saves, the snapshot of a background one, the
+    wait for the last) and the rest (epoch ends, logging, the summary), adding up to wall_s. Host clocks, read where the run already syncs (log
     points, validation's one read, a save's copy): the steps' own clock is the iterations' (`steps_s`)."""
     got = {k: max(0.0, stats.get(k, 0.0)) for k in ("steps_s", "val_s", "test_s", "ckpt_s")}
     parts = {"steps_s": got["steps_s"], "validation_s": got["val_s"] + got["test_s"], "checkpoints_s": got["ckpt_s"]}
