@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "cadence": [n for n in s["notes"] if n.startswith("validation: ")],
                     "closing_lines": out.stdout.splitlines()[-2:]}  # fmt: skip
             print(f"[wall] {job}{' every epoch' if every else ''}: {r['closing_lines'][0]}")
-    env = bc.environment(torch.device("cpu"))
+    env = bc.environment(torch.device("cuda" if torch.cuda.is_available() else "cpu"))  # the runs' device
     walls = {name: r["wall_time"] for name, r in runs.items()}
     table = [[name, len(runs[name]["val_epochs"]), f"{w['wall_s']:.1f}", *(f"{100 * w[k] / w['wall_s']:.0f}%"
               for k in PARTS)] for name, w in walls.items()]  # fmt: skip
