@@ -533,18 +533,21 @@ def build_era5_task(
         shrink = {}
         if split == "val":  # the correction scale validation prefers (0 = the prior)
             base, corr, y = _predict_all(m, ds, device, parts=True)
-            # note: sync point (evaluation) — the prior and the correction come to the host once
-            base_c = ds.denormalize(base.cpu(), torch.arange(len(ds))).numpy()
-            corr_c = corr.cpu().numpy() * ds.anomaly_std
+            losses = torch.stack([m.loss(base + a * corr, y).float() for a in SHRINK_GRID])  # val_loss at each scale
+            # note: sync point (evaluation) — the prior, the correction and those losses come to the host in one read
+            host = torch.cat([base.reshape(-1), corr.reshape(-1), losses]).cpu()
+            base_h, corr_h = host[: base.numel()].view_as(base), host[base.numel() : 2 * base.numel()].view_as(corr)
+            base_c = ds.denormalize(base_h, torch.arange(len(ds))).numpy()
+            corr_c = corr_h.numpy() * ds.anomaly_std
             a = choose_correction_scale(base_c, corr_c, truth_c, ds.lats, mask, lead=lead)
-            errs = [weighted_rmse(base_c, truth_c, ds.lats, mask)]
             m.correction_scale.fill_(a)
-            pred = base + a * corr
-            shrink = {"val_correction_scale": a, "val_prior_rmse_c": errs[0]}
+            pred_h = base_h + a * corr_h
+            shrink = {"val_loss": float(host[2 * base.numel() + SHRINK_GRID.index(a)]), "val_correction_scale": a}
+            shrink["val_prior_rmse_c"] = weighted_rmse(base_c, truth_c, ds.lats, mask)
         else:
             pred, y = _predict_all(m, ds, device)
-        # note: sync point (evaluation) — predictions come to the host once for scoring in °C
-        pred_c = ds.denormalize(pred.cpu(), torch.arange(len(ds))).numpy()
+            pred_h = pred.cpu()  # note: sync point (evaluation) — the predictions come to the host once
+        pred_c = ds.denormalize(pred_h, torch.arange(len(ds))).numpy()
         scores = score_forecasts(
             pred_c,
             truth_c,
@@ -558,9 +561,7 @@ def build_era5_task(
         )
         baseline_scores[split] = {k: v for k, v in scores.items() if k != "model"}
         out = {f"{split}_rmse_c": scores["model"]["rmse"], f"{split}_acc": scores["model"]["acc"]}
-        if split == "val":
-            out["val_loss"] = float(m.loss(pred, y))
-            out.update(shrink)
+        out.update(shrink)
         for name, s in scores.items():
             if name != "model":
                 out[f"{split}_{name}_rmse_c"] = s["rmse"]

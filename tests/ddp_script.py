@@ -7,7 +7,9 @@ first validation is the best, the test split is scored with best.pt; "agent_sigt
 and rank 0 sends SIGTERM to the torchrun agent in its 5th batch (the agent passes it to each rank's process group);
 "resume": argv[3] is a run directory to resume; "diverge": every training input is NaN, so every step is skipped
 and the run stops as diverged after 2 (max_consecutive_skips) on every rank; "lightning": a module shaped like a
-LightningModule (training_step, validation_step, self.log, its own optimizer and step scheduler).
+LightningModule (training_step, validation_step, self.log, its own optimizer and step scheduler); "auto_cadence":
+seven epochs at the auto validation cadence, where only rank 0 measures a validation's cost and the decision (every 3
+epochs when the cost is above 0) must reach rank 1 too.
 """
 
 import os
@@ -33,7 +35,7 @@ torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 1))
 mode = sys.argv[2] if len(sys.argv) > 2 else ""
 cfg = TrainConfig(
-    epochs={"early_stop": 6, "test_with_best": 2, "resume": 2}.get(mode, 1),
+    epochs={"early_stop": 6, "test_with_best": 2, "resume": 2, "auto_cadence": 7}.get(mode, 1),
     batch_size=16,
     accumulate_grad_batches=2,
     # "agent_sigterm": a DataLoader with a worker process per rank, instead of batches gathered from memory
@@ -43,7 +45,7 @@ cfg = TrainConfig(
     run_name="ddp",
     progress_bar=False,
     log_every=2,
-    validation_interval=1,
+    validation_interval=None if mode == "auto_cadence" else 1,
     early_stopping_patience=1 if mode == "early_stop" else None,
     lr=1e-12 if mode == "early_stop" else 1e-3,
     test_with_best=mode == "test_with_best",
@@ -112,6 +114,14 @@ class LitToy(nn.Module):
 
 if mode == "lightning":
     model = LitToy(model)
+if mode == "auto_cadence":  # rank 1 measures nothing: only rank 0's figures, broadcast, give every rank the cadence
+    import trainer.evaluation as ev
+
+    measured = ev.ValidationCadence.measured
+    ev.ValidationCadence.measured = lambda c, epoch, val_s, since_s: measured(  # type: ignore[method-assign]
+        c, epoch, val_s if os.environ.get("RANK") == "0" else 0.0, since_s
+    )
+    ev.throttled_every = lambda val_s, epoch_s, every: 3 if val_s > 0 else every
 calls: list[str] = []
 monitor = SignalRank1() if SIGNAL_AT else None
 train_x = torch.full_like(x, float("nan")) if mode == "diverge" else x

@@ -537,3 +537,23 @@ def test_same_data_peer_validates_as_often_as_plainloop_with_the_tasks_scoring()
     assert validation_every(None, 3)[0] == 1
     assert calls == [("val", False)] * 3  # each of the 3 epochs, in eval mode
     assert r["samples"] == 64
+
+
+@pytest.mark.slow
+def test_wall_shares_harness_writes_each_split(tmp_path):
+    """The wall-shares harness at its smallest: a user's task through the command line, at the auto cadence and every
+    epoch; each run's split adds up to its wall time and its closing line shows it (no timing outcome is asserted)."""
+    from benchmarks import wall_shares
+
+    out = tmp_path / "ws.json"
+    res = wall_shares.main(["--jobs", "big-val", "--extra", "--train 500 --epochs 3", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["schema"] == "plainloop-bench-wall-shares-1"
+    assert set(res["runs"]) == {"big-val auto", "big-val every epoch"}
+    for r in saved["runs"].values():
+        w = r["wall_time"]
+        assert sum(w[k] for k in wall_shares.PARTS) == pytest.approx(w["wall_s"]) and r["val_epochs"][-1] == 3
+        assert r["closing_lines"][0].startswith("[plainloop] done: 6 steps in ") and " (wall " in r["closing_lines"][0]
+    assert "| big-val auto | 3 |" in out.with_suffix(".md").read_text()
+    with pytest.raises(SystemExit):
+        wall_shares.main(["--jobs", "mnist"])

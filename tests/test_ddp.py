@@ -211,3 +211,13 @@ def test_a_lightning_style_model_trains_under_ddp_with_its_gradients_synchronise
     rows = [r for r in metric_rows(proc.out / "ddp") if r["kind"] == "train"]
     assert all("train_mse" in r for r in rows) and rows[-1]["lr"] < 0.05  # its logs and its own schedule
     assert "val_loss" in summary["final_metrics"]
+
+
+def test_the_auto_cadence_is_rank_0s_on_every_rank(tmp_path):
+    """Validation costs are measured by rank 0 (the other ranks wait at its broadcast): the spacing it decides reaches
+    every rank, so all validate at the same epochs (a rank that validated alone would wait on the others for ever)."""
+    proc = torchrun(tmp_path, "auto_cadence")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = metric_rows(proc.out / "ddp")
+    assert [r["epoch"] for r in rows if r["kind"] == "val"] == [1, 2, 3, 6, 7]
+    assert "[plainloop] validation: every 3 epochs and the last from epoch 3 (auto: " in proc.stdout

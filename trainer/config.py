@@ -150,7 +150,10 @@ class TrainConfig:
         1, "micro-batches per optimizer step; effective batch = batch_size x this x world size", SCHED, min=1
     )
     early_stopping_patience: int | None = knob(
-        None, "stop after N validations (not epochs) without improvement of the task's monitor metric", SCHED, min=1
+        None,
+        "stop after N validations (not epochs; see validation_interval) without improvement of the task's monitor metric",
+        SCHED,
+        min=1,
     )
     # optimizer
     lr: float = knob(1e-3, "learning rate at ref_batch_size (a task's own lr wins: Task.lr)", OPTIM, gt=0)
@@ -240,8 +243,8 @@ class TrainConfig:
     validation_interval: int | None = knob(
         None,
         "epochs between validations (Lightning's check_val_every_n_epoch); the last epoch always validates "
-        f"(default: auto = every epoch; a run of more than {AUTO_VALIDATIONS} epochs validates about "
-        f"{AUTO_VALIDATIONS} times, and says so at start)",
+        "(default: auto = every epoch while validation is cheap, spaced by its measured cost to about a tenth of the "
+        f"wall time, at most about {AUTO_VALIDATIONS} validations; a line says each change)",
         LOG,
         min=1,
     )

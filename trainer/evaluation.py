@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, TypedDict, cast
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -57,6 +58,80 @@ def _output_and_target(outputs: list[object], batch: object, split: str) -> tupl
             f"{type(batch).__name__}. Compute the scores in evaluate_fn instead"
         )
     return out, batch[1]
+
+
+VALIDATION_SHARE = 0.1  # auto cadence: validation takes at most about this share of the wall time
+THROTTLE_FROM_S = 0.25  # a shorter validation is never spaced out: timer noise, not a cost
+
+
+def throttled_every(val_s: float, other_s: float, every: int, share: float = VALIDATION_SHARE) -> int:
+    """Epochs between validations so that validation takes at most `share` of the wall time: one validation costs
+    `val_s`, one epoch `other_s` of wall time outside validation. Never fewer than `every` (the count cadence);
+    `every` itself when a validation costs under THROTTLE_FROM_S (cheap validation runs every epoch)."""
+    if val_s < THROTTLE_FROM_S:
+        return every
+    return max(every, math.ceil(val_s * (1 - share) / (share * max(other_s, 1e-9)) - 1e-9))
+
+
+class ValidationCadence:
+    """The epochs between validations: `every` as given (validation_interval, or auto's count cadence); auto, also
+    spaced by cost after each validation: throttled_every of the mean validation and the mean epoch measured in
+    this process (rank 0's under DDP; its first validation, with the warm-up, is not measured). The spacing it
+    chose is run state (an int in last.pt): a resume keeps it, then measures again. The last epoch always
+    validates (the loop's rule)."""
+
+    def __init__(self, every: int, auto: bool, distributed: bool = False, patience: int | None = None) -> None:
+        self.base = self.every = every
+        self.auto, self.distributed, self.patience = auto, distributed, patience
+        self.ends = 0  # epoch ends since the last validation
+        self.sums = [0.0, 0.0, 0, 0]  # validation s, other s, validations, epochs (this process)
+        self.seen = 0  # validations this process fed: the first (caches, workers starting) is not measured
+
+    def due(self, epoch: int) -> bool:
+        """At an epoch's end (`epoch` finished): validate now?"""
+        self.ends += 1
+        return epoch % self.every == 0
+
+    def measured(self, epoch: int, val_s: float, since_s: float | None) -> str | None:
+        """The validation after `epoch` took `val_s`, `since_s` after the previous one ended (None: not known);
+        the line to print when the spacing changes."""
+        ends, self.ends = self.ends, 0
+        if not self.auto:
+            return None
+        if self.distributed:  # every rank takes rank 0's figures: the same cadence everywhere
+            box = [(val_s, since_s)]
+            dist.broadcast_object_list(box, src=0)
+            val_s, since_s = box[0]
+        self.seen += 1
+        if since_s is None or ends == 0 or self.seen == 1:
+            return None
+        s = self.sums
+        s[0], s[1], s[2], s[3] = s[0] + val_s, s[1] + since_s, s[2] + 1, s[3] + ends
+        mean_val, mean_epoch = s[0] / s[2], s[1] / s[3]
+        new = throttled_every(mean_val, mean_epoch, self.base)
+        if not (new > 1.25 * self.every or new < self.every / 1.25):  # a small drift: no change, no line
+            return None
+        self.every = new
+        share = 100 * mean_val / (mean_val + new * mean_epoch)
+        why = (
+            f"{share:.0f}% of the wall time, at most {100 * VALIDATION_SHARE:.0f}%"
+            if mean_val >= THROTTLE_FROM_S
+            else f"under {THROTTLE_FROM_S} s, never spaced out"
+        )
+        n = self.patience or 0
+        spans = f"; early stopping's patience of {n} validations spans {n * new} epochs" if n and new > 1 else ""
+        return (
+            f"validation: {f'every {new} epochs and the last' if new > 1 else 'every epoch'} from epoch "
+            f"{new * (epoch // new + 1)} (auto: one takes {mean_val:.2f} s, an epoch {mean_epoch:.2f} s: {why}"
+            f"{spans}); --validation_interval N sets it"
+        )
+
+    def state_dict(self) -> dict[str, object]:
+        return {"every": self.every} if self.every != self.base else {}
+
+    def load_state_dict(self, state: StateDict) -> None:
+        if self.auto and "every" in state:
+            self.every = max(self.base, int(state["every"]))
 
 
 class KeptCheckpoint(TypedDict):

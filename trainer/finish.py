@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,8 @@ def summary_of(
         "notes": notes,
         "info": task.info,
     }  # fmt: skip
+    if "wall_s" in st:
+        summary["wall_time"] = wall_split(st)
     if "scores" in task.artifacts:
         summary["test_scores"] = task.artifacts["scores"]
     if rt.is_main and run_dir is not None:
@@ -71,6 +74,34 @@ def summary_of(
     return summary
 
 
+def add_time(stats: MutableMapping[str, float], key: str, since: float) -> None:
+    """stats[key] += the host time since `since` (time.perf_counter())."""
+    stats[key] = stats.get(key, 0.0) + time.perf_counter() - since
+
+
+def steps_time(stats: Mapping[str, float]) -> float:
+    """The iterations' time less the validations and saves inside them (val_check_steps, mid-epoch last.pt)."""
+    return stats["iter_s"] - stats.get("val_s", 0.0) - stats.get("ckpt_s", 0.0)
+
+
+def wall_split(stats: Mapping[str, float]) -> dict[str, float]:
+    """Where the fit's wall time (`wall_s`, from the run directory's opening to the summary) went: steps, validation
+    (and the test), checkpoints (what the loop waited for: the in-line saves, the snapshot of a background one, the
+    wait for the last) and the rest (epoch ends, logging, the summary), adding up to wall_s. Host clocks, read where the run already syncs (log
+    points, validation's one read, a save's copy): the steps' own clock is the iterations' (`steps_s`)."""
+    got = {k: max(0.0, stats.get(k, 0.0)) for k in ("steps_s", "val_s", "test_s", "ckpt_s")}
+    parts = {"steps_s": got["steps_s"], "validation_s": got["val_s"] + got["test_s"], "checkpoints_s": got["ckpt_s"]}
+    wall = max(stats["wall_s"], sum(parts.values()))  # clocks read at different points never add past the wall
+    return {"wall_s": wall, **parts, "rest_s": wall - sum(parts.values())}
+
+
+def wall_shares(split: Mapping[str, float]) -> str:
+    """'wall 12.3 s: steps 80%, validation 12%, checkpoints 3%, rest 5%'."""
+    wall = split["wall_s"]
+    shares = [f"{k[:-2]} {100 * split[k] / wall:.0f}%" for k in ("steps_s", "validation_s", "checkpoints_s", "rest_s")]
+    return f"wall {wall:.1f} s: {', '.join(shares)}" if wall > 0 else f"wall {wall:.1f} s"
+
+
 def closing_lines(summary: Mapping[str, object], run_dir: Path | None) -> list[str]:
     """The run's last lines, from the command line and Python alike: steps, time, speed, skipped steps and the
     verdict, then the run directory. The verdict and the re-run command are what callbacks put in the summary
@@ -78,10 +109,11 @@ def closing_lines(summary: Mapping[str, object], run_dir: Path | None) -> list[s
     v, sps, steps = summary.get("verdict"), summary.get("samples_per_s"), summary["steps"]
     verdict = (v.get("headline") or v.get("verdict")) if isinstance(v, dict) else None
     now = summary.get("steps_this_process", steps)
-    rerun = summary.get("rerun")
+    rerun, wall = summary.get("rerun"), summary.get("wall_time")
     return [
         f"[plainloop] done: {steps} steps{f' ({now} since the resume)' if now != steps else ''} in "
-        f"{summary['train_time_s']:.1f} s, {f'{sps:.0f}' if isinstance(sps, float | int) else '?'} samples/s, "
+        f"{summary['train_time_s']:.1f} s{f' ({wall_shares(wall)})' if isinstance(wall, dict) else ''}, "
+        f"{f'{sps:.0f}' if isinstance(sps, float | int) else '?'} samples/s, "
         f"{summary.get('skipped_steps', 0)} skipped, verdict: {verdict or 'not judged'}",
         f"[plainloop] run directory: {run_dir}{f' (re-run: {rerun})' if rerun else ''}",
     ]

@@ -35,8 +35,8 @@ from . import knobs
 from .config import TrainConfig, validation_every
 from .console import epoch_line, open_bar
 from .data import TrainData, batch_size_of, build_data, close_loader, split_batch, start_epoch, to_device
-from .evaluation import BestTracker, Evaluator
-from .finish import TrainingDiverged, TrainingStopped, closing_lines, ddp_weight_diff, summary_of
+from .evaluation import BestTracker, Evaluator, ValidationCadence
+from .finish import TrainingDiverged, TrainingStopped, add_time, closing_lines, ddp_weight_diff, steps_time, summary_of
 from .hooks import Hooks, Monitor, TrainerView
 from .layers import adapt_task, config_callbacks
 from .optim import OptimizerSetup, build_optimizer
@@ -161,6 +161,7 @@ class Trainer:
     hooks: Hooks  # the callbacks, resolved per hook
     monitor: Monitor  # fed every iteration: hooks.Monitor's methods (the TrainingMonitor API)
     evaluator: Evaluator
+    cadence: ValidationCadence  # epochs between validations; auto, spaced by their cost (evaluation.py)
     sampler_state: SamplerState  # the sampler's state as a checkpoint holds it (mid-epoch: from the epoch's start)
     checkpointer: Checkpointer  # the run's state registry, written out and walked back in (state.py)
     # the run while fit() lasts
@@ -283,6 +284,12 @@ class Trainer:
             best=self.best,
             callbacks=CallbackStates(self.hooks, self.notes),
         )
+        # the validation cadence at auto is measured, so a resume takes the chosen spacing from the checkpoint
+        auto = cfg.validation_interval is None
+        self.cadence = ValidationCadence(
+            self.length.validation_every, auto, rt.distributed, cfg.early_stopping_patience
+        )
+        run_state.register("validation", self.cadence, optional=True)
         return Checkpointer(
             state=run_state,
             model=self.raw_model,
@@ -374,7 +381,9 @@ class Trainer:
                 self.run.bar = self._open_bar()
                 self.hooks("on_train_start")
                 stopped = self._train(t0)
+                t_wait = time.perf_counter()
                 self.checkpointer.wait()  # the last background write is on disk before validation and test
+                add_time(self.run.stats, "ckpt_s", t_wait)
             finally:
                 self.monitor.stop_monitoring()
                 if self.run.bar is not None:
@@ -397,6 +406,7 @@ class Trainer:
                 # compared before rank 0 alone loads best.pt to score the test split (--test_with_best)
                 weight_diff = ddp_weight_diff(self.raw_model) if self.rt.distributed else None
                 test = self._test()
+                self.run.stats["wall_s"] = time.perf_counter() - t0  # summary.json's wall_time (finish.wall_split)
                 summary = self._finish(train_time, test, weight_diff)
             except StopNow as e:
                 self._stopped_after_training(e.signum)
@@ -427,14 +437,14 @@ class Trainer:
             and p.epoch < self.length.max_epochs
             and p.step < self.length.total_steps
         ):
+            steps_before = steps_time(self.run.stats)
             self._train_epoch()
+            self.run.stats["steps_s"] = self.run.stats.get("steps_s", 0.0) + steps_time(self.run.stats) - steps_before
             # DDP: agree once more, so a signal that reached one rank after the epoch's last log point
             # cannot send that rank out of the loop while the others validate
             stopping = self._agree_stop()
             epoch_done, last = p.batches_done == 0, self._last()
-            val_now = cfg.val_check_steps is None and (
-                last or (epoch_done and p.epoch % self.length.validation_every == 0)
-            )
+            val_now = cfg.val_check_steps is None and (last or (epoch_done and self.cadence.due(p.epoch)))
             if stopping:  # the validation that was due runs first when the run resumes
                 due = val_now or (last and cfg.val_check_steps is not None and p.last_val_step != p.step)
                 p.val_pending = p.step if due and self.task.val_set is not None else None
@@ -729,7 +739,10 @@ class Trainer:
         metrics = self._from_rank0(self.evaluate("val") if self.rt.is_main else {})  # also the barrier
         t_end = time.perf_counter()
         self.run.stats["val_s"] += t_end - t_start
+        since = None if self.run.t_val_end is None else t_start - self.run.t_val_end
         self._warn_slow_validation(t_start, t_end)
+        if line := self.cadence.measured(p.epoch, t_end - t_start, since):
+            self._note(line)
         self.hooks("on_validation_end", metrics)  # may replace or add scores: what follows reads the dict after it
         metrics = self._from_rank0(metrics)
         if metrics and self.task.batch_evaluate_fn is None and self.best.metric not in metrics:
@@ -807,7 +820,9 @@ class Trainer:
             self.checkpointer.load_weights(best, self.notes)
             value = f"{self.best.best:.4g}" if self.best.best is not None else "?"
             self.notes.append(f"test: scored with the weights of {best} ({self.best.metric}={value})")
+        t = time.perf_counter()
         metrics = self.evaluate("test")
+        add_time(self.run.stats, "test_s", t)
         self.hooks("on_test_end", metrics)
         if metrics:
             self.log_row({"kind": "test", "step": self.progress.step, **metrics})
@@ -978,6 +993,7 @@ class Trainer:
             self.run.files.log(row)
 
     def _save(self, name: str, background: bool = False) -> None:
+        t = time.perf_counter()
         if self.rt.is_main:
             assert self.run_dir is not None
             if self.run.files is not None:  # a removed run directory stops the run: never recreated by the save
@@ -987,6 +1003,7 @@ class Trainer:
                 self.run.finite[1] if self.run.finite is not None and self.run.finite[0] == self.progress.step else None
             )
             self.checkpointer.save(name, self.run_dir, self.run.files, background=background, finite=finite)
+        add_time(self.run.stats, "ckpt_s", t)
 
     def _open_bar(self) -> Any:
         return open_bar(self.cfg.progress_bar and self.rt.is_main, self._total_batches(), self.batches_total_done())

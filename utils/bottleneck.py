@@ -6,6 +6,8 @@ Input is a `TrainingMonitor.get_summary()` dict (see utils/performance_monitor.p
 No dependency beyond the standard library.
 
 Verdicts, checked in this order (the first one that the evidence supports wins):
+- "validation bound" / "checkpoint bound": validation (with the test) or the checkpoints the loop waited for took a
+  large share of the run's wall time (`step_stats["wall_time"]`: summary.json's split); the steps are not the issue.
 - "data-loading bound": the step spends a large share of its time waiting for the next batch.
 - "memory bound": the GPU's memory is (nearly) full or the allocator had to retry (capacity), or most
   device time goes to elementwise/normalisation/copy kernels (bandwidth).
@@ -27,6 +29,8 @@ from typing import Any
 __all__ = ["diagnose", "contention", "VERDICTS", "THRESHOLDS"]
 
 VERDICTS = (
+    "validation bound",
+    "checkpoint bound",
     "data-loading bound",
     "epoch-boundary bound",
     "host/launch bound",
@@ -55,6 +59,9 @@ THRESHOLDS = {
     # ≥25% of the training time between steps, at ≥10 epoch ends: short epochs, not the steps, set the pace
     "between_steps_frac": 0.25,
     "epoch_ends_min": 10,
+    # ≥30% of the wall time in validation, or ≥20% waiting for checkpoints: the run's edges set its pace
+    "validation_frac": 0.30,
+    "checkpoint_frac": 0.20,
 }
 
 
@@ -170,6 +177,9 @@ def diagnose(summary: dict[str, Any], *, device_type: str, step_stats: dict[str,
     cont = contention(summary, st)
 
     workers = st.get("num_workers")
+    edges = _wall_shares(st.get("wall_time"), evidence, notes)
+    if edges is not None:
+        return edges
     # ---- 1. data loading
     if dw is not None and dw >= T["data_wait_frac"]:
         cores = summary.get("cpu_count_logical") or 1
@@ -204,6 +214,33 @@ def diagnose(summary: dict[str, Any], *, device_type: str, step_stats: dict[str,
     if device_type == "cuda":
         return _diagnose_gpu(summary, st, evidence, notes, cont, dw is not None)
     return _diagnose_cpu(summary, st, evidence, notes, p50_ms, cont, dw is not None)
+
+
+def _wall_shares(split: Any, evidence: list[str], notes: list[str]) -> dict | None:
+    """`split`: summary.json's wall_time (wall_s, steps_s, validation_s, checkpoints_s, rest_s). Validation or the
+    checkpoints, when they took a large share of the wall time."""
+    if not isinstance(split, dict) or not split.get("wall_s"):
+        return None
+    wall = split["wall_s"]
+    val, ckpt = split.get("validation_s") or 0.0, split.get("checkpoints_s") or 0.0
+    evidence.append(
+        f"wall time {wall:.1f} s: steps {_pct((split.get('steps_s') or 0.0) / wall)}, validation {_pct(val / wall)}, "
+        f"checkpoints {_pct(ckpt / wall)}, rest {_pct((split.get('rest_s') or 0.0) / wall)}"
+    )
+    if val / wall >= THRESHOLDS["validation_frac"] and val >= ckpt:
+        advice = (
+            "Validate less often: leave validation_interval unset (auto spaces validations to about a tenth of the "
+            "wall time) or raise it, or val_check_steps; score fewer batches (limit_val_batches); keep the scoring "
+            "on the device, with one read per validation."
+        )
+        return _out("validation bound", evidence, advice, "high", notes, detail=f"{_pct(val / wall)} of the wall time")
+    if ckpt / wall >= THRESHOLDS["checkpoint_frac"]:
+        advice = (
+            "Save less often or off the training thread: a longer checkpoint_interval, --async_checkpoint, "
+            "fewer kept checkpoints (save_top_k), or --no-save_best when best.pt is not needed."
+        )
+        return _out("checkpoint bound", evidence, advice, "high", notes, detail=f"{_pct(ckpt / wall)} of the wall time")
+    return None
 
 
 def _epoch_boundaries(st: dict[str, Any], evidence: list[str], notes: list[str]) -> dict | None:

@@ -27,6 +27,7 @@ class VerdictCallback:
                     "steps_s": trainer.run.stats.get("iter_s"),
                     "val_s": trainer.run.stats.get("val_s"),
                     "epochs": summary.get("epochs"),
+                    "wall_time": summary.get("wall_time"),  # the validation- and checkpoint-bound verdicts
                 },
             )
         except (KeyError, TypeError, ValueError) as e:  # advice only: a finished run is never lost over it
