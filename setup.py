@@ -38,4 +38,7 @@ class BuildPy(build_py):
         return found + [(package, "train_optimized", "train_optimized.py")] if package == "plainloop._app" else found
 
 
-setup(package_dir=package_dir, packages=packages, cmdclass={"build_py": BuildPy})
+# py.typed: the engine's annotations reach a user's mypy (PEP 561)
+setup(
+    package_dir=package_dir, packages=packages, package_data={"plainloop": ["py.typed"]}, cmdclass={"build_py": BuildPy}
+)

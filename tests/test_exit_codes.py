@@ -146,3 +146,13 @@ def test_sigterm_to_the_torchrun_agent_is_one_line_and_143(tmp_path):
     assert out.count("[plainloop] torchrun: stopped by SIGTERM") == 1
     assert out.count("Resume with:") == 1  # rank 0's resume line, before the agent's
     assert (tmp_path / "ddp" / "checkpoints" / "last.pt").is_file()
+
+
+def test_a_short_training_flag_after_the_script_is_the_scripts_not_torchruns():
+    """`optimize_training.sh ... --n 4` under torchrun: argparse took `--n` for an abbreviation of `--nnodes` and
+    stopped with torchrun's usage (ambiguous option)."""
+    from trainer.cli.torchrun import parse
+
+    args = parse(["--nproc_per_node", "2", "train_optimized.py", "--n", "4", "--nproc", "9"])
+    assert args.nproc_per_node == "2" or args.nproc_per_node == 2
+    assert args.training_script == "train_optimized.py" and args.training_script_args == ["--n", "4", "--nproc", "9"]

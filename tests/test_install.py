@@ -113,7 +113,12 @@ def test_the_wheel_holds_plainloop_only(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops == {"plainloop", f"plainloop-{engine_version()}.dist-info"}, tops
-    for must in ("plainloop/__init__.py", "plainloop/_app/__init__.py", "plainloop/_app/train_optimized.py"):
+    for must in (
+        "plainloop/__init__.py",
+        "plainloop/py.typed",
+        "plainloop/_app/__init__.py",
+        "plainloop/_app/train_optimized.py",
+    ):
         assert must in names
     assert "plainloop/_app/setup.py" not in names
     # every subfolder of the engine and of the command's folders installs (new ones too, without listing them)

@@ -129,7 +129,10 @@ def test_bad_inputs_give_clear_errors(tmp_path: Path) -> None:
     (bad / "metrics.jsonl").write_text('{"kind": "train", "step": 1, "loss": 1.0}\n{oops\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl:2"):
         plot_run(bad)
-    assert main([str(bad)]) == 1
+    assert main([str(bad)]) == 2  # a bad input: the command line's code
+    (tmp_path / "model.pt").write_bytes(b"x")
+    with pytest.raises(FileNotFoundError, match=r"model.pt is a file, not a run directory"):
+        plot_run(tmp_path / "model.pt")
 
 
 def test_cli_module(tmp_path: Path) -> None:

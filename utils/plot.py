@@ -513,7 +513,8 @@ def plot_run(run_dir: Path, directions: Mapping[str, str] | None = None) -> list
     the metric that selects best.pt is read from summary.json's best value."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"plot_run: run directory {run_dir} does not exist")
+        what = "is a file, not a run directory" if run_dir.exists() else "does not exist"
+        raise FileNotFoundError(f"plot_run: {run_dir} {what}; give a run directory (runs/NAME)")
     metrics = run_dir / "metrics.jsonl"
     npz = run_dir / "test_month.npz"
     if not metrics.exists() and not npz.exists():
@@ -545,19 +546,17 @@ def plot_run(run_dir: Path, directions: Mapping[str, str] | None = None) -> list
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m utils.plot") -> int:
+    """`prog RUN_DIR`: exit 0 drawn (or nothing to draw), 2 a bad argument or no matplotlib (the CLI's codes)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or argv[0] in ("-h", "--help"):
-        print("usage: python -m utils.plot RUN_DIR   (writes RUN_DIR/plots/*.png)", file=sys.stderr)
+        print(f"usage: {prog} RUN_DIR   (writes RUN_DIR/plots/*.png)", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     try:
         paths = plot_run(Path(argv[0]))
-    except ImportError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ImportError, FileNotFoundError, ValueError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
     for p in paths:
         print(p)
     if not paths:

@@ -900,8 +900,10 @@ def _run_report(
     return out_path
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Print this machine's hardware as Markdown (the report's first part).")
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog=prog, description="Print this machine's hardware as Markdown (the report's first part)."
+    )
     ap.add_argument("--json", action="store_true", help="print JSON instead of Markdown (default: Markdown)")
     args = ap.parse_args(argv)
     hw = hardware_info()

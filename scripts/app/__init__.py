@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in TOOLS:
         tool = importlib.import_module(rename(TOOLS[argv[0]][0]))
-        return int(tool.main(argv[1:]))
+        prog = f"{'python -m plainloop' if Path(sys.argv[0]).name == '__main__.py' else 'plainloop'} {argv[0]}"
+        return int(tool.main(argv[1:], prog=prog))
     if argv[:1] == ["tools"]:
         print("\n".join(f"plainloop {name}: {what}" for name, (_, what) in TOOLS.items()))
         return 0

@@ -10,9 +10,24 @@ by its path from a Python without plainloop installed.
 from __future__ import annotations
 
 import sys
+from argparse import Namespace
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.run import main as torchrun_main
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.run import get_args_parser, run
+
+
+def parse(argv: list[str] | None) -> Namespace:
+    """torchrun's arguments, its options matched whole: a training flag after the script such as `--n 4` is the
+    script's, not an abbreviation of torchrun's `--nnodes`/`--nproc_per_node`."""
+    parser = get_args_parser()
+    parser.allow_abbrev = False
+    return parser.parse_args(argv)
+
+
+@record
+def torchrun_main(argv: list[str] | None) -> None:
+    run(parse(argv))
 
 
 def main(argv: list[str] | None = None) -> int:
