@@ -444,7 +444,13 @@ def _resume_dir(resume: str, given: dict[str, Any], notes: list[str] | None = No
     # the engine's rule (TrainConfig(resume="auto") resolves with it too); a user task's runs are found by its spec
     task = given.get("task", RunOptions.task)
     find = (lambda root: find_resumable_user_task(root, task)) if is_user_task(task) else None
-    return resume_auto(out, given.get("run_name"), task, notes if notes is not None else [], find)
+    said: list[str] = []
+    found = resume_auto(out, given.get("run_name"), task, said, find)
+    if is_user_task(task):  # its runs are <its name>-<time>, found by the spec their config.toml records
+        said = [n.replace(f"unfinished {task}-* run", f"unfinished run of --task {task}") for n in said]
+    if notes is not None:
+        notes += said
+    return found
 
 
 def split_settings(values: dict[str, Any]) -> tuple[RunOptions, dict[str, Any], dict[str, Any]]:

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from trainer import TrainConfig
+from trainer.extras.autobatch import clone_task_model
 from trainer.loop import Trainer
 from trainer.runfiles import claim_run_dir
-from trainer.task import clone_task_model
 from utils.tools import measured_report, report_candidates, step_fn
 
 

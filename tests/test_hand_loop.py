@@ -91,6 +91,46 @@ def same_weights(a: nn.Module, b: nn.Module) -> bool:
 
 
 # ------------------------------------------------------------------ the mnist port
+class DropoutNet(Net):
+    """mnist's Net keeps its Dropout: each epoch's iter(DataLoader) draws from the global random state first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.25)
+
+    def forward(self, x):
+        x = self.drop(F.max_pool2d(F.relu(self.conv(x)), 2))
+        return F.log_softmax(self.fc2(self.drop(F.relu(self.fc1(torch.flatten(x, 1))))), dim=1)
+
+
+@pytest.mark.parametrize("test_each_epoch", [False, True])
+def test_a_port_with_dropout_draws_the_masks_of_the_hand_loop(tmp_path, test_each_epoch):
+    """mnist's main() runs test() after each epoch: its iter(test_loader) draws too, as plainloop's validation does."""
+    torch.manual_seed(0)
+    m0 = DropoutNet()
+    hand, mine = copy.deepcopy(m0), copy.deepcopy(m0)
+    torch.manual_seed(1)
+    opt = torch.optim.Adadelta(hand.parameters(), lr=1.0)
+    sched = StepLR(opt, step_size=1, gamma=0.7)
+    for _ in range(EPOCHS):
+        hand.train()
+        for x, y in DataLoader(mnist_data(), batch_size=BATCH):
+            opt.zero_grad()
+            F.nll_loss(hand(x), y).backward()
+            opt.step()
+        if test_each_epoch:
+            hand.eval()
+            with torch.no_grad():
+                for x, _ in DataLoader(mnist_data(20), batch_size=1000):
+                    hand(x)
+        sched.step()
+    opt = torch.optim.Adadelta(mine.parameters(), lr=1.0)
+    val = mnist_data(20) if test_each_epoch else None
+    task = Task("mnist", mine, mnist_data(), val, loss_fn=nll, optimizer=opt, scheduler=StepLR(opt, 1, 0.7))
+    Trainer(cfg(tmp_path, seed=1, validation_interval=1), task, log=lambda s: None).fit()
+    assert same_weights(hand, mine)
+
+
 def test_mnist_port_trains_the_same_weights_as_the_hand_loop(tmp_path):
     torch.manual_seed(0)
     m0 = Net()

@@ -16,6 +16,7 @@ from torch.utils.data import TensorDataset
 from trainer import Task, Trainer
 from trainer.finish import TrainingStopped, closing_lines
 from trainer.runtime import SMALL_MODEL, cpu_threads
+from trainer.state import RunFinished
 from utils.bottleneck import diagnose
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -78,6 +79,22 @@ def test_resume_auto_with_nothing_to_resume_starts_a_new_run_and_says_so(tmp_pat
         Trainer(toy_config(tmp_path, run_name="q", epochs=2), small_task(), callbacks=[StopAt(2)]).fit()
     again = Trainer(toy_config(tmp_path, run_name="q", epochs=2, resume="auto"), small_task()).fit()
     assert again["run_dir"] == str(tmp_path / "q") and again["steps_this_process"] == 4
+
+
+def test_resume_auto_of_a_run_that_ended_is_one_line_and_exit_0_as_on_the_command_line(tmp_path, capsys):
+    """TrainConfig(run_name=..., resume="auto") run again after the run finished (a requeued job) raised RunFinished
+    with a traceback, where --resume auto prints one line and exits 0; an explicit resume= still raises it."""
+    Trainer(toy_config(tmp_path, run_name="fixed", epochs=1), small_task()).fit()
+    before = (tmp_path / "fixed" / "summary.json").read_bytes()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        Trainer(toy_config(tmp_path, run_name="fixed", epochs=1, resume="auto"), small_task())
+    assert e.value.code == 0 and type(e.value) is SystemExit
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith(f"[plainloop] {tmp_path / 'fixed'}: the run finished at step 3; ")
+    assert (tmp_path / "fixed" / "summary.json").read_bytes() == before
+    with pytest.raises(RunFinished):
+        Trainer(toy_config(tmp_path, run_name="fixed", epochs=1, resume=str(tmp_path / "fixed")), small_task())
 
 
 # ------------------------------------------------------------------------------------------- the closing lines

@@ -233,7 +233,7 @@ def test_a_metric_of_the_wrong_shape_is_refused_not_averaged(tmp_path):
 def test_a_criterion_of_output_and_target_as_loss_fn_is_one_line_with_the_way_in(criterion, shown, tmp_path):
     """loss_fn takes (model, batch): a torch criterion handed over as it is would fail at the first step with a
     traceback about a Linear not being a Tensor."""
-    from trainer.task import ModelProtocolError
+    from trainer.compat.nanogpt import ModelProtocolError
 
     data = TensorDataset(torch.randn(8, 2), torch.tensor([0, 1] * 4))
     way_in = rf"give loss_fn=lambda m, b: {re.escape(shown)}\(m\(b\[0\]\), b\[1\]\)"

@@ -11,7 +11,7 @@ from typing import Any
 from . import layers, runtime
 from .cli import options
 from .cli.command import rerun_command, resume_command
-from .compat.base_trainer import BaseTrainer
+from .compat.base_trainer import BaseTrainer, LoaderDraws
 from .compat.lightning import adapt_lightning_task
 from .compat.nanogpt import adapt_targets_task, refuse_criterion_loss
 from .config import TrainConfig
@@ -26,7 +26,7 @@ from .task import Task
 
 # the layers plug into the core here; the core never imports them (trainer/layers.py)
 layers.TASK_ADAPTERS += [refuse_criterion_loss, adapt_lightning_task, adapt_targets_task]
-layers.CONFIG_CALLBACKS += [EMA.for_config, ModelSummary.for_config]
+layers.CONFIG_CALLBACKS += [EMA.for_config, ModelSummary.for_config, LoaderDraws.for_config]
 layers.RESUME_COMMANDS.append(resume_command)
 layers.RERUN_COMMANDS.append(rerun_command)
 # module paths earlier docs showed (`from trainer.ema import EMA`) name the same modules still

@@ -313,6 +313,9 @@ class TrainConfig:
         # a misspelt keyword gets the nearest names, as a flag, a config file or a BaseTrainer dict does
         if unknown := unknown_keys(kwargs, field_rules(cls)):
             raise TypeError(f"{cls.__name__}: unknown setting(s) {'; '.join(unknown)}")
+        if kwargs.get("data_order") == "plain" and (kwargs.get("shuffle") or kwargs.get("drop_last")):  # not ignored
+            raise ConfigError(f"{cls.__name__}: data_order='plain' turns shuffle and drop_last off: drop shuffle=True/"
+                              "drop_last=True or data_order (to shuffle and keep the last batch: drop_last=False alone)")  # fmt: skip
         return super().__new__(cls)
 
     def __post_init__(self) -> None:
@@ -323,6 +326,8 @@ class TrainConfig:
         what is allowed), then the rules between fields."""
         for name, (tp, rule) in field_rules(type(self)).items():
             setattr(self, name, check_value(f"{where}: {name}=", getattr(self, name), tp, rule))
+        if self.data_order == "plain":  # a hand-written loop's DataLoader order (stored so: config.toml rebuilds it)
+            self.shuffle = self.drop_last = False
         if self.max_steps is not None and self.max_batches is not None:
             raise ConfigError(f"{where}: give max_steps (optimizer steps) or max_batches (batches), not both")
         if self.val_check_steps is not None and self.val_check_batches is not None:
@@ -338,8 +343,6 @@ class TrainConfig:
                 cudnn_benchmark=False, compile_model=False, device_cache=False, validation_interval=1,
                 log_every=1, norm_every=1, progress_every=1,  # the "before" loop called loss.item() every step
             )  # fmt: skip
-        if c.data_order == "plain":  # a hand-written loop's DataLoader order, for a port that must match it
-            c = dataclasses.replace(c, shuffle=False, drop_last=False)
         k = c.accumulate_grad_batches
         if c.max_batches is not None:  # mmseg counts batches; the loop counts optimizer steps
             c = dataclasses.replace(c, max_steps=-(-c.max_batches // k), max_batches=None)

@@ -180,7 +180,7 @@ class Trainer:
     ) -> None:
         # a LightningModule or nanoGPT-style model becomes a plain Task here (trainer/layers.py): its loss,
         # evaluation, optimizer and callbacks are the task's, and nothing below knows where they came from
-        task, found = adapt_task(task), list[str]()  # found: what resume="auto" found (the CLI resolves it itself)
+        task, found, auto = adapt_task(task), list[str](), cfg.resume == "auto"  # found: what "auto" found
         cfg = resolve_resume(cfg, task.name, found)
         self.requested, self.cfg, self.task = cfg, cfg.effective(), task
         cfg = self.cfg
@@ -240,7 +240,7 @@ class Trainer:
         if cfg.resume:
             horizon, n = getattr(setup.schedule, "total_steps", None), self.length
             self.run_dir = self.checkpointer.resume(
-                Path(cfg.resume), n.total_steps, n.batches_per_epoch, self.notes, horizon, n.max_epochs
+                Path(cfg.resume), n.total_steps, n.batches_per_epoch, self.notes, horizon, n.max_epochs, auto
             )
 
         # wrappers last: checkpoints hold the raw model's state
@@ -761,7 +761,7 @@ class Trainer:
                 self._save("best.pt", background=self.checkpointer.background)
             self.log(
                 f"[val] step {p.step} epoch {epoch}: "
-                + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k in shown)
+                + (", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k in shown) or "(no metrics logged)")
                 + (" (best so far; best.pt saved)" if improved and self.cfg.save_best else "")
             )
         self._keep_top_k(metrics, p.epoch_number)

@@ -540,6 +540,7 @@ class Checkpointer:
         notes: list[str],
         schedule_steps: int | None = None,
         max_epochs: int = UNKNOWN_LENGTH,
+        auto: bool = False,
     ) -> Path | None:
         """Check that `path` (a checkpoint or a run directory's last.pt) can continue this run, then walk the
         registry in; one line per remark goes to `notes`. Returns the run directory it lives in, or None."""
@@ -567,7 +568,13 @@ class Checkpointer:
                 f"schedule: the run now has {total_steps} optimizer steps (was {old_total}); warm-up and "
                 f"cosine are recomputed for the new length and continue from step {p.step}"
             )
-        self._check_not_finished(path, run_dir, total_steps, notes, max_epochs)
+        try:
+            self._check_not_finished(path, run_dir, total_steps, notes, max_epochs)
+        except RunFinished as e:  # resume="auto" found it ended (a requeued job): one line, exit 0, as --resume auto
+            if not auto:
+                raise
+            self.hooks.trainer.log(f"[plainloop] {e}")
+            raise SystemExit(0) from None
         notes.append(f"resume: {path} at step {p.step} ({p.position(batches_per_epoch)})")
         if p.val_pending is not None:
             notes.append(f"resume: the validation at step {p.step} was due when the run stopped; it runs first")

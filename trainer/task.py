@@ -9,8 +9,6 @@ batch` is offered residency (see `trainer/data.py` `place_on_device`); the train
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,10 +37,6 @@ MetricFn = Callable[[Any, torch.Tensor], torch.Tensor]
 # batch_sampler_fn(dataset, batch_size, seed, rank, world_size, drop_last) -> a batch sampler (an iterable of
 # index lists with a length) with set_epoch / state_dict / load_state_dict (see trainer/data.py for the default one).
 BatchSamplerFn = Callable[[Dataset, int, int, int, int, bool], Iterable[Sequence[int]]]
-
-
-class ModelProtocolError(ValueError):
-    """A model whose configure_optimizers / training_step cannot be used as it is; the message says why."""
 
 
 @dataclass
@@ -147,11 +141,6 @@ def pick_default_loss(model: nn.Module, first_batch: Any) -> tuple[LossFn, str |
     if isinstance(y, torch.Tensor) and not bool(torch.isfinite(y).all()):
         return masked_mse_loss, "loss: targets hold NaN/inf, so the default MSE is taken over finite targets only"
     return plain_mse_loss, None
-
-
-def clone_task_model(task: Task) -> Task:
-    """A copy of the task with its own model, so a trial run does not train the real one."""
-    return dataclasses.replace(task, model=copy.deepcopy(task.model))
 
 
 def read_step_metrics(task: Task) -> dict[str, float]:

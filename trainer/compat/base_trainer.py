@@ -154,7 +154,7 @@ def check_trainer_params(tp: Mapping[str, object]) -> None:
     unknown = unknown_keys(tp, known)
     if unknown:
         raise ConfigError(
-            f"trainer_params: unknown key(s) {'; '.join(unknown)}. Valid keys: {', '.join(sorted(known))}"
+            f"trainer_params: unknown key(s) {'; '.join(unknown)}. Valid keys: {', '.join(sorted(set(known)))}"
         )
 
 
@@ -327,9 +327,11 @@ class BaseTrainer:
                 tp["resume"] = str(checkpoint_path)
         # The learning rate belongs to the optimizer; a model that does not take it never sees it.
         lr = self.model_params.get("learning_rate")
+        self.lr_source = "trainer_params['lr']" if "lr" in tp else None  # named on the optimizer's start-up line
         if lr is not None and not _names(self.model_class, "learning_rate"):
             self.model_params.pop("learning_rate")
             tp.setdefault("lr", lr)
+            self.lr_source = self.lr_source or "model_params['learning_rate']"
         return TrainConfig.from_dict(tp, where="trainer_params")
 
     def _lightning_keys(self, tp: dict[str, object]) -> tuple[str | None, str | None]:
@@ -587,7 +589,15 @@ class BaseTrainer:
                 self.notes.append(
                     "use_wandb: wandb is not installed (pip install wandb); the run logs to its run directory only"
                 )
-        self.trainer = t = Trainer(self.config, task, log=self.log, callbacks=callbacks, monitor=self.monitor)
+        try:
+            self.trainer = t = Trainer(self.config, task, log=self.log, callbacks=callbacks, monitor=self.monitor)
+        except ValueError as e:  # the engine names the Task field; the user wrote trainer_params['monitor']
+            own = f"Task(monitor_metric={self.monitor_metric!r})"
+            if self.monitor_metric is None or not str(e).startswith(own):
+                raise
+            raise ValueError(str(e).replace(own, f"trainer_params['monitor']={self.monitor_metric!r}", 1)) from None
+        if self.lr_source:  # the engine's line says --lr / TrainConfig.lr: BaseTrainer's user gave it here
+            t.notes[:] = [n.replace("(from --lr / TrainConfig.lr)", f"(from {self.lr_source})") for n in t.notes]
         if caller_rng is not None:
             set_rng_state(caller_rng)
         self._differences(t)
@@ -688,7 +698,8 @@ class LoaderDraws:
     """The global random draws of the Lightning-based BaseTrainer's DataLoaders, so that a model with dropout draws
     the same masks as under lightning.Trainer: a DataLoader draws one int64 from the global state as it starts an
     epoch (its workers' base seed), and one with persistent workers only the first time. The validation loader has
-    persistent workers exactly when the training loader has them."""
+    persistent workers exactly when the training loader has them. TrainConfig(data_order="plain") draws as a plain
+    DataLoader (no persistent workers) does, so a hand-written loop's port with dropout trains the same weights."""
 
     all_ranks = True  # every rank keeps its own stream in step
     state_key = "base_trainer_loader_draws"
@@ -696,6 +707,13 @@ class LoaderDraws:
     def __init__(self, persistent: bool) -> None:
         self.persistent = persistent
         self.started = {"train": False, "val": False}
+
+    @classmethod
+    def for_config(cls, cfg: TrainConfig, given: list[object]) -> tuple[LoaderDraws, None] | None:
+        """The draws `data_order="plain"` asks for, unless BaseTrainer gave its own (trainer/layers.py)."""
+        if cfg.data_order != "plain" or any(isinstance(cb, LoaderDraws) for cb in given):
+            return None
+        return cls(persistent=False), None
 
     def _draw(self, loader: str) -> None:
         if not (self.persistent and self.started[loader]):

@@ -38,9 +38,9 @@ from ..checkpoint import StateDict
 from ..config import TrainConfig
 from ..hooks import TrainerView
 from ..optim import ConstantSchedule, OptimizerFn, OptimizerSetup, build_adamw, group_lr, optimizer_hparams
-from ..task import BatchEvaluateFn, LogMetricsFn, LossFn, ModelProtocolError, Task
+from ..task import BatchEvaluateFn, LogMetricsFn, LossFn, Task
 from ..usercode import UNKNOWN_LENGTH
-from .nanogpt import LrFnSchedule, skipped_on_device
+from .nanogpt import LrFnSchedule, ModelProtocolError, skipped_on_device
 
 _SENTINEL = "_plainloop_training_step"  # routes a wrapped (DDP/compiled) call to training_step
 _EVAL_MODE = (
@@ -1046,6 +1046,8 @@ class GivenOptimizer:
             setup = OptimizerSetup(optimizer, ConstantSchedule(optimizer), [], notes, hparams)
         if t.lr_fn is not None:
             setup.schedule = fn = LrFnSchedule(setup.optimizer, t.lr_fn)
+            for none in ("schedule: none (constant lr)", "schedule: none (the optimizer's lr)"):  # lr_fn sets it
+                setup.notes = [n.replace(none, f"schedule: {fn.name} (Task(lr_fn=...))") for n in setup.notes]
             setup.notes.append(f"schedule: {fn.name}(step) sets the lr of every group before each optimizer step "
                                f"(Task(lr_fn=...)); at step 0: {fn.current_lr():.3g}")  # fmt: skip
             setup.hparams["lr_fn"] = fn.name

@@ -21,9 +21,13 @@ from torch import nn
 
 from ..checkpoint import StateDict
 from ..optim import group_lr
-from ..task import ModelProtocolError, Task, unwrap_model
+from ..task import Task, unwrap_model
 
 TARGET_NAMES = ("targets", "target", "y", "labels", "label", "tgt")
+
+
+class ModelProtocolError(ValueError):
+    """A model whose configure_optimizers / training_step cannot be used as it is; the message says why."""
 
 
 def forward_takes_targets(model: nn.Module) -> bool:

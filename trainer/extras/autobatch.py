@@ -10,6 +10,7 @@ never trained by the probe) and returns the config to train with.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
 import math
@@ -22,9 +23,14 @@ from torch.utils.data import default_collate
 from ..config import TrainConfig
 from ..data import to_device
 from ..loop import Trainer
-from ..task import Task, clone_task_model
+from ..task import Task
 
-__all__ = ["auto_batch_size", "find_max_batch_size", "is_oom_error"]
+__all__ = ["auto_batch_size", "clone_task_model", "find_max_batch_size", "is_oom_error"]
+
+
+def clone_task_model(task: Task) -> Task:
+    """A copy of the task with its own model, so a trial run does not train the real one."""
+    return dataclasses.replace(task, model=copy.deepcopy(task.model))
 
 
 class BatchSearch(TypedDict):
