@@ -2,8 +2,11 @@
 
 argv: OUT STRATEGY [EPOCHS [RESUME_DIR]]. A model of repeated blocks in an nn.ModuleList (the FSDP units), two
 epochs by default, accumulation 2, clipping; the summary and the final validation loss land in OUT/<strategy>.
+FSDP_SCRIPT_NAN=1: one micro-batch of rank 1 has a NaN loss (gradients finite): its step must be skipped on
+every rank.
 """
 
+import os
 import sys
 
 import torch
@@ -51,5 +54,18 @@ cfg = TrainConfig(
     progress_bar=False, log_every=2, lr=3e-3, gradient_clip_val=1.0, resume=resume, shuffle=False, seed=0,
     warmup_steps=0, lr_decay_steps=10,  # one schedule whatever the length: a resumed run continues it exactly
 )  # fmt: skip
+nan_mode = bool(os.environ.get("FSDP_SCRIPT_NAN"))
+calls = [0]
+
+
+def loss_with_a_nan(model: nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
+    """Rank 1's 3rd micro-batch has a NaN loss with finite gradients (the NaN never reaches the model): only
+    rank 1's own check can see it."""
+    calls[0] += 1
+    loss = nn.functional.mse_loss(model(batch[0]), batch[1])
+    return loss + (float("nan") if calls[0] == 3 and os.environ.get("RANK") == "1" else 0.0)
+
+
 task = Task("toy", Net(), TensorDataset(x[:320], y[:320]), TensorDataset(x[320:], y[320:]))
+task.loss_fn = loss_with_a_nan if nan_mode else None
 Trainer(cfg, task).fit()

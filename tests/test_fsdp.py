@@ -22,10 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = {"OMP_NUM_THREADS": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "300"}
 
 
-def torchrun(n: int, out: Path, strategy: str, *extra: str) -> subprocess.CompletedProcess:
+def torchrun(n: int, out: Path, strategy: str, *extra: str, **env_extra: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
            str(ROOT / "tests" / "fsdp_script.py"), str(out), strategy, *extra]  # fmt: skip
-    env = {**os.environ, **ENV, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, **ENV, "PYTHONPATH": str(ROOT), **env_extra}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)  # only a hang
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
@@ -66,6 +66,16 @@ def test_fsdp_and_ddp_of_the_same_seeded_task_agree(fsdp_run, tmp_path):
     assert ck["model"]["world_size"] == 2 and (run / "checkpoints" / ck["model"]["dcp"] / ".metadata").is_file()
     assert not list((run / "checkpoints").glob(".*.tmp"))
     assert len(list((run / "checkpoints").glob("last.*.dcp"))) <= 2
+
+
+@pytest.mark.slow
+def test_a_non_finite_step_is_skipped_on_every_rank(tmp_path):
+    """A NaN loss on one rank (its gradients finite): that rank poisons its own gradient shard, and the check of
+    the sharded gradients (GradScaler's kernel, which DTensor reduces over the ranks) skips the step on every
+    rank; rank 0, whose loss was finite, counts it too."""
+    torchrun(2, tmp_path, "fsdp", FSDP_SCRIPT_NAN="1")
+    summary = json.loads((tmp_path / "fsdp" / "summary.json").read_text())  # rank 0's
+    assert summary["skipped_steps"] == 1
 
 
 @pytest.mark.slow

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 
 from .checkpoint import StateDict
 from .optim import Schedule
@@ -98,7 +97,6 @@ class OptimizerStep:
         self._dev_skips, self._dev_run = torch.zeros((), device=device), torch.zeros((), device=device)
         # called after unscaling, before clipping and the step (the callbacks' on_before_optimizer_step)
         self.before_step = before_step
-        self.sharded = any(hasattr(p, "full_tensor") for p in self.params)  # fsdp: each rank holds shards (DTensors)
         self._loss_bad: torch.Tensor | None = None  # a non-finite loss in this accumulation window (device flag)
         # made once: the checks below run every step
         self.found_inf, self._one = torch.zeros((), device=device), torch.ones((), device=device)
@@ -126,8 +124,6 @@ class OptimizerStep:
             self.before_step()
         grads = [p.grad for p in params if p.grad is not None]
         nonfinite_flag(grads, found.zero_(), self._one)
-        if self.sharded:  # each rank checked its own shards: a step is skipped on every rank or on none
-            dist.all_reduce(found, op=dist.ReduceOp.MAX)
         norm: torch.Tensor | None = None
         if self.clip_val is not None and self.clip_algorithm == "value":
             torch.nn.utils.clip_grad_value_(params, self.clip_val)
