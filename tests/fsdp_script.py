@@ -3,10 +3,11 @@
 argv: OUT STRATEGY [EPOCHS [RESUME_DIR]]. A model of repeated blocks in an nn.ModuleList (the FSDP units), two
 epochs by default, accumulation 2, clipping; the summary and the final validation loss land in OUT/<strategy>.
 FSDP_SCRIPT_NAN=1: one micro-batch of rank 1 has a NaN loss (gradients finite): its step must be skipped on
-every rank.
+every rank. FSDP_SCRIPT_SIGNAL=1: rank 1 alone is sent a SIGTERM in its 5th batch.
 """
 
 import os
+import signal
 import sys
 
 import torch
@@ -68,4 +69,18 @@ def loss_with_a_nan(model: nn.Module, batch: list[torch.Tensor]) -> torch.Tensor
 
 task = Task("toy", Net(), TensorDataset(x[:320], y[:320]), TensorDataset(x[320:], y[320:]))
 task.loss_fn = loss_with_a_nan if nan_mode else None
-Trainer(cfg, task).fit()
+
+
+class SignalRank1:
+    """FSDP_SCRIPT_SIGNAL=1: rank 1 alone gets a SIGTERM in its 5th batch; every rank must stop and save together."""
+
+    all_ranks = True  # called on every rank
+
+    def on_train_batch_end(self, *args: object) -> None:
+        calls[0] += 1
+        if calls[0] == 5 and os.environ.get("RANK") == "1":
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+callbacks = [SignalRank1()] if os.environ.get("FSDP_SCRIPT_SIGNAL") else []
+Trainer(cfg, task, callbacks=callbacks).fit()
