@@ -69,6 +69,7 @@ def loss_with_a_nan(model: nn.Module, batch: list[torch.Tensor]) -> torch.Tensor
 
 task = Task("toy", Net(), TensorDataset(x[:320], y[:320]), TensorDataset(x[320:], y[320:]))
 task.loss_fn = loss_with_a_nan if nan_mode else None
+task.test_set = TensorDataset(x[320:352], y[320:352])  # scored by every rank under fsdp (rank 0's under ddp)
 
 
 class SignalRank1:

@@ -63,6 +63,8 @@ def test_fsdp_and_ddp_of_the_same_seeded_task_agree(fsdp_run, tmp_path):
     assert abs(a - b) <= 1e-3 * abs(b), (a, b)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 10 and "ddp_max_weight_diff" not in summary
+    test_ddp = json.loads((tmp_path / "ddp" / "summary.json").read_text())["final_metrics"]["test_loss"]
+    assert abs(summary["final_metrics"]["test_loss"] - test_ddp) <= 1e-3 * test_ddp
     # the checkpoint files name whole folders; no temporary folder is left
     ck = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
     assert ck["model"]["world_size"] == 2 and (run / "checkpoints" / ck["model"]["dcp"] / ".metadata").is_file()

@@ -100,6 +100,11 @@ def _no_sync(model: Any) -> Iterator[None]:
         model.set_requires_gradient_sync(True)
 
 
+def _reshard_without_grad(model: nn.Module, args: Any, out: Any) -> None:
+    if not torch.is_grad_enabled():
+        model.reshard()  # type: ignore[operator]
+
+
 def shard_model(model: nn.Module, cfg: TrainConfig, rt: Runtime, notes: list[str]) -> Sharding | None:
     """Shard `model` in place when cfg.strategy is fsdp (a line in `notes`), or None; what is not
     supported yet raises ValueError, one line."""
@@ -121,6 +126,8 @@ def shard_model(model: nn.Module, cfg: TrainConfig, rt: Runtime, notes: list[str
     for unit in units:
         fully_shard(unit, **policy)
     fully_shard(model, **policy)
+    # FSDP2 keeps the root gathered after its forward (backward needs it next): not after an evaluation's
+    model.register_forward_hook(_reshard_without_grad)
     object.__setattr__(model, "no_sync", functools.partial(_no_sync, model))  # DDP's, for the loop
     notes.append(
         f"fsdp: {len(units)} unit(s) ({kinds or 'none'}) and the root, sharded over "
