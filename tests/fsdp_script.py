@@ -53,7 +53,8 @@ torch.manual_seed(0)
 cfg = TrainConfig(
     epochs=epochs, batch_size=16, accumulate_grad_batches=2, strategy=strategy, output_dir=out, run_name=strategy,
     progress_bar=False, log_every=2, lr=3e-3, gradient_clip_val=1.0, resume=resume, shuffle=False, seed=0,
-    warmup_steps=0, lr_decay_steps=10,  # one schedule whatever the length: a resumed run continues it exactly
+    test_with_best=True, warmup_steps=0,
+    lr_decay_steps=10,  # one schedule whatever the length: a resumed run continues it exactly
 )  # fmt: skip
 nan_mode = bool(os.environ.get("FSDP_SCRIPT_NAN"))
 calls = [0]

@@ -65,6 +65,7 @@ def test_fsdp_and_ddp_of_the_same_seeded_task_agree(fsdp_run, tmp_path):
     assert summary["world_size"] == 2 and summary["steps"] == 10 and "ddp_max_weight_diff" not in summary
     test_ddp = json.loads((tmp_path / "ddp" / "summary.json").read_text())["final_metrics"]["test_loss"]
     assert abs(summary["final_metrics"]["test_loss"] - test_ddp) <= 1e-3 * test_ddp
+    assert any(n.startswith("test: scored with the weights of") for n in summary["notes"])  # best.pt's folder
     # the checkpoint files name whole folders; no temporary folder is left
     ck = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
     assert ck["model"]["world_size"] == 2 and (run / "checkpoints" / ck["model"]["dcp"] / ".metadata").is_file()
@@ -166,7 +167,7 @@ def test_the_units_are_a_module_lists_blocks_or_the_classes_the_model_names():
     [
         ({"compile_model": True}, "--compile_model is not supported yet with --strategy fsdp"),
         ({"ema_decay": 0.99}, "--ema_decay is not supported yet"),
-        ({"test_with_best": True}, "--test_with_best is not supported yet"),
+        ({"save_top_k": 3}, "--save_top_k above 1 is not supported yet"),
     ],
 )
 def test_what_fsdp_does_not_run_yet_is_refused_in_one_line(given, says):

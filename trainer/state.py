@@ -525,7 +525,11 @@ class Checkpointer:
     def load_weights(self, path: Path, notes: list[str]) -> None:
         """Load only the model's weights (test_with_best); a checkpoint without a digest gets a line in `notes`."""
         ckpt = self._load(path, notes)
-        load_model_state(self.model, ckpt["model"], path)
+        if "dcp" in ckpt["model"]:  # fsdp: the registry's model part reads the folder the file names (every rank)
+            self.state.source = path
+            next(part for key, part, _ in self.state._parts if key == "model").load_state_dict(ckpt["model"])
+        else:
+            load_model_state(self.model, ckpt["model"], path)
 
     def _load(self, path: Path, notes: list[str]) -> StateDict:
         ckpt = load_checkpoint(path, map_location=self.rt.device)

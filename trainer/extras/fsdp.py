@@ -51,8 +51,8 @@ def refusal(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> str | None:
         return f"--precision 16-mixed (GradScaler) {NOT_YET}: use --precision bf16-mixed or 32"
     if cfg.sync_batchnorm:
         return f"--sync_batchnorm {NOT_YET}: leave it out"
-    if cfg.save_top_k > 1 or cfg.test_with_best:
-        return f"--save_top_k above 1 or --test_with_best {NOT_YET}: leave them out"
+    if cfg.save_top_k > 1:
+        return f"--save_top_k above 1 {NOT_YET}: leave it at 1 (best.pt)"
     lightning = ("training_step", "configure_model")
     if any(callable(getattr(model, a, None)) for a in lightning):
         return (
