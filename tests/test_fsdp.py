@@ -168,6 +168,7 @@ def test_the_units_are_a_module_lists_blocks_or_the_classes_the_model_names():
         ({"compile_model": True}, "--compile_model is not supported yet with --strategy fsdp"),
         ({"ema_decay": 0.99}, "--ema_decay is not supported yet"),
         ({"save_top_k": 3}, "--save_top_k above 1 is not supported yet"),
+        ({"fsdp_cpu_offload": True}, "--fsdp_cpu_offload moves the shards off a GPU, and this run is on the CPU"),
     ],
 )
 def test_what_fsdp_does_not_run_yet_is_refused_in_one_line(given, says):

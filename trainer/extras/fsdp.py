@@ -49,6 +49,8 @@ def refusal(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> str | None:
         return f"--ema_decay {NOT_YET} (the EMA copies whole weights): leave it out"
     if rt.amp_dtype == torch.float16:
         return f"--precision 16-mixed (GradScaler) {NOT_YET}: use --precision bf16-mixed or 32"
+    if cfg.fsdp_cpu_offload and rt.device.type != "cuda":
+        return "--fsdp_cpu_offload moves the shards off a GPU, and this run is on the CPU: leave it out"
     if cfg.sync_batchnorm:
         return f"--sync_batchnorm {NOT_YET}: leave it out"
     if cfg.save_top_k > 1:
