@@ -52,6 +52,7 @@ def check_settings(
 
 PRECISIONS = ("auto", "32", "16-mixed", "bf16-mixed")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+STRATEGIES = ("auto", "ddp", "fsdp")
 CLIP_ALGORITHMS = ("norm", "value")
 LR_SCALING = ("sqrt", "linear", "none")
 MP_CONTEXTS = ("spawn", "fork", "forkserver")
@@ -210,6 +211,8 @@ class TrainConfig:
         False, "NHWC memory format for 4-D weights and batches (speeds convolutions on tensor-core GPUs)", PREC
     )
     sync_batchnorm: bool = knob(False, "DDP: BatchNorm statistics over all processes (SyncBatchNorm)", PREC)
+    strategy: str = knob("auto", "auto/ddp: a replica per process; fsdp: sharded (FSDP2)", PREC, choices=STRATEGIES)
+    fsdp_cpu_offload: bool = knob(False, "fsdp: keep the sharded parameters and optimizer state in CPU memory", PREC)
     # data loading
     num_workers: int | None = knob(
         None,

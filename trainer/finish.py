@@ -69,7 +69,7 @@ def summary_of(
         for name, arrays in task.artifacts.items():
             if isinstance(arrays, dict) and arrays and all(hasattr(v, "shape") for v in arrays.values()):
                 np.savez(Path(run_dir) / f"{name}.npz", **arrays)
-    if rt.distributed:
+    if rt.distributed and not hasattr(next(model.parameters(), None), "full_tensor"):  # fsdp shards: no replicas
         summary["ddp_max_weight_diff"] = weight_diff if weight_diff is not None else ddp_weight_diff(model)
     return summary
 

@@ -22,7 +22,7 @@ import operator
 import signal
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, NoReturn, TypeVar, cast, overload
 
@@ -38,7 +38,7 @@ from .data import TrainData, batch_size_of, build_data, close_loader, split_batc
 from .evaluation import BestTracker, Evaluator, ValidationCadence
 from .finish import TrainingDiverged, TrainingStopped, add_time, closing_lines, ddp_weight_diff, steps_time, summary_of
 from .hooks import Hooks, Monitor, TrainerView
-from .layers import adapt_task, config_callbacks
+from .layers import SHARDERS, adapt_task, config_callbacks
 from .optim import OptimizerSetup, build_optimizer
 from .runfiles import ROLLED_BACK, RunFiles, resolve_resume, shared_run_dir, write_config_file
 from .runtime import Runtime, cpu_threads, launch_prefix, resolve_runtime, seed_everything
@@ -105,6 +105,13 @@ class RunLength:
             max_epochs = UNKNOWN_LENGTH
         every, note = validation_every(cfg.validation_interval, max_epochs if max_epochs < UNKNOWN_LENGTH else 1)
         return cls(batches_per_epoch, steps_per_epoch, total_steps, max_epochs, every), note
+
+    def resharded(self, p: Progress, cfg: TrainConfig) -> RunLength:
+        """A sharded run resumed at an epoch's end on another number of processes (its steps per epoch
+        differ): the epochs left count this run's steps. A length given in max_steps stays as it is."""
+        if cfg.max_steps or p.batches_done or p.step == p.epoch * self.steps_per_epoch:
+            return self
+        return replace(self, total_steps=p.step + (self.max_epochs - p.epoch) * self.steps_per_epoch)
 
 
 @dataclass
@@ -214,18 +221,17 @@ class Trainer:
         )
         self.notes += setup.notes
         callbacks += setup.callbacks
-        fp16 = rt.amp_dtype == torch.float16
         self.opt = OptimizerStep(
             setup.optimizer,
             setup.schedule,
             rt.device,
-            fp16,
+            rt.amp_dtype == torch.float16,
             cfg.scale_value(),
             cfg.gradient_clip_val,
             cfg.gradient_clip_algorithm,
             before_step=self._before_optimizer_step,
         )
-        if fp16 and cfg.scale_value():
+        if self.opt.fp16 and cfg.scale_value():
             self.notes.append(f"loss scale: static {cfg.scale_value():g}")
 
         # the parts: callbacks, evaluation, checkpoints
@@ -242,9 +248,10 @@ class Trainer:
             self.run_dir = self.checkpointer.resume(
                 Path(cfg.resume), n.total_steps, n.batches_per_epoch, self.notes, horizon, n.max_epochs, auto
             )
+            self.length = n.resharded(self.progress, cfg) if self.sharding else n  # onto another world size
 
         # wrappers last: checkpoints hold the raw model's state
-        if rt.distributed:
+        if rt.distributed and not self.sharding:
             self.model = DDP(self.model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
         if cfg.compile_model:
             self.model = torch.compile(self.model, mode=cfg.compile_mode)  # type: ignore[assignment]
@@ -268,6 +275,7 @@ class Trainer:
             self.loss_fn, note = pick_default_loss(self.raw_model, _first_sample(task.train_set))
             if note:
                 self.notes.append(note)
+        self.sharding = next((s for f in SHARDERS if (s := f(self.raw_model, cfg, rt, self.notes))), None)  # fsdp
 
     def _build_checkpointer(self, setup: OptimizerSetup, config_sections: Settings) -> Checkpointer:
         """The run's state: one registry that every checkpoint walks out and every resume walks in (state.py)."""
@@ -275,7 +283,7 @@ class Trainer:
         cfg, rt = self.cfg, self.rt
         run_state = register_run_state(
             RunState(),
-            model=self.raw_model,
+            model=self.sharding or self.raw_model,
             optimizer=setup.optimizer,
             schedule=setup.schedule,
             opt_step=self.opt,
@@ -404,7 +412,7 @@ class Trainer:
                     raise StopNow(self.run.stop.signum)
                 self.hooks("on_train_end")
                 # compared before rank 0 alone loads best.pt to score the test split (--test_with_best)
-                weight_diff = ddp_weight_diff(self.raw_model) if self.rt.distributed else None
+                weight_diff = ddp_weight_diff(self.raw_model) if self.rt.distributed and not self.sharding else None
                 test = self._test()
                 self.run.stats["wall_s"] = time.perf_counter() - t0  # summary.json's wall_time (finish.wall_split)
                 summary = self._finish(train_time, test, weight_diff)
@@ -428,7 +436,7 @@ class Trainer:
             halted = self.run.halted = not self.run.stopping and self._early_stop()
         elif self._agree_stop():  # a stop during set-up: no epoch starts
             assert self.run_dir is not None
-            if self.rt.is_main and not (self.run_dir / "checkpoints" / "last.pt").is_file():
+            if (self.rt.is_main or self.sharding) and not (self.run_dir / "checkpoints" / "last.pt").is_file():
                 self._save("last.pt")  # the weights the run starts from: the printed resume line continues from them
             return self.run.stopping
         while (
@@ -736,7 +744,7 @@ class Trainer:
             return {}
         self.hooks("on_validation_start")
         t_start = time.perf_counter()
-        metrics = self._from_rank0(self.evaluate("val") if self.rt.is_main else {})  # also the barrier
+        metrics = self._from_rank0(self.evaluate("val") if self.rt.is_main or self.sharding else {})  # also the barrier
         t_end = time.perf_counter()
         self.run.stats["val_s"] += t_end - t_start
         since = None if self.run.t_val_end is None else t_start - self.run.t_val_end
@@ -753,7 +761,7 @@ class Trainer:
         improved = self.best.update(metrics)
         if metrics:
             p.last_val = dict(metrics)
-        if self.rt.is_main:
+        if self.rt.is_main or self.sharding:  # a sharded best.pt is written by every rank
             epoch = p.epoch_number
             self.log_row({"kind": "val", "step": p.step, "epoch": epoch, **metrics})
             shown = self.task.console_metrics or tuple(metrics)
@@ -812,7 +820,7 @@ class Trainer:
 
     def _test(self) -> dict[str, float]:
         """Rank 0 scores the test split (with best.pt's weights under test_with_best); then on_test_end."""
-        if self.task.test_set is None or not self.rt.is_main:
+        if self.task.test_set is None or not (self.rt.is_main or self.sharding):
             return {}
         assert self.run_dir is not None
         best = self.run_dir / "checkpoints" / "best.pt"
@@ -994,7 +1002,7 @@ class Trainer:
 
     def _save(self, name: str, background: bool = False) -> None:
         t = time.perf_counter()
-        if self.rt.is_main:
+        if self.rt.is_main or self.sharding:  # a sharded state is written by every rank
             assert self.run_dir is not None
             if self.run.files is not None:  # a removed run directory stops the run: never recreated by the save
                 self.run.files.check(f"checkpoints/{name}")

@@ -60,13 +60,13 @@ RESUME_MAY_CHANGE = frozenset(
         "compile_model", "compile_mode", "cudnn_benchmark", "channels_last", "deterministic", "fused", "summary",
         "warmup_steps",  # derived from the run's length when not given: a longer run recomputes it (a note says so)
         # the EMA only reads the weights: added on resume it starts from them, left out it is dropped (a note each)
-        "ema_decay", "ema_every", "ema_warmup", "ema_warmup_power",
+        "ema_decay", "ema_every", "ema_warmup", "ema_warmup_power", "fsdp_cpu_offload",
     }
 )  # fmt: skip
 RESUME_FIXED = frozenset({
     "seed", "baseline", "batch_size", "accumulate_grad_batches", "lr", "ref_batch_size", "lr_scaling", "weight_decay",
     "min_lr_ratio", "gradient_clip_val", "gradient_clip_algorithm", "adam_betas", "adam_eps", "lr_decay_steps",
-    "precision", "loss_scale", "tf32", "sync_batchnorm", "drop_last", "shuffle", "data_order"})  # fmt: skip
+    "precision", "loss_scale", "tf32", "sync_batchnorm", "drop_last", "shuffle", "data_order", "strategy"})  # fmt: skip
 # keys of the other settings tables ([run], [task]) that may change: where files are (a user task's data_root too),
 # the loader's workers, the measuring and reporting tools. Every other key is fixed (tasks.RESUME_FIXED_SETTINGS).
 TABLE_MAY_CHANGE = frozenset({
@@ -144,8 +144,8 @@ def check_resume(
             f"{path} is a checkpoint of task {old_task!r}, not {task!r} (the task this resume builds); to continue "
             f"it, {fix}; or resume a run of task {task!r}"
         )
-    old = ckpt.get("world_size")
-    if world_size is not None and old is not None and int(old) != world_size:
+    old, resharded = ckpt.get("world_size"), "dcp" in (ckpt.get("model") or {}) and not ckpt.get("batches_done")
+    if world_size is not None and old is not None and int(old) != world_size and not resharded:
         launch = ckpt.get("launch") or ("python" if int(old) == 1 else f"torchrun --nproc_per_node {old}")
         raise ResumeError(
             f"{path} was written by a run of {old} process{'es' if int(old) > 1 else ''} and this one has "
@@ -300,6 +300,7 @@ class RunState:
     def __init__(self) -> None:
         self._parts: list[tuple[str, Stateful, bool]] = []
         self.source: Path | None = None  # the checkpoint being loaded, for the parts' errors to name
+        self.target: Path | None = None  # the checkpoint being written (a sharded state writes its folder beside it)
 
     def register(self, key: str, part: Stateful, *, optional: bool = False) -> None:
         if any(k == key and key for k, _, _ in self._parts):
@@ -390,7 +391,7 @@ class Checkpointer:
         self.state, self.model, self.progress, self.best, self.hooks = state, model, progress, best, hooks
         self.cfg, self.settings, self.task_name, self.rt = cfg, settings, task_name, rt
         self.background = background  # last.pt written from a thread while training goes on
-        self._clock = SaveClock(cfg.checkpoint_interval)
+        self._clock = SaveClock(0 if cfg.strategy == "fsdp" else cfg.checkpoint_interval)  # fsdp: ranks save together
         # save(background=True): the one write in flight, its on_log row, and what it failed with
         self._writer: threading.Thread | None = None
         self._written: StateDict = {}
@@ -453,7 +454,10 @@ class Checkpointer:
                 f"checkpoint in {run_dir / 'checkpoints'} is kept"
             )
         self.wait()
+        self.state.target = run_dir / "checkpoints" / name
         state = self.checkpoint()
+        if not self.rt.is_main:  # a sharded state: every rank wrote its part of the folder; rank 0 writes the file
+            return self.state.target
         self.hooks("on_save_checkpoint", state)
         try:  # before any file is touched: what weights_only=True could not load back is refused, naming its key
             state = {k: {n: storable(v, f"callback {n!r} state") for n, v in state[k].items()}
@@ -521,7 +525,11 @@ class Checkpointer:
     def load_weights(self, path: Path, notes: list[str]) -> None:
         """Load only the model's weights (test_with_best); a checkpoint without a digest gets a line in `notes`."""
         ckpt = self._load(path, notes)
-        load_model_state(self.model, ckpt["model"], path)
+        if "dcp" in ckpt["model"]:  # fsdp: the registry's model part reads the folder the file names (every rank)
+            self.state.source = path
+            next(part for key, part, _ in self.state._parts if key == "model").load_state_dict(ckpt["model"])
+        else:
+            load_model_state(self.model, ckpt["model"], path)
 
     def _load(self, path: Path, notes: list[str]) -> StateDict:
         ckpt = load_checkpoint(path, map_location=self.rt.device)
@@ -622,13 +630,14 @@ def weights_finite(model: nn.Module) -> torch.Tensor:
     params = list(model.parameters())
     if not params:
         return torch.ones((), dtype=torch.bool)
-    return torch.stack([torch.isfinite(p).all() for p in params]).all()
+    flag = torch.stack([torch.isfinite(p).all() for p in params]).all()
+    return flag.full_tensor() if hasattr(flag, "full_tensor") else flag  # sharded (fsdp): every rank's shards
 
 
 def register_run_state(
     state: RunState,
     *,
-    model: nn.Module,
+    model: Any,  # the model, or --strategy fsdp's Sharding: its parts write the sharded state beside the file
     optimizer: torch.optim.Optimizer,
     schedule: Stateful,
     opt_step: Stateful,
@@ -638,8 +647,10 @@ def register_run_state(
     callbacks: CallbackStates,
 ) -> RunState:
     """The engine's parts, in the order a resume restores them (callbacks last)."""
-    state.register("model", ModelWeights(model, state))
-    state.register("optimizer", optimizer)
+    sharded = getattr(model, "sharded_parts", None)
+    parts = sharded(optimizer, state) if sharded else (ModelWeights(model, state), optimizer)
+    state.register("model", parts[0])
+    state.register("optimizer", parts[1])
     state.register("scheduler", schedule)
     state.register("opt_step", opt_step)
     state.register("", progress)

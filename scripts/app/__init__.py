@@ -127,6 +127,7 @@ def _early_stop(signum: int, frame: Any) -> None:
 TOOLS = {
     "plot": ("utils.plot", "draw a run's plots: plainloop plot RUN_DIR (writes RUN_DIR/plots/*.png)"),
     "hardware": ("utils.system_report", "print this machine's hardware as Markdown (--json for JSON)"),
+    "export": ("trainer.extras.fsdp", "a run's model as one weights_only file: plainloop export RUN_DIR [OUT]"),
 }
 
 
